@@ -1,0 +1,47 @@
+# StreamServe — the two commands: `make run` (the platform + demo) and `make test` (the whole suite).
+# Both create or reuse .venv and install what they need; nothing else is typed first.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+STAMP  := $(VENV)/.installed
+# The CPU build of torch lies on this machine's disk; installing it first keeps pip from fetching a
+# multi-GB CUDA build to satisfy the range in pyproject.toml.
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: run test lint format venv services migrate demo-user bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH_PIN)"
+	$(PIP) install -q -e ".[dev]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+services:
+	@scripts/ensure_services.sh
+
+migrate: venv services
+	$(PY) manage.py migrate --noinput -v0
+
+run: migrate
+	$(PY) manage.py collectstatic --noinput -v0
+	$(PY) manage.py runplatform
+
+test: venv services
+	scripts/ensure_test_tools.sh
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: venv
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) staticfiles .pytest_cache .ruff_cache

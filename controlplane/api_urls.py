@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+from django.urls import path
+from rest_framework.routers import DefaultRouter
+
+from gpu.api import CostAuditView, GpuWorkerViewSet
+from scheduling.api import (
+    MigrationViewSet,
+    ScalingActionViewSet,
+    SchedulerConfigView,
+    SchedulerDecisionViewSet,
+)
+from sessions.api import LatencyAuditView, ModelCatalogView, SessionViewSet
+
+router = DefaultRouter()
+router.register("sessions", SessionViewSet, basename="session")
+router.register("workers", GpuWorkerViewSet, basename="worker")
+router.register("decisions", SchedulerDecisionViewSet, basename="decision")
+router.register("migrations", MigrationViewSet, basename="migration")
+router.register("scaling-actions", ScalingActionViewSet, basename="scaling-action")
+
+urlpatterns = [
+    path("models/", ModelCatalogView.as_view(), name="model-catalog"),
+    path("scheduler/config/", SchedulerConfigView.as_view(), name="scheduler-config"),
+    path("audit/cost/", CostAuditView.as_view(), name="audit-cost"),
+    path("audit/latency/", LatencyAuditView.as_view(), name="audit-latency"),
+    *router.urls,
+]

@@ -1,0 +1,22 @@
+"""ASGI entry point: HTTP through Django, WebSockets through Channels (auth + origin checks here)."""
+
+from __future__ import annotations
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+django_asgi_app = get_asgi_application()
+
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402  (needs the app registry ready)
+
+from controlplane.routing import websocket_urlpatterns  # noqa: E402
+from controlplane.wsauth import TokenOrSessionAuth  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi_app,
+        "websocket": TokenOrSessionAuth(URLRouter(websocket_urlpatterns)),
+    }
+)

@@ -1,0 +1,268 @@
+"""StreamServe settings: every deployment-specific value comes from an environment variable.
+
+Defaults are safe for development on this machine (PostgreSQL and Redis on 127.0.0.1). A malformed
+value raises ImproperlyConfigured naming the variable, at start, never later.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlparse
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+
+
+def _typed(name: str, cast, default):
+    """Read NAME with ``cast``; a malformed value fails loudly with the variable's name."""
+    try:
+        return cast(name, default=default)
+    except (ValueError, TypeError) as exc:
+        raise ImproperlyConfigured(f"Environment variable {name} is malformed: {exc}") from exc
+
+
+def _url(name: str, default: str, schemes: tuple[str, ...]) -> str:
+    value = env.str(name, default=default)
+    parsed = urlparse(value)
+    if parsed.scheme not in schemes or not (parsed.hostname or parsed.path):
+        raise ImproperlyConfigured(
+            f"Environment variable {name}={value!r} is malformed: expected a URL with scheme "
+            f"{' or '.join(schemes)}"
+        )
+    return value
+
+
+def _strict_bool(name: str, default: bool) -> bool:
+    raw = env.str(name, default="")
+    if raw == "":
+        return default
+    lowered = raw.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise ImproperlyConfigured(f"Environment variable {name}={raw!r} is malformed: expected true or false")
+
+
+DEBUG = _strict_bool("DEBUG", True)
+SECRET_KEY = env.str("SECRET_KEY", default="")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured("Environment variable SECRET_KEY must be set when DEBUG is off")
+    SECRET_KEY = "dev-only-insecure-key-change-me"
+ALLOWED_HOSTS = _typed("ALLOWED_HOSTS", env.list, ["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = _typed("CSRF_TRUSTED_ORIGINS", env.list, [])
+
+DATABASE_URL = _url(
+    "DATABASE_URL", "postgres://postgres@127.0.0.1:5432/streamserve", ("postgres", "postgresql")
+)
+REDIS_URL = _url("REDIS_URL", "redis://127.0.0.1:6379/0", ("redis", "rediss", "unix"))
+CELERY_BROKER_URL = _url("CELERY_BROKER_URL", REDIS_URL, ("redis", "rediss", "unix"))
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.humanize",
+    "django.contrib.postgres",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_filters",
+    "drf_spectacular",
+    "django_celery_beat",
+    "channels",
+    "gpu",
+    "sessions.apps.StreamSessionsConfig",
+    "scheduling",
+    "workers",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+ASGI_APPLICATION = "controlplane.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+try:
+    DATABASES = {"default": env.db_url_config(DATABASE_URL)}
+except Exception as exc:  # environ raises several types for bad URLs
+    raise ImproperlyConfigured(f"Environment variable DATABASE_URL is malformed: {exc}") from exc
+DATABASES["default"]["CONN_MAX_AGE"] = _typed("DB_CONN_MAX_AGE", env.int, 60)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DATABASES["default"].setdefault("TEST", {})["NAME"] = env.str(
+    "TEST_DATABASE_NAME", default="test_streamserve"
+)
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": env.str("CACHE_KEY_PREFIX", default="streamserve"),
+    }
+}
+
+# Redis pub/sub delivers each group message straight to the subscribed process, which hands it to
+# the consumer's own bounded outbox; the list-based core layer queues everything for a process through
+# one shared inbox and drops silently when it is full (see docs/benchmarks-live.md).
+CHANNEL_LAYER = env.str("CHANNEL_LAYER", default="pubsub")
+if CHANNEL_LAYER not in {"pubsub", "core"}:
+    raise ImproperlyConfigured(
+        f"Environment variable CHANNEL_LAYER={CHANNEL_LAYER!r} is malformed: pubsub or core"
+    )
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer"
+        if CHANNEL_LAYER == "pubsub"
+        else "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {
+            "hosts": [REDIS_URL],
+            "prefix": env.str("CHANNEL_LAYER_PREFIX", default="asgi"),
+        },
+    }
+}
+if CHANNEL_LAYER == "core":
+    CHANNEL_LAYERS["default"]["CONFIG"].update(
+        capacity=_typed("CHANNEL_LAYER_CAPACITY", env.int, 200), expiry=30
+    )
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+WHITENOISE_USE_FINDERS = True
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_FILTER_BACKENDS": [
+        "django_filters.rest_framework.DjangoFilterBackend",
+        "rest_framework.filters.OrderingFilter",
+    ],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "controlplane.api.exception_handler",
+    # `?format=csv` on audit endpoints is ours, not content negotiation.
+    "URL_FORMAT_OVERRIDE": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "StreamServe API",
+    "DESCRIPTION": "Sessions, GPU workers, scheduler history and audit of a streaming video generation cluster.",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# Celery (controlplane/celery.py reads every CELERY_* setting).
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_TIME_LIMIT = 60
+CELERY_TASK_SOFT_TIME_LIMIT = 50
+CELERY_TASK_DEFAULT_QUEUE = "default"
+CELERY_TASK_ROUTES = {"scheduling.tasks.*": {"queue": "scheduler"}}
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_TIMEZONE = "UTC"
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+# StreamServe knobs.
+STREAMSERVE = {
+    # Raw chunk records older than this are deleted once rolled up (rollups are kept).
+    "CHUNK_RETENTION_DAYS": _typed("CHUNK_RETENTION_DAYS", env.int, 14),
+    "MAX_PROMPT_CHARS": _typed("MAX_PROMPT_CHARS", env.int, 2000),
+    "SLO_MS": _typed("SLO_MS", env.float, 1000.0),
+    "HEARTBEAT_INTERVAL_S": _typed("HEARTBEAT_INTERVAL_S", env.float, 1.0),
+    "HEARTBEAT_TIMEOUT_S": _typed("HEARTBEAT_TIMEOUT_S", env.float, 5.0),
+    "QUEUE_MAX": _typed("QUEUE_MAX", env.int, 100),
+    "PROVISIONER": env.str("PROVISIONER", default="local"),
+    # Model presets this deployment runs workers for; sessions of other presets are refused.
+    "SERVED_MODELS": _typed("SERVED_MODELS", env.list, ["tiny"]),
+    # Workers the local provisioner starts: torch device kind and capacity K (sessions per worker).
+    "WORKER_DEVICE": env.str("WORKER_DEVICE", default="auto"),
+    "WORKER_CAPACITY": _typed("WORKER_CAPACITY", env.int, 4),
+    # Scheduler profile of a worker type (built-in name or JSON written by `profile_model`).
+    "WORKER_PROFILE": env.str(
+        "WORKER_PROFILE", default=str(BASE_DIR / "scheduling/data/profiles/cpu-tiny.json")
+    ),
+    "CHECKPOINT_DIR": env.str("CHECKPOINT_DIR", default=str(BASE_DIR / "var/checkpoints")),
+    "CHECKPOINT_EVERY": _typed("CHECKPOINT_EVERY", env.int, 8),
+    "COMMAND_TIMEOUT_S": _typed("COMMAND_TIMEOUT_S", env.float, 30.0),
+    "MIGRATION_TIMEOUT_S": _typed("MIGRATION_TIMEOUT_S", env.float, 20.0),
+    "CONSOLE_PUSH_INTERVAL_S": _typed("CONSOLE_PUSH_INTERVAL_S", env.float, 1.0),
+}
+for _name in (
+    "HEARTBEAT_INTERVAL_S",
+    "HEARTBEAT_TIMEOUT_S",
+    "COMMAND_TIMEOUT_S",
+    "MIGRATION_TIMEOUT_S",
+    "CONSOLE_PUSH_INTERVAL_S",
+):
+    if STREAMSERVE[_name] <= 0:
+        raise ImproperlyConfigured(f"Environment variable {_name} must be positive")
+if STREAMSERVE["WORKER_CAPACITY"] < 1 or STREAMSERVE["CHECKPOINT_EVERY"] < 1:
+    raise ImproperlyConfigured(
+        "Environment variables WORKER_CAPACITY and CHECKPOINT_EVERY must be at least 1"
+    )
+
+LOG_LEVEL = env.str("LOG_LEVEL", default="INFO").upper()
+if LOG_LEVEL not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+    raise ImproperlyConfigured(f"Environment variable LOG_LEVEL={LOG_LEVEL!r} is malformed")
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "kv": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "kv"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+from django.contrib import admin, messages
+
+from gpu import services
+from gpu.models import CostLedgerEntry, GpuWorker
+
+
+@admin.register(GpuWorker)
+class GpuWorkerAdmin(admin.ModelAdmin):
+    list_display = [
+        "name",
+        "status",
+        "gpu_type",
+        "device",
+        "host",
+        "capacity",
+        "price_per_hour",
+        "provider",
+        "utilization_pct",
+        "last_heartbeat",
+        "requested_at",
+        "released_at",
+    ]
+    list_filter = ["status", "gpu_type", "provider", "model_preset"]
+    search_fields = ["name", "host", "external_id"]
+    date_hierarchy = "requested_at"
+    readonly_fields = [
+        "status",
+        "requested_at",
+        "ready_at",
+        "released_at",
+        "last_heartbeat",
+        "utilization_pct",
+        "memory_used_bytes",
+        "power_watts",
+        "temperature_c",
+        "telemetry",
+        "telemetry_at",
+        "migration_address",
+    ]
+    actions = ["drain_workers"]
+
+    @admin.action(description="Drain selected workers (no new sessions; residents move away)")
+    def drain_workers(self, request, queryset):
+        drained, refused = 0, []
+        for worker in queryset:
+            try:
+                services.worker_drain(worker=worker)
+                drained += 1
+            except services.TransitionError as exc:
+                refused.append(str(exc))
+        self.message_user(request, f"Draining {drained} worker(s).", messages.SUCCESS)
+        for reason in refused:
+            self.message_user(request, reason, messages.WARNING)
+
+
+@admin.register(CostLedgerEntry)
+class CostLedgerEntryAdmin(admin.ModelAdmin):
+    list_display = ["interval_start", "worker", "gpu_type", "gpu_seconds", "cost_usd"]
+    list_filter = ["gpu_type"]
+    date_hierarchy = "interval_start"
+    list_select_related = ["worker"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

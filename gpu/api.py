@@ -1,0 +1,106 @@
+"""Operator endpoints for the GPU pool and the cost audit (staff only)."""
+
+from __future__ import annotations
+
+import django_filters
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
+from rest_framework import permissions, serializers, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.timerange import parse_time_range
+from gpu import selectors, services
+from gpu.models import GpuWorker
+from sessions.api import AUDIT_PARAMETERS, _fmt, csv_response
+
+
+class GpuWorkerSerializer(serializers.ModelSerializer):
+    sessions = serializers.IntegerField(read_only=True, source="resident_sessions")
+
+    class Meta:
+        model = GpuWorker
+        fields = [
+            "id",
+            "name",
+            "host",
+            "device",
+            "device_index",
+            "gpu_type",
+            "memory_bytes",
+            "capacity",
+            "price_per_hour",
+            "model_preset",
+            "provider",
+            "external_id",
+            "status",
+            "requested_at",
+            "ready_at",
+            "released_at",
+            "last_heartbeat",
+            "utilization_pct",
+            "memory_used_bytes",
+            "power_watts",
+            "temperature_c",
+            "telemetry",
+            "telemetry_at",
+            "sessions",
+        ]
+        read_only_fields = fields
+
+
+class GpuWorkerFilter(django_filters.FilterSet):
+    class Meta:
+        model = GpuWorker
+        fields = ["status", "gpu_type", "provider", "model_preset"]
+
+
+class GpuWorkerViewSet(viewsets.ReadOnlyModelViewSet):
+    """GPU workers with their lifecycle and latest telemetry."""
+
+    permission_classes = [permissions.IsAdminUser]
+    serializer_class = GpuWorkerSerializer
+    filterset_class = GpuWorkerFilter
+    ordering_fields = ["name", "requested_at", "status", "gpu_type"]
+    ordering = ["name"]
+
+    def get_queryset(self):
+        from django.db.models import Count, Q
+
+        return GpuWorker.objects.annotate(
+            resident_sessions=Count("sessions", filter=Q(sessions__status__in=["executing", "migrating"]))
+        )
+
+    @extend_schema(request=None, responses=GpuWorkerSerializer)
+    @action(detail=True, methods=["post"])
+    def drain(self, request, pk=None):
+        """Stop placing sessions on this worker; the scheduler moves its residents and releases it."""
+        worker = self.get_object()
+        try:
+            services.worker_drain(worker=worker)
+        except services.TransitionError as exc:
+            raise ValidationError({"status": str(exc)}) from exc
+        return Response(GpuWorkerSerializer(self.get_queryset().get(pk=worker.pk)).data)
+
+
+class CostAuditView(APIView):
+    """GPU-seconds and money over a time range, bucketed, by GPU type (from the cost ledger)."""
+
+    permission_classes = [permissions.IsAdminUser]
+
+    @extend_schema(parameters=AUDIT_PARAMETERS, responses=OpenApiTypes.OBJECT)
+    def get(self, request):
+        time_range = parse_time_range(request.query_params)
+        services.ledger_accrue()
+        report = selectors.cost_buckets(time_range=time_range)
+        if request.query_params.get("format") == "csv":
+            rows = []
+            for bucket in report["buckets"]:
+                for gpu_type, figures in sorted(bucket["by_gpu_type"].items()):
+                    rows.append(
+                        [_fmt(bucket["start"]), gpu_type, figures["gpu_seconds"], figures["cost_usd"]]
+                    )
+            return csv_response("cost.csv", ["bucket_start", "gpu_type", "gpu_seconds", "cost_usd"], rows)
+        return Response(report)

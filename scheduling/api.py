@@ -1,0 +1,196 @@
+"""Operator endpoints for scheduling history and configuration (staff only)."""
+
+from __future__ import annotations
+
+import django_filters
+from rest_framework import generics, permissions, serializers, viewsets
+
+from scheduling.models import Migration, ScalingAction, SchedulerConfig, SchedulerDecision
+
+
+class SchedulerDecisionSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = SchedulerDecision
+        fields = [
+            "id",
+            "trigger",
+            "session",
+            "decided_at",
+            "policy",
+            "active_sessions",
+            "budget",
+            "rho_max",
+            "volatility",
+            "volatility_level",
+            "lambda_weight",
+            "rho_hat",
+            "target_budget",
+            "placements_changed",
+            "duration_ms",
+            "inputs",
+            "outputs",
+        ]
+
+
+class MigrationSerializer(serializers.ModelSerializer):
+    source = serializers.CharField(source="source.name")
+    target = serializers.CharField(source="target.name")
+
+    class Meta:
+        model = Migration
+        fields = [
+            "id",
+            "session",
+            "source",
+            "target",
+            "decision",
+            "epoch",
+            "state_bytes",
+            "reason",
+            "outcome",
+            "error",
+            "started_at",
+            "finished_at",
+            "duration_ms",
+        ]
+
+
+class ScalingActionSerializer(serializers.ModelSerializer):
+    workers = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
+
+    class Meta:
+        model = ScalingAction
+        fields = [
+            "id",
+            "decision",
+            "created_at",
+            "direction",
+            "from_budget",
+            "to_budget",
+            "gpu_type",
+            "reason",
+            "outcome",
+            "provisioner_result",
+            "workers",
+        ]
+
+
+class SchedulerConfigSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = SchedulerConfig
+        fields = [
+            "policy",
+            "min_gpus",
+            "max_gpus",
+            "target_utilization",
+            "slo_ms",
+            "queue_max",
+            "scale_in_cooldown_s",
+            "updated_at",
+        ]
+        read_only_fields = ["updated_at"]
+
+    def validate_target_utilization(self, value):
+        if value is not None and not 0 < value <= 1:
+            raise serializers.ValidationError("must be in (0, 1]")
+        return value
+
+    def validate_policy(self, value):
+        from scheduling.core.policy import PolicyError, resolve_policy_class
+
+        try:
+            resolve_policy_class(value)
+        except (PolicyError, ImportError, AttributeError, ValueError) as exc:
+            raise serializers.ValidationError(str(exc)) from exc
+        return value
+
+    def validate_scale_in_cooldown_s(self, value):
+        if value < 0:
+            raise serializers.ValidationError("must be zero or positive")
+        return value
+
+    def validate_slo_ms(self, value):
+        if value <= 0:
+            raise serializers.ValidationError("must be positive")
+        return value
+
+    def validate(self, attrs):
+        lo = attrs.get("min_gpus", getattr(self.instance, "min_gpus", 0))
+        hi = attrs.get("max_gpus", getattr(self.instance, "max_gpus", 0))
+        if lo > hi:
+            raise serializers.ValidationError({"max_gpus": f"must be at least min_gpus ({lo})"})
+        return attrs
+
+
+class TimeWindowFilter(django_filters.FilterSet):
+    after = django_filters.IsoDateTimeFilter(method="filter_after")
+    before = django_filters.IsoDateTimeFilter(method="filter_before")
+    time_field = "created_at"
+
+    def filter_after(self, qs, name, value):
+        return qs.filter(**{f"{self.time_field}__gte": value})
+
+    def filter_before(self, qs, name, value):
+        return qs.filter(**{f"{self.time_field}__lt": value})
+
+
+class DecisionFilter(TimeWindowFilter):
+    time_field = "decided_at"
+
+    class Meta:
+        model = SchedulerDecision
+        fields = ["trigger", "policy"]
+
+
+class MigrationFilter(TimeWindowFilter):
+    time_field = "started_at"
+
+    class Meta:
+        model = Migration
+        fields = ["outcome", "reason", "session"]
+
+
+class ScalingActionFilter(TimeWindowFilter):
+    class Meta:
+        model = ScalingAction
+        fields = ["direction", "outcome", "gpu_type"]
+
+
+class SchedulerDecisionViewSet(viewsets.ReadOnlyModelViewSet):
+    """Every scheduler run with the signals behind it (ρ_max, volatility level, λ, ρ̂) and its outputs."""
+
+    permission_classes = [permissions.IsAdminUser]
+    queryset = SchedulerDecision.objects.all()
+    serializer_class = SchedulerDecisionSerializer
+    filterset_class = DecisionFilter
+    ordering_fields = ["decided_at", "duration_ms", "placements_changed"]
+
+
+class MigrationViewSet(viewsets.ReadOnlyModelViewSet):
+    """Session-state migrations between workers with their outcome and duration."""
+
+    permission_classes = [permissions.IsAdminUser]
+    queryset = Migration.objects.select_related("source", "target")
+    serializer_class = MigrationSerializer
+    filterset_class = MigrationFilter
+    ordering_fields = ["started_at", "duration_ms", "state_bytes"]
+
+
+class ScalingActionViewSet(viewsets.ReadOnlyModelViewSet):
+    """GPU budget changes and what the provisioner did."""
+
+    permission_classes = [permissions.IsAdminUser]
+    queryset = ScalingAction.objects.prefetch_related("workers")
+    serializer_class = ScalingActionSerializer
+    filterset_class = ScalingActionFilter
+    ordering_fields = ["created_at"]
+
+
+class SchedulerConfigView(generics.RetrieveUpdateAPIView):
+    """The live scheduler's policy, GPU bounds, target utilisation (empty: adaptive) and SLO."""
+
+    permission_classes = [permissions.IsAdminUser]
+    serializer_class = SchedulerConfigSerializer
+
+    def get_object(self):
+        return SchedulerConfig.load()

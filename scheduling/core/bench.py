@@ -1,0 +1,120 @@
+"""Scheduler decision-time benchmark (TurboServe §7.4, Fig. 9 left).
+
+For each cluster size M: M ready GPUs of one profile, about 1.4·K·M live sessions of which ~0.7·K·M
+are active (so GPUs sit near K·ρ̂), then a stream of realistic events — activations and idles
+(the bulk), arrivals and departures, periodic ticks — through the simulator's incremental snapshot,
+timing only ``policy.decide``. The budget is pinned (M_min = M_max = M) so every decision runs the
+full placement + rebalance + autoscaling-signal path on exactly M GPUs.
+
+Wall time (``mean_ms``/``p99_ms``/``max_ms``) and process CPU time (``cpu_*``) are both reported: on
+a shared machine wall time also counts time the process spent preempted.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .policy import make_policy
+from .profiles import BUILTIN_PROFILES
+from .simulator import SimConfig, Simulator
+from .traces import TraceEvent
+
+
+def synthetic_events(n_gpus: int, capacity: float, n_events: int, seed: int) -> list[TraceEvent]:
+    rng = np.random.default_rng(seed)
+    n_sessions = max(2, int(1.4 * capacity * n_gpus))
+    target_active = int(0.7 * capacity * n_gpus)
+    events: list[TraceEvent] = []
+    t = 0.0
+    idle: list[str] = []
+    active: list[str] = []
+    counter = 0
+    for _ in range(n_sessions):
+        sid = f"s{counter}"
+        counter += 1
+        events.append(TraceEvent(t, sid, "arrive"))
+        idle.append(sid)
+    for _ in range(target_active):
+        sid = idle.pop(int(rng.integers(len(idle))))
+        t += 0.001
+        events.append(TraceEvent(t, sid, "active"))
+        active.append(sid)
+    warmup = len(events)
+    for _ in range(n_events):
+        t += float(rng.exponential(0.01))
+        r = rng.random()
+        if r < 0.4 and idle:
+            sid = idle.pop(int(rng.integers(len(idle))))
+            events.append(TraceEvent(t, sid, "active"))
+            active.append(sid)
+        elif r < 0.8 and active:
+            sid = active.pop(int(rng.integers(len(active))))
+            events.append(TraceEvent(t, sid, "idle"))
+            idle.append(sid)
+        elif r < 0.9:
+            sid = f"s{counter}"
+            counter += 1
+            events.append(TraceEvent(t, sid, "arrive"))
+            idle.append(sid)
+        elif idle:
+            sid = idle.pop(int(rng.integers(len(idle))))
+            events.append(TraceEvent(t, sid, "depart"))
+    return events[:warmup], events[warmup:]  # type: ignore[return-value]
+
+
+def bench_scheduler(
+    sizes: Sequence[int],
+    *,
+    policy: str = "turboserve",
+    profile: str = "b300-1.3b",
+    events_per_size: int = 2000,
+    seed: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    spec = BUILTIN_PROFILES[profile]
+    rows = []
+    for m in sizes:
+        warmup, measured = synthetic_events(m, spec.capacity, events_per_size, seed)
+        sim = Simulator(
+            make_policy(policy),
+            SimConfig(profiles=[spec], initial_gpus=m, min_gpus=m, max_gpus=m, tick_s=0.0),
+            trace_name=f"bench-{m}",
+        )
+        for _ in range(m):
+            sim._new_gpu(spec, ready=True)
+        for ev in warmup:
+            sim.now = ev.t
+            sim._trace_event(ev)
+        sim.sched_ms.clear()
+        sim.sched_cpu_ms.clear()
+        gc.collect()
+        for k, ev in enumerate(measured):
+            sim.now = ev.t
+            sim._trace_event(ev)
+            if k % 10 == 9:
+                sim._decide_tick()
+        times = np.asarray(sim.sched_ms)
+        cpu = np.asarray(sim.sched_cpu_ms)
+        rows.append(
+            {
+                "gpus": m,
+                "sessions_per_gpu_k": spec.capacity,
+                "live_sessions": len(sim.sessions),
+                "active_sessions": sim.n_active,
+                "decisions": int(times.size),
+                "mean_ms": round(float(times.mean()), 4),
+                "p99_ms": round(float(np.percentile(times, 99)), 4),
+                "max_ms": round(float(times.max()), 4),
+                "cpu_mean_ms": round(float(cpu.mean()), 4),
+                "cpu_p99_ms": round(float(np.percentile(cpu, 99)), 4),
+                "cpu_max_ms": round(float(cpu.max()), 4),
+                "migrations": sim.migrations,
+            }
+        )
+        if progress:
+            progress(1)
+    return {"policy": policy, "profile": profile, "events_per_size": events_per_size, "sizes": rows}

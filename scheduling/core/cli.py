@@ -1,0 +1,364 @@
+"""Pure functions behind the management commands (``simulate``, ``simulate_compare``,
+``bench_scheduler``, ``profile_volatility``). Commands parse flags, call one of these, and print.
+
+Errors about a flag raise :class:`CliError` naming it; commands turn that into ``CommandError``.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .compare import DEFAULT_POLICIES, compare_policies
+from .policy import PolicyError, is_static, make_policy
+from .profiles import ProfileError, load_profiles
+from .simulator import SimConfig, SimulationError, simulate
+from .traces import TraceError, read_trace
+
+REQUIRED_RESULT_KEYS = (
+    "policy",
+    "trace",
+    "chunks",
+    "worst_chunk_latency_ms",
+    "p99_chunk_latency_ms",
+    "mean_chunk_latency_ms",
+    "slo_ms",
+    "slo_pass_rate",
+    "gpu_cost_usd",
+    "gpu_seconds",
+    "peak_gpus",
+    "migrations",
+    "scale_actions",
+    "max_wait_ms",
+    "scheduler_ms_mean",
+    "scheduler_ms_p99",
+    "scheduler_ms_max",
+)
+
+
+class CliError(ValueError):
+    def __init__(self, flag: str, message: str):
+        super().__init__(f"--{flag}: {message}")
+        self.flag = flag
+
+
+def _progress_bar(total: int, desc: str, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="run", leave=False)
+
+
+def parse_options(items: Sequence[str]) -> dict[str, Any]:
+    """``["headroom=false", "cooldown_s=0"]`` → keyword options for ``make_policy`` (JSON values)."""
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise CliError("option", f"expected key=value, got {item!r}")
+        try:
+            options[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            options[key] = raw
+    return options
+
+
+def _make(policy: str, options: dict[str, Any], flag: str = "policy"):
+    try:
+        return make_policy(policy, **options)
+    except PolicyError as exc:
+        raise CliError(flag, str(exc)) from exc
+    except TypeError as exc:
+        raise CliError("option", f"{policy}: {exc}") from exc
+
+
+def load_trace(path: str) -> tuple[dict, list]:
+    try:
+        return read_trace(path)
+    except FileNotFoundError as exc:
+        raise CliError("trace", f"no such file {path}") from exc
+    except TraceError as exc:
+        raise CliError("trace", f"{path}: {exc}") from exc
+
+
+def build_config(
+    *,
+    profile: str = "h20-1.3b",
+    max_gpus: int = 16,
+    min_gpus: int = 1,
+    initial_gpus: int | None = None,
+    slo_ms: float | None = None,
+    tick_s: float = 5.0,
+    duration_s: float | None = None,
+) -> SimConfig:
+    try:
+        profiles = load_profiles(profile)
+    except ProfileError as exc:
+        raise CliError("profile", str(exc)) from exc
+    if max_gpus < 1:
+        raise CliError("max-gpus", "must be >= 1")
+    if min_gpus < 0 or min_gpus > max_gpus:
+        raise CliError("min-gpus", "must be between 0 and --max-gpus")
+    if initial_gpus is not None and not 0 <= initial_gpus <= max_gpus:
+        raise CliError("initial-gpus", "must be between 0 and --max-gpus")
+    if slo_ms is not None and not (slo_ms > 0 and math.isfinite(slo_ms)):
+        raise CliError("slo-ms", "must be a positive number")
+    if tick_s < 0:
+        raise CliError("tick-s", "must be >= 0")
+    return SimConfig(
+        profiles=profiles,
+        initial_gpus=initial_gpus if initial_gpus is not None else min(8, max_gpus),
+        min_gpus=min_gpus,
+        max_gpus=max_gpus,
+        slo_ms=slo_ms,
+        tick_s=tick_s,
+        duration_s=duration_s,
+    )
+
+
+def run_simulate(
+    *,
+    trace: str,
+    policy: str,
+    profile: str = "h20-1.3b",
+    max_gpus: int = 16,
+    min_gpus: int = 1,
+    initial_gpus: int | None = None,
+    budget: int | None = None,
+    slo_ms: float | None = None,
+    tick_s: float = 5.0,
+    plot: str | None = None,
+    progress: bool = False,
+    options: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Simulate one policy on one trace. Static policies run ``budget`` GPUs (default --max-gpus)."""
+    meta, events = load_trace(trace)
+    config = build_config(
+        profile=profile,
+        max_gpus=max_gpus,
+        min_gpus=min_gpus,
+        initial_gpus=initial_gpus,
+        slo_ms=slo_ms,
+        tick_s=tick_s,
+        duration_s=meta.get("duration_s"),
+    )
+    pol = _make(policy, parse_options(options))
+    if is_static(policy):
+        b = budget if budget is not None else max_gpus
+        if not 1 <= b <= max_gpus:
+            raise CliError("budget", "must be between 1 and --max-gpus")
+        config.initial_gpus = config.min_gpus = b
+    name = str(meta.get("name") or Path(trace).stem)
+    bar = _progress_bar(len(events), f"simulate {policy}", progress)
+    try:
+        result = simulate(events, pol, config, trace_name=name, progress=bar.update if bar else None)
+    except SimulationError as exc:
+        raise CliError("policy", f"decision rejected by the simulator: {exc}") from exc
+    finally:
+        if bar:
+            bar.close()
+    out = result.to_json()
+    if plot:
+        from .plots import plot_timeline
+
+        plot_timeline(out, plot)
+        out["plot"] = str(plot)
+    return out
+
+
+def format_simulate(result: dict[str, Any]) -> str:
+    lines = [f"{result['policy']} on {result['trace']} ({result['profile']}, SLO {result['slo_ms']:.0f} ms)"]
+    for key in REQUIRED_RESULT_KEYS[2:]:
+        lines.append(f"  {key:<26} {result[key]}")
+    return "\n".join(lines)
+
+
+def run_compare(
+    *,
+    trace: str,
+    profile: str = "h20-1.3b",
+    max_gpus: int = 16,
+    min_gpus: int = 1,
+    initial_gpus: int | None = None,
+    slo_ms: float | None = None,
+    policies: Sequence[str] = DEFAULT_POLICIES,
+    plot: str | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    meta, events = load_trace(trace)
+    config = build_config(
+        profile=profile,
+        max_gpus=max_gpus,
+        min_gpus=min_gpus,
+        initial_gpus=initial_gpus,
+        slo_ms=slo_ms,
+        duration_s=meta.get("duration_s"),
+    )
+    for p in policies:
+        try:
+            make_policy(p)
+        except PolicyError as exc:
+            raise CliError("policies", str(exc)) from exc
+    bar = _progress_bar(0, "compare", progress)
+    try:
+        out = compare_policies(
+            events,
+            config,
+            trace=str(meta.get("name") or Path(trace).stem),
+            slo_ms=slo_ms,
+            policies=policies,
+            step=(lambda label: (bar.set_postfix_str(label), bar.update(1))) if bar else None,
+        )
+    finally:
+        if bar:
+            bar.close()
+    out["profile"] = profile
+    out["max_gpus"] = max_gpus
+    if plot:
+        from .plots import plot_comparison
+
+        plot_comparison(out, plot)
+        out["plot"] = str(plot)
+    return out
+
+
+def format_compare(comparison: dict[str, Any]) -> str:
+    lines = [f"{comparison['trace']}: SLO {comparison['slo_ms']:.0f} ms"]
+    lines.append(f"  {'policy':<26} {'cost@SLO $':>11} {'worst@cost ms':>14} {'Δlat %':>8} {'Δcost %':>8}")
+    for name, entry in comparison["policies"].items():
+        red = comparison["reduction_vs"].get(name, {})
+        cost = entry.get("cost_at_slo_usd")
+        lines.append(
+            f"  {name:<26} {('-' if cost is None else f'{cost:.3f}'):>11} "
+            f"{entry['worst_latency_at_matched_cost_ms']:>14.1f} "
+            f"{_fmt(red.get('latency_pct')):>8} {_fmt(red.get('cost_pct')):>8}"
+        )
+    lines.append("  Δ: TurboServe's reduction relative to that policy (positive = TurboServe lower)")
+    return "\n".join(lines)
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def parse_gpu_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise CliError("gpus", f"expected comma-separated integers, got {text!r}") from exc
+    if not sizes or any(s < 1 for s in sizes):
+        raise CliError("gpus", "sizes must be positive integers")
+    return sizes
+
+
+def run_bench(
+    *, gpus: str = "4,16,64,256,1024", events: int = 2000, profile: str = "b300-1.3b", progress: bool = False
+) -> dict[str, Any]:
+    from .bench import bench_scheduler
+    from .profiles import BUILTIN_PROFILES
+
+    sizes = parse_gpu_sizes(gpus)
+    if events < 10:
+        raise CliError("events", "must be >= 10")
+    if profile not in BUILTIN_PROFILES:
+        raise CliError("profile", f"unknown built-in profile {profile!r}")
+    bar = _progress_bar(len(sizes), "bench", progress)
+    gc.collect()
+    try:
+        return bench_scheduler(
+            sizes, profile=profile, events_per_size=events, progress=bar.update if bar else None
+        )
+    finally:
+        if bar:
+            bar.close()
+
+
+def format_bench(report: dict[str, Any]) -> str:
+    lines = [f"decision time per event, policy {report['policy']}, profile {report['profile']}"]
+    lines.append(
+        f"  {'GPUs':>6} {'sessions':>9} {'active':>7} {'mean ms':>9} {'p99 ms':>9} {'max ms':>9}"
+        f" {'cpu p99':>9} {'cpu max':>9}"
+    )
+    for r in report["sizes"]:
+        lines.append(
+            f"  {r['gpus']:>6} {r['live_sessions']:>9} {r['active_sessions']:>7} "
+            f"{r['mean_ms']:>9.4f} {r['p99_ms']:>9.4f} {r['max_ms']:>9.4f}"
+            f" {r['cpu_p99_ms']:>9.4f} {r['cpu_max_ms']:>9.4f}"
+        )
+    return "\n".join(lines)
+
+
+def run_profile_volatility(
+    *,
+    out: str | None,
+    profile: str = "paper-k5",
+    max_gpus: int = 16,
+    slo_ms: float | None = None,
+    seed: int = 0,
+    levels: int = 10,
+    traces: Sequence[str] = (),
+    segment_s: float = 60.0,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Regenerate the volatility table: Table 5 segments by default, or segments cut from traces."""
+    from .profiling import DEFAULT_RHO_GRID, profile_volatility_table
+
+    config = build_config(profile=profile, max_gpus=max_gpus, min_gpus=1, slo_ms=slo_ms)
+    slo = slo_ms if slo_ms is not None else config.profiles[0].default_slo_ms
+    segments: list[tuple[dict, list]] = []
+    if traces:
+        for path in traces:
+            meta, events = load_trace(path)
+            segments.extend(_cut_segments(meta, events, segment_s, str(meta.get("name") or Path(path).stem)))
+    else:
+        from .generators import segment_family
+
+        if not 1 <= levels <= 10:
+            raise CliError("levels", "must be between 1 and 10")
+        for level in range(1, levels + 1):
+            meta, events = segment_family(level, seed)
+            meta = {**meta, "name": f"level{level}"}
+            segments.append((meta, events))
+    bar = _progress_bar(len(segments) * len(DEFAULT_RHO_GRID), "profile", progress)
+    try:
+        table, rows = profile_volatility_table(
+            segments, config, slo_ms=slo, step=bar.update if bar else None, policy_kwargs={}
+        )
+    finally:
+        if bar:
+            bar.close()
+    data = table.to_json()
+    data["profiled_segments"] = rows
+    if out:
+        Path(out).write_text(json.dumps(data, indent=2) + "\n")
+    return data
+
+
+def _cut_segments(meta: dict, events: list, segment_s: float, name: str) -> list[tuple[dict, list]]:
+    """Each segment replays the trace from its start to the segment's end (so sessions exist)."""
+    duration = float(meta.get("duration_s") or (events[-1].t if events else 0.0))
+    out = []
+    k = 0
+    start = 0.0
+    while start + segment_s <= duration + 1e-9:
+        end = start + segment_s
+        prefix = [e for e in events if e.t < end]
+        out.append(
+            (
+                {
+                    "name": f"{name}[{start:g},{end:g})",
+                    "segment_start_s": start,
+                    "segment_end_s": end,
+                    "duration_s": end,
+                },
+                prefix,
+            )
+        )
+        k += 1
+        start = end
+    return out

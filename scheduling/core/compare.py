@@ -1,0 +1,185 @@
+"""TurboServe §7.1 comparison protocol over one trace.
+
+* **Cost at a matched latency constraint**: for each policy, the cheapest configuration whose
+  worst-case per-chunk latency meets the SLO. Static policies (fixed budget) search the budget
+  (smallest B in [1, max_gpus] that meets the SLO; worst latency is non-increasing in B for them,
+  so a binary search is used and then verified). Autoscaling policies search their target
+  utilisation: the adaptive volatility table and fixed ρ̂ in ``rho_grid``.
+* **Worst latency at matched cost**: TurboServe runs its cheapest SLO-meeting configuration; each
+  static policy gets the fixed budget whose cost is closest to TurboServe's cost; autoscaling
+  ablations run the same configuration choice as TurboServe (adaptive table) and report what they get.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from .policy import accepts_rho_hat, is_static, make_policy
+from .simulator import SimConfig, SimResult, simulate
+
+DEFAULT_POLICIES = ("turboserve", "base", "lag", "mag", "turboserve-no-migration", "turboserve-no-autoscale")
+DEFAULT_RHO_GRID = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4)
+
+Progress = Callable[[str], None]
+
+
+def _run(events: Sequence[Any], name: str, config: SimConfig, trace: str, **kwargs: Any) -> SimResult:
+    return simulate(events, make_policy(name, **kwargs), config, trace_name=trace)
+
+
+def _meets(result: SimResult, slo_ms: float) -> bool:
+    return result.worst_chunk_latency_ms <= slo_ms + 1e-9
+
+
+def static_budget_for_slo(
+    events: Sequence[Any],
+    name: str,
+    config: SimConfig,
+    trace: str,
+    slo_ms: float,
+    step: Progress | None = None,
+) -> tuple[int | None, SimResult | None, dict[int, SimResult]]:
+    cache: dict[int, SimResult] = {}
+
+    def run(b: int) -> SimResult:
+        if b not in cache:
+            cache[b] = _run(events, name, replace(config, initial_gpus=b, min_gpus=b), trace)
+            if step:
+                step(f"{name} B={b}")
+        return cache[b]
+
+    lo, hi = 1, config.max_gpus
+    if not _meets(run(hi), slo_ms):
+        return None, cache[hi], cache
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _meets(run(mid), slo_ms):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo, run(lo), cache
+
+
+def autoscaler_for_slo(
+    events: Sequence[Any],
+    name: str,
+    config: SimConfig,
+    trace: str,
+    slo_ms: float,
+    rho_grid: Sequence[float],
+    step: Progress | None = None,
+) -> tuple[str, SimResult, list[dict[str, Any]]]:
+    tried: list[tuple[str, SimResult]] = []
+    # A configuration is (target utilisation, initial pool): the warm pool at t=0 decides whether a
+    # ramp that starts with the trace can be absorbed while new GPUs boot.
+    initials = sorted({config.initial_gpus, max(1, config.max_gpus // 4), max(1, config.max_gpus // 2)})
+    for initial in initials:
+        cfg = replace(config, initial_gpus=initial)
+        targets = [(f"rho={r:g}", {"rho_hat": r}) for r in rho_grid] if accepts_rho_hat(name) else []
+        for label, kwargs in [("adaptive", {}), *targets]:
+            result = _run(events, name, cfg, trace, **kwargs)
+            tried.append((f"{label},init={initial}", result))
+            if step:
+                step(f"{name} {label} init={initial}")
+    valid = [(r.gpu_cost_usd, label, r) for label, r in tried if _meets(r, slo_ms)]
+    if valid:
+        _, label, best = min(valid, key=lambda x: (x[0], x[1]))
+    else:
+        label, best = min(tried, key=lambda x: (x[1].worst_chunk_latency_ms, x[1].gpu_cost_usd))
+    summary = [
+        {"config": lab, "gpu_cost_usd": r.gpu_cost_usd, "worst_chunk_latency_ms": r.worst_chunk_latency_ms}
+        for lab, r in tried
+    ]
+    return label, best, summary
+
+
+def compare_policies(
+    events: Sequence[Any],
+    config: SimConfig,
+    *,
+    trace: str = "trace",
+    slo_ms: float | None = None,
+    policies: Sequence[str] = DEFAULT_POLICIES,
+    reference: str = "turboserve",
+    rho_grid: Sequence[float] = DEFAULT_RHO_GRID,
+    step: Progress | None = None,
+) -> dict[str, Any]:
+    slo = slo_ms if slo_ms is not None else config.profiles[0].default_slo_ms
+    config = replace(config, slo_ms=slo)
+    duration = config.duration_s if config.duration_s is not None else (events[-1].t if events else 0.0)
+    gpu_cost = config.profiles[0].price_per_hour * duration / 3600.0  # one static GPU over the trace
+    names = [reference, *[p for p in policies if p != reference]]
+    out: dict[str, Any] = {}
+    ref_cost = None
+    ref_label = f"adaptive,init={config.initial_gpus}"
+    for name in names:
+        entry: dict[str, Any] = {"static": is_static(name)}
+        if is_static(name):
+            budget, result, _ = static_budget_for_slo(events, name, config, trace, slo, step)
+            entry["budget_at_slo"] = budget
+            entry["cost_at_slo_usd"] = result.gpu_cost_usd if budget is not None and result else None
+            entry["meets_slo"] = budget is not None
+        else:
+            label, result, tried = autoscaler_for_slo(events, name, config, trace, slo, rho_grid, step)
+            entry["config_at_slo"] = label
+            entry["cost_at_slo_usd"] = result.gpu_cost_usd if _meets(result, slo) else None
+            entry["meets_slo"] = _meets(result, slo)
+            entry["configs_tried"] = tried
+            entry["worst_latency_at_slo_config_ms"] = result.worst_chunk_latency_ms
+            if name == reference:
+                ref_cost = result.gpu_cost_usd
+                ref_label = label
+                entry["result"] = result.to_json(timeline=False)
+        out[name] = entry
+
+    # Worst latency at matched cost.
+    assert ref_cost is not None
+    for name in names:
+        entry = out[name]
+        if is_static(name):
+            budget = max(1, min(config.max_gpus, round(ref_cost / gpu_cost))) if gpu_cost > 0 else 1
+            result = _run(events, name, replace(config, initial_gpus=budget, min_gpus=budget), trace)
+            if step:
+                step(f"{name} matched B={budget}")
+            entry["budget_at_matched_cost"] = budget
+        else:
+            kwargs, cfg = _parse_label(ref_label, config)
+            if not accepts_rho_hat(name):
+                kwargs = {}
+            result = _run(events, name, cfg, trace, **kwargs)
+            if step:
+                step(f"{name} matched")
+        entry["worst_latency_at_matched_cost_ms"] = result.worst_chunk_latency_ms
+        entry["cost_at_matched_cost_usd"] = result.gpu_cost_usd
+        entry["p99_at_matched_cost_ms"] = result.p99_chunk_latency_ms
+
+    ref = out[reference]
+    reduction: dict[str, dict[str, float | None]] = {}
+    for name in names:
+        if name == reference:
+            continue
+        other = out[name]
+        lat = other["worst_latency_at_matched_cost_ms"]
+        cost = other["cost_at_slo_usd"]
+        reduction[name] = {
+            "latency_pct": _pct(lat, ref["worst_latency_at_matched_cost_ms"]),
+            "cost_pct": _pct(cost, ref["cost_at_slo_usd"]),
+        }
+    return {"trace": trace, "slo_ms": slo, "policies": out, "reduction_vs": reduction}
+
+
+def _parse_label(label: str, config: SimConfig) -> tuple[dict[str, Any], SimConfig]:
+    """Inverse of the ``"<adaptive|rho=x>,init=n"`` configuration labels."""
+    target, _, init = label.partition(",init=")
+    kwargs: dict[str, Any] = {} if target == "adaptive" else {"rho_hat": float(target.split("=")[1])}
+    return kwargs, replace(config, initial_gpus=int(init)) if init else config
+
+
+def _pct(baseline: float | None, ours: float | None) -> float | None:
+    """Reduction of ``ours`` relative to ``baseline`` in percent (positive: ours is lower)."""
+    if baseline is None or ours is None or baseline <= 0 or math.isnan(baseline):
+        return None
+    return round((baseline - ours) / baseline * 100.0, 2)

@@ -1,0 +1,401 @@
+"""Placement controller (TurboServe §5.2.1): incremental assignment and migration-aware min-max
+rebalancing, on a working copy of the snapshot's per-GPU loads.
+
+Data structures keep one event's work near O((|U| + moves) · (types + log M)):
+
+* per GPU type, a lazy min-heap of ``(load, gpu)`` over eligible GPUs (ready, not draining) gives
+  the least-loaded GPU of that type — under a monotone latency curve, the best target for any
+  session among GPUs of that type;
+* a lazy max-heap of ``(-latency, gpu)`` over eligible GPUs gives the bottleneck GPU.
+
+Stale heap entries are skipped by comparing against the current load.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+from .types import GpuTypeSpec, Migration, Snapshot
+
+_EPS = 1e-9
+
+
+@dataclass
+class Move:
+    session: str
+    src: str
+    dst: str
+    kappa_ms: float
+    gain_ms: float
+
+
+def migration_gain(
+    bottleneck_ms: float, src_after_ms: float, dst_after_ms: float, kappa_ms: float, eta: float
+) -> float:
+    """Γ = L − L′ − η·κ (Eq. 4), with L′ the worse of the two GPUs the move touches.
+
+    ``dst_after_ms`` includes the moved session's κ stall: its next chunk is that slow.
+
+    Taking L′ over the two touched GPUs (rather than the whole cluster) relieves GPUs that tie at the
+    bottleneck one at a time; every accepted move still strictly lowers the sorted vector of GPU
+    latencies, so rebalancing terminates.
+    """
+    return bottleneck_ms - max(src_after_ms, dst_after_ms) - eta * kappa_ms
+
+
+class _LazySpec(dict):
+    """gpu id -> GpuTypeSpec, filled on first use (most GPUs are never touched by a decision)."""
+
+    def __init__(self, snapshot: Snapshot):
+        super().__init__()
+        self._gpus = snapshot.gpus
+        self._types = snapshot.gpu_types
+
+    def __missing__(self, gid: str) -> GpuTypeSpec:
+        spec = self._types[self._gpus[gid].gpu_type]
+        self[gid] = spec
+        return spec
+
+
+class _LazyCount(dict):
+    def __init__(self, snapshot: Snapshot):
+        super().__init__()
+        self._residents = snapshot.residents
+
+    def __missing__(self, gid: str) -> int:
+        n = len(self._residents.get(gid, ()))
+        self[gid] = n
+        return n
+
+
+class PlacementWork:
+    """Mutable working copy of a snapshot's placement for one decision.
+
+    Construction is one C-speed copy of the per-GPU load/bytes maps plus one pass over the GPUs to
+    build the per-type heaps; per-GPU specs and counts are looked up lazily.
+    """
+
+    def __init__(self, snapshot: Snapshot, *, eta: float = 0.5, min_residency_s: float = 2.0):
+        self.snap = snapshot
+        self.eta = eta
+        self.min_residency_s = min_residency_s
+        gpus = snapshot.gpus
+        self.spec: dict[str, GpuTypeSpec] = _LazySpec(snapshot)
+        self.load: dict[str, float] = dict(snapshot.gpu_load)
+        self.bytes: dict[str, int] = dict(snapshot.gpu_bytes)
+        self.count: dict[str, int] = _LazyCount(snapshot)
+        self.members: dict[str, dict[str, None]] = {}
+        self.location: dict[str, str] = {}  # session -> gpu, only for sessions touched in this decision
+        self.origin: dict[str, str | None] = {}  # session -> GPU it had in the snapshot (None: unplaced)
+        self.type_spec: dict[str, GpuTypeSpec] = {}
+        self.eligible: list[str] = [gid for gid, g in gpus.items() if g.status == "ready"]
+        self.eligible_set = dict.fromkeys(self.eligible)
+        self.gpu_type: dict[str, str] = {}
+        load = self.load
+        if len(snapshot.gpu_types) == 1:
+            (t,) = snapshot.gpu_types
+            self.by_type = {t: [(load[g], g) for g in self.eligible]} if self.eligible else {}
+            self.max_by_type = {t: [(-load[g], g) for g in self.eligible]} if self.eligible else {}
+        else:
+            self.by_type = {}
+            self.max_by_type = {}
+            for gid in self.eligible:
+                t = gpus[gid].gpu_type
+                self.by_type.setdefault(t, []).append((load[gid], gid))
+                self.max_by_type.setdefault(t, []).append((-load[gid], gid))
+        for heap in self.by_type.values():
+            heapq.heapify(heap)
+        for heap in self.max_by_type.values():
+            heapq.heapify(heap)
+        for t in self.by_type:
+            self.type_spec[t] = snapshot.gpu_types[t]
+        self.type_order = sorted(self.by_type)
+
+    def _type(self, gid: str) -> str:
+        return self.snap.gpus[gid].gpu_type
+
+    # -- membership ------------------------------------------------------------------------------
+    def residents(self, gid: str) -> list[str]:
+        """Sessions on ``gid`` now (snapshot residents adjusted by this decision's moves), sorted."""
+        if gid in self.members:
+            return sorted(self.members[gid])
+        return list(self.snap.residents.get(gid, ()))
+
+    def _members(self, gid: str) -> dict[str, None]:
+        if gid not in self.members:
+            self.members[gid] = dict.fromkeys(self.snap.residents.get(gid, ()))
+        return self.members[gid]
+
+    def session_load(self, sid: str) -> float:
+        return self.snap.sessions[sid].load
+
+    def fits(self, gid: str, sid: str) -> bool:
+        spec = self.spec[gid]
+        s = self.snap.sessions[sid]
+        return (
+            self.count[gid] + 1 <= spec.session_limit()
+            and self.bytes[gid] + s.state_bytes <= spec.bytes_limit()
+        )
+
+    def latency(self, gid: str, extra: float = 0.0) -> float:
+        return self.spec[gid].latency_ms(self.load[gid] + extra)
+
+    def rho(self, gid: str) -> float:
+        return self.load[gid] / self.spec[gid].capacity
+
+    def _push(self, gid: str) -> None:
+        if gid in self.eligible_set:
+            t = self._type(gid)
+            heapq.heappush(self.by_type[t], (self.load[gid], gid))
+            heapq.heappush(self.max_by_type[t], (-self.load[gid], gid))
+
+    def add(self, sid: str, gid: str) -> None:
+        s = self.snap.sessions[sid]
+        self._members(gid)[sid] = None
+        self.load[gid] = self.load.get(gid, 0.0) + s.load
+        self.count[gid] += 1
+        self.bytes[gid] = self.bytes.get(gid, 0) + s.state_bytes
+        self.location[sid] = gid
+        self._push(gid)
+
+    def remove(self, sid: str, gid: str) -> None:
+        s = self.snap.sessions[sid]
+        del self._members(gid)[sid]
+        self.load[gid] -= s.load
+        if abs(self.load[gid]) < _EPS:
+            self.load[gid] = 0.0
+        self.count[gid] -= 1
+        self.bytes[gid] -= s.state_bytes
+        self._push(gid)
+
+    def note_origin(self, sid: str) -> None:
+        if sid not in self.origin:
+            s = self.snap.sessions[sid]
+            self.origin[sid] = s.gpu if s.state == "executing" else None
+
+    def move(self, sid: str, src: str, dst: str) -> None:
+        self.note_origin(sid)
+        self.remove(sid, src)
+        self.add(sid, dst)
+
+    # -- queries ---------------------------------------------------------------------------------
+    def least_loaded(self, gpu_type: str, sid: str, exclude: str | None = None) -> str | None:
+        """Least-loaded eligible GPU of a type that has memory for ``sid`` (lazy heap)."""
+        heap = self.by_type.get(gpu_type)
+        if not heap:
+            return None
+        popped: list[tuple[float, str]] = []
+        found = None
+        while heap:
+            load, gid = heap[0]
+            if gid not in self.eligible_set or abs(load - self.load[gid]) > _EPS:
+                heapq.heappop(heap)  # stale
+                continue
+            if gid != exclude and self.fits(gid, sid):
+                found = gid
+                break
+            popped.append(heapq.heappop(heap))
+            if len(popped) > 64:
+                # Memory-full GPUs at the top: fall back to a scan of this type (rare).
+                for entry in popped:
+                    heapq.heappush(heap, entry)
+                return self._scan_least_loaded(gpu_type, sid, exclude)
+        for entry in popped:
+            heapq.heappush(heap, entry)
+        return found
+
+    def _scan_least_loaded(self, gpu_type: str, sid: str, exclude: str | None) -> str | None:
+        best = None
+        for gid in self.eligible:
+            if gid == exclude or self._type(gid) != gpu_type or not self.fits(gid, sid):
+                continue
+            key = (self.load[gid], gid)
+            if best is None or key < best:
+                best = key
+        return best[1] if best else None
+
+    def _most_loaded(self, gpu_type: str) -> str | None:
+        heap = self.max_by_type.get(gpu_type)
+        while heap:
+            neg, gid = heap[0]
+            if gid not in self.eligible_set or abs(-neg - self.load[gid]) > _EPS:
+                heapq.heappop(heap)
+                continue
+            return gid
+        return None
+
+    def bottleneck(self) -> tuple[str | None, float]:
+        """The eligible GPU with the highest latency (per type: the most loaded one)."""
+        best: tuple[float, str] | None = None
+        for t in self.type_order:
+            gid = self._most_loaded(t)
+            if gid is None:
+                continue
+            lat = self.type_spec[t].latency_ms(self.load[gid])
+            if best is None or lat > best[0] or (lat == best[0] and gid < best[1]):
+                best = (lat, gid)
+        return (best[1], best[0]) if best else (None, 0.0)
+
+    def bottleneck_ms(self) -> float:
+        return self.bottleneck()[1]
+
+    def rho_max(self) -> float:
+        out = 0.0
+        for t in self.type_order:
+            gid = self._most_loaded(t)
+            if gid is not None:
+                out = max(out, self.load[gid] / self.type_spec[t].capacity)
+        return out
+
+    # -- §5.2.1 session assignment ---------------------------------------------------------------
+    def best_gpu(self, sid: str, exclude: str | None = None) -> str | None:
+        """GPU minimising the resulting bottleneck latency; room below K first, then less loaded."""
+        w = self.session_load(sid)
+        current = self.bottleneck_ms()
+        best_key = None
+        best = None
+        for t in self.type_order:
+            gid = self.least_loaded(t, sid, exclude)
+            if gid is None:
+                continue
+            spec = self.type_spec[t]
+            after = spec.latency_ms(self.load[gid] + w)
+            over_k = 0 if self.load[gid] + w <= spec.capacity + _EPS else 1
+            key = (over_k, max(current, after), after, (self.load[gid] + w) / spec.capacity, gid)
+            if best_key is None or key < best_key:
+                best_key, best = key, gid
+        return best
+
+    # -- §5.2.1 migration-aware min-max rebalancing ------------------------------------------------
+    def kappa(self, sid: str, src: str, dst: str) -> float:
+        if self.snap.sessions[sid].state != "executing":
+            return 0.0  # assigned in this very decision: it has not started anywhere yet
+        b = self.snap.sessions[sid].state_bytes
+        return max(self.spec[src].kappa_ms(b), self.spec[dst].kappa_ms(b))
+
+    def best_move(self, src: str) -> Move | None:
+        bottleneck = self.latency(src)
+        seen: set[tuple[float, int, bool]] = set()
+        best: Move | None = None
+        sessions = self.snap.sessions
+        now = self.snap.time
+        # Longest-resident first: among identical sessions move the one that has run there longest,
+        # and leave a session that just arrived on this GPU alone for ``min_residency_s`` — each
+        # extra move before its next chunk would stack another κ on that chunk.
+        for sid in sorted(self.residents(src), key=lambda x: (sessions[x].since, x)):
+            s = sessions[sid]
+            fresh = s.state != "executing"  # assigned in this decision: moving it is free
+            if not fresh and sid not in self.origin and now - s.since < self.min_residency_s:
+                continue
+            key = (s.load, s.state_bytes, fresh)
+            if key in seen:
+                continue  # identical sessions give identical moves; take the first
+            seen.add(key)
+            src_after = self.spec[src].latency_ms(self.load[src] - s.load)
+            for t in self.type_order:
+                dst = self.least_loaded(t, sid, exclude=src)
+                if dst is None:
+                    continue
+                kappa = self.kappa(sid, src, dst)
+                # The moved session's next chunk carries the κ stall (§5.1: ℓ_i spikes during
+                # migration), so it is part of the new bottleneck L′.
+                dst_after = self.latency(dst, s.load) + kappa
+                gain = migration_gain(bottleneck, src_after, dst_after, kappa, self.eta)
+                if best is None or gain > best.gain_ms + _EPS:
+                    best = Move(sid, src, dst, kappa, gain)
+        return best
+
+    def rebalance(self, max_moves: int | None = None) -> int:
+        """Repeat the best positive-gain move off the bottleneck GPU (Eq. 4) until none is left."""
+        limit = max_moves if max_moves is not None else 4 * len(self.eligible) + 16
+        moves = 0
+        while moves < limit:
+            src, _ = self.bottleneck()
+            if src is None:
+                break
+            move = self.best_move(src)
+            if move is None or move.gain_ms <= 0:
+                break
+            self.move(move.session, move.src, move.dst)
+            moves += 1
+        return moves
+
+    def relieve_overflow(self) -> int:
+        """Move sessions off GPUs above K to GPUs with room below K (latency target first)."""
+        moves = 0
+        for t in self.type_order:
+            stuck: list[str] = []
+            while True:
+                gid = self._most_loaded(t)
+                if gid is None or self.load[gid] <= self.type_spec[t].capacity + _EPS:
+                    break
+                moved = False
+                for sid in sorted(self.residents(gid), key=lambda x: (-self.session_load(x), x)):
+                    dst = self.best_gpu(sid, exclude=gid)
+                    if dst is None:
+                        continue
+                    w = self.session_load(sid)
+                    if self.load[dst] + w > self.spec[dst].capacity + _EPS:
+                        continue
+                    self.move(sid, gid, dst)
+                    moves += 1
+                    moved = True
+                    break
+                if not moved:
+                    # Nothing fits below K elsewhere: set it aside so the loop can look further.
+                    stuck.append(gid)
+                    heapq.heappop(self.max_by_type[t])
+            for gid in stuck:
+                heapq.heappush(self.max_by_type[t], (-self.load[gid], gid))
+        return moves
+
+    def evacuate(self, gid: str) -> int:
+        """Consolidation before scale-in: move every resident of a draining GPU elsewhere if possible."""
+        moved = 0
+        for sid in sorted(self.residents(gid), key=lambda x: (-self.session_load(x), x)):
+            dst = self.best_gpu(sid, exclude=gid)
+            if dst is None:
+                continue
+            self.move(sid, gid, dst)
+            moved += 1
+        return moved
+
+    def make_ineligible(self, gid: str) -> None:
+        """Stop using a GPU as a target (draining). Its heap entries become stale lazily."""
+        if gid in self.eligible_set:
+            del self.eligible_set[gid]
+            self.eligible.remove(gid)
+
+    def make_eligible(self, gid: str) -> None:
+        if gid not in self.eligible_set and self.snap.gpus[gid].status in ("ready", "draining"):
+            self.eligible_set[gid] = None
+            self.eligible.append(gid)
+            self.eligible.sort()
+            t = self._type(gid)
+            self.by_type.setdefault(t, [])
+            self.max_by_type.setdefault(t, [])
+            self.type_spec[t] = self.snap.gpu_types[t]
+            self.type_order = sorted(self.by_type)
+            self._push(gid)
+
+    def migrations(self) -> tuple[tuple[Migration, ...], tuple[tuple[str, str], ...]]:
+        """Collapse this decision's moves into migrations (placed sessions) and assignments."""
+        migrations: list[Migration] = []
+        assigns: list[tuple[str, str]] = []
+        for sid in sorted(self.location):
+            dst = self.location[sid]
+            src = self.origin.get(sid)
+            if sid not in self.origin or src is None:
+                assigns.append((sid, dst))
+            elif src != dst:
+                b = self.snap.sessions[sid].state_bytes
+                kappa = max(self.spec[src].kappa_ms(b), self.spec[dst].kappa_ms(b))
+                migrations.append(Migration(sid, src, dst, round(kappa, 3)))
+        return tuple(migrations), tuple(assigns)
+
+
+def capacity_needed(n_req: float, rho_hat: float) -> float:
+    """Capacity (in load units) the proportional rule targets: N_req / ρ̂ (§5.2.2)."""
+    return n_req / rho_hat if rho_hat > 0 else math.inf

@@ -1,0 +1,615 @@
+"""Discrete-event simulator: replays a session trace in virtual time through a policy.
+
+Model (docs/scheduling.md has the full description):
+* every trace event, every ``tick_s`` and every GPU becoming ready calls ``policy.decide`` with a
+  snapshot kept incrementally (O(changed) per event), and the decision is validated and applied;
+* each ready GPU runs coalesced steps back to back while it has resident sessions; a step's
+  duration is the GPU type's ``latency_ms(load)`` at the load co-located when the step starts, and
+  each session resident at that moment gets one chunk at its end; a session that joins mid-step
+  starts at the next step;
+* a chunk's latency is the step duration plus the session's pending stall: κ after a migration,
+  the host→GPU copy after a resume, and the queue wait before its first chunk;
+* GPUs serve only after their provisioning delay; cost = price × (release or end − request).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time as wallclock
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from .policy import Policy
+from .types import Decision, Event, GpuTypeSpec, GpuView, SessionView, Snapshot
+
+
+class SimulationError(RuntimeError):
+    """A policy produced a decision that violates the scheduling contract."""
+
+
+@dataclass
+class SimConfig:
+    profiles: Sequence[GpuTypeSpec]
+    initial_gpus: int = 4
+    min_gpus: int = 1
+    max_gpus: int = 64
+    slo_ms: float | None = None
+    tick_s: float = 5.0
+    window_s: float = 10.0
+    duration_s: float | None = None
+    validate: bool = True
+    # Latency, cost and GPU-seconds count only from here (profiling segments have a warm-up).
+    measure_from_s: float = 0.0
+
+
+@dataclass
+class SimResult:
+    policy: str
+    trace: str
+    chunks: int
+    worst_chunk_latency_ms: float
+    p99_chunk_latency_ms: float
+    mean_chunk_latency_ms: float
+    slo_ms: float
+    slo_pass_rate: float
+    gpu_cost_usd: float
+    gpu_seconds: float
+    peak_gpus: int
+    migrations: int
+    scale_actions: int
+    max_wait_ms: float
+    scheduler_ms_mean: float
+    scheduler_ms_p99: float
+    scheduler_ms_max: float
+    decisions: int
+    initial_gpus: int
+    profile: str
+    duration_s: float
+    queued_sessions: int
+    timeline: list[dict[str, float]] = field(default_factory=list)
+    policy_config: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self, timeline: bool = True) -> dict[str, Any]:
+        out = {k: v for k, v in self.__dict__.items() if k != "timeline" or timeline}
+        return out
+
+
+class _Session:
+    __slots__ = (
+        "alpha",
+        "bytes",
+        "gpu",
+        "id",
+        "load",
+        "queued_at",
+        "resident_before",
+        "since",
+        "stall_ms",
+        "state",
+    )
+
+    def __init__(self, sid: str, load: float, state_bytes: int, now: float):
+        self.id = sid
+        self.alpha = 0
+        self.state = "suspended"  # arrives idle, with no GPU state yet
+        self.gpu: str | None = None
+        self.load = load
+        self.bytes = state_bytes
+        self.since = now
+        self.stall_ms = 0.0
+        self.queued_at: float | None = None
+        self.resident_before = False
+
+    def view(self) -> SessionView:
+        return SessionView(self.id, self.alpha, self.state, self.load, self.gpu, self.bytes, self.since)
+
+
+class _Gpu:
+    __slots__ = (
+        "busy",
+        "bytes",
+        "id",
+        "load",
+        "members",
+        "ready_at",
+        "released_at",
+        "requested_at",
+        "spec",
+        "status",
+        "step_extra",
+        "step_members",
+        "type_key",
+    )
+
+    def __init__(self, gid: str, spec: GpuTypeSpec, now: float, ready: bool):
+        self.id = gid
+        self.spec = spec
+        self.type_key = spec.name
+        self.status = "ready" if ready else "provisioning"
+        self.requested_at = now
+        self.ready_at = now if ready else now + spec.provisioning_delay_s
+        self.released_at: float | None = None
+        self.members: dict[str, None] = {}
+        self.load = 0.0
+        self.bytes = 0
+        self.busy = False
+        self.step_members = 0
+        self.step_extra: list[float] = []
+
+    def view(self) -> GpuView:
+        return GpuView(self.id, self.type_key, self.status, self.ready_at, self.requested_at)
+
+
+# internal event priorities at equal time: chunk completions, then GPUs becoming ready, then the
+# trace, then ticks — so a decision sees every chunk that finished at that instant.
+_STEP, _READY, _TRACE, _TICK = 0, 1, 2, 3
+
+
+class Simulator:
+    def __init__(self, policy: Policy, config: SimConfig, trace_name: str = "trace"):
+        if not config.profiles:
+            raise ValueError("at least one GPU profile is needed")
+        self.policy = policy
+        self.cfg = config
+        self.trace_name = trace_name
+        self.types = {p.name: p for p in config.profiles}
+        self.primary = config.profiles[0]
+        self.slo_ms = config.slo_ms if config.slo_ms is not None else self.primary.default_slo_ms
+        self.now = 0.0
+        self.sessions: dict[str, _Session] = {}
+        self.session_views: dict[str, SessionView] = {}
+        self.gpus: dict[str, _Gpu] = {}
+        self.gpu_views: dict[str, GpuView] = {}
+        self.residents: dict[str, tuple[str, ...]] = {}
+        self.gpu_load: dict[str, float] = {}
+        self.gpu_bytes: dict[str, int] = {}
+        self.pending: dict[str, None] = {}
+        self.idle_resident: dict[str, None] = {}
+        self.all_gpus: list[_Gpu] = []
+        self.heap: list[tuple[float, int, int, Any]] = []
+        self.seq = 0
+        self.gpu_counter = 0
+        # metrics
+        self.step_dur: list[float] = []
+        self.step_n: list[int] = []
+        self.step_t: list[float] = []
+        self.extra_lat: list[float] = []
+        self.extra_t: list[float] = []
+        self.sched_ms: list[float] = []
+        self.sched_cpu_ms: list[float] = []
+        self.migrations = 0
+        self.scale_actions = 0
+        self.max_wait_ms = 0.0
+        self.queued_sessions = 0
+        self.peak_gpus = 0
+        self.active_samples: list[tuple[float, int]] = []
+        self.budget_samples: list[tuple[float, int]] = []
+        self.n_active = 0
+
+    # -- bookkeeping -----------------------------------------------------------------------------
+    def _push(self, t: float, prio: int, payload: Any) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, prio, self.seq, payload))
+
+    def _touch_session(self, s: _Session) -> None:
+        self.session_views[s.id] = s.view()
+        if s.alpha and s.state != "executing":
+            self.pending.setdefault(s.id, None)
+        else:
+            self.pending.pop(s.id, None)
+        if not s.alpha and s.state == "executing":
+            self.idle_resident.setdefault(s.id, None)
+        else:
+            self.idle_resident.pop(s.id, None)
+
+    def _touch_gpu(self, g: _Gpu) -> None:
+        self.gpu_views[g.id] = g.view()
+        self.residents[g.id] = tuple(sorted(g.members))
+        self.gpu_load[g.id] = g.load
+        self.gpu_bytes[g.id] = g.bytes
+
+    def _drop_gpu(self, g: _Gpu) -> None:
+        for index in (self.gpu_views, self.residents, self.gpu_load, self.gpu_bytes):
+            index.pop(g.id, None)
+        self.gpus.pop(g.id, None)
+
+    def _new_gpu(self, spec: GpuTypeSpec, ready: bool) -> _Gpu:
+        self.gpu_counter += 1
+        g = _Gpu(f"g{self.gpu_counter:04d}", spec, self.now, ready)
+        self.gpus[g.id] = g
+        self.all_gpus.append(g)
+        self._touch_gpu(g)
+        if not ready:
+            self._push(g.ready_at, _READY, ("ready", g.id))
+        return g
+
+    def _provisioned(self) -> int:
+        return len(self.gpus)  # released GPUs are dropped from the index
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(
+            time=self.now,
+            sessions=MappingProxyType(self.session_views),
+            gpus=MappingProxyType(self.gpu_views),
+            gpu_types=MappingProxyType(self.types),
+            residents=MappingProxyType(self.residents),
+            gpu_load=MappingProxyType(self.gpu_load),
+            gpu_bytes=MappingProxyType(self.gpu_bytes),
+            pending=tuple(self.pending),
+            idle_resident=tuple(self.idle_resident),
+            min_gpus=self.cfg.min_gpus,
+            max_gpus=self.cfg.max_gpus,
+        )
+
+    # -- placement mechanics ---------------------------------------------------------------------
+    def _attach(self, s: _Session, g: _Gpu) -> None:
+        g.members[s.id] = None
+        g.load += s.load
+        g.bytes += s.bytes
+        s.gpu = g.id
+        s.state = "executing"
+        s.since = self.now
+        self._touch_gpu(g)
+        self._touch_session(s)
+        if not g.busy:
+            self._start_step(g)
+
+    def _detach(self, s: _Session) -> _Gpu | None:
+        if s.gpu is None:
+            return None
+        g = self.gpus[s.gpu]
+        del g.members[s.id]
+        g.load -= s.load
+        if abs(g.load) < 1e-9:
+            g.load = 0.0
+        g.bytes -= s.bytes
+        s.gpu = None
+        self._touch_gpu(g)
+        return g
+
+    def _start_step(self, g: _Gpu) -> None:
+        if not g.members or g.status not in ("ready", "draining"):
+            g.busy = False
+            return
+        dur = g.spec.latency_ms(g.load)
+        extra: list[float] = []
+        for sid in g.members:
+            s = self.sessions[sid]
+            if s.stall_ms > 0:
+                extra.append(dur + s.stall_ms)
+                s.stall_ms = 0.0
+        g.busy = True
+        g.step_members = len(g.members)
+        g.step_extra = extra
+        self._push(self.now + dur / 1000.0, _STEP, ("step", g.id, dur))
+
+    def _end_step(self, gid: str, dur: float) -> None:
+        g = self.gpus.get(gid)
+        if g is None:
+            return
+        n_plain = g.step_members - len(g.step_extra)
+        if n_plain > 0:
+            self.step_dur.append(dur)
+            self.step_n.append(n_plain)
+            self.step_t.append(self.now)
+        for lat in g.step_extra:
+            self.extra_lat.append(lat)
+            self.extra_t.append(self.now)
+        g.busy = False
+        g.step_extra = []
+        self._start_step(g)
+
+    # -- decisions -------------------------------------------------------------------------------
+    def _decide(self, event: Event) -> None:
+        snap = self.snapshot()
+        c0 = wallclock.process_time()
+        t0 = wallclock.perf_counter()
+        decision = self.policy.decide(snap, event)
+        self.sched_ms.append((wallclock.perf_counter() - t0) * 1000.0)
+        # CPU time as well: on a shared machine wall time includes preemption by other processes.
+        self.sched_cpu_ms.append((wallclock.process_time() - c0) * 1000.0)
+        self._apply(decision)
+
+    def _decide_tick(self) -> None:
+        self._decide(Event(self.now, "tick"))
+
+    def _fail(self, message: str) -> None:
+        raise SimulationError(f"t={self.now:.3f}s policy {self.policy.name}: {message}")
+
+    def _apply(self, d: Decision) -> None:
+        before = self._provisioned()
+        for type_key, count in d.add_gpus:
+            if type_key not in self.types:
+                self._fail(f"unknown GPU type {type_key!r}")
+            for _ in range(count):
+                if self._provisioned() >= self.cfg.max_gpus:
+                    break
+                self._new_gpu(self.types[type_key], ready=False)
+        for gid in d.undrain:
+            g = self.gpus.get(gid)
+            if g is not None and g.status == "draining":
+                g.status = "ready"
+                self._touch_gpu(g)
+        for sid in d.suspend:
+            s = self.sessions.get(sid)
+            if s is None or s.state != "executing":
+                self._fail(f"suspend of non-executing session {sid}")
+            self._detach(s)
+            s.state = "suspended"
+            s.since = self.now
+            s.resident_before = True
+            self._touch_session(s)
+        for m in d.migrations:
+            s = self.sessions.get(m.session)
+            dst = self.gpus.get(m.dst)
+            if s is None or s.gpu != m.src or dst is None or dst.status != "ready":
+                self._fail(f"invalid migration {m}")
+            self._detach(s)
+            s.stall_ms += m.kappa_ms
+            self._check_memory(dst, s)
+            self._attach(s, dst)
+            self.migrations += 1
+        for sid, gid in d.assign:
+            s = self.sessions.get(sid)
+            g = self.gpus.get(gid)
+            if s is None or g is None or g.status != "ready":
+                self._fail(f"assign of {sid} to non-ready GPU {gid}")
+            if s.state == "executing":
+                self._fail(f"assign of already executing session {sid}")
+            if s.queued_at is not None:
+                wait = (self.now - s.queued_at) * 1000.0
+                self.max_wait_ms = max(self.max_wait_ms, wait)
+                s.stall_ms += wait
+                s.queued_at = None
+            if s.resident_before:
+                s.stall_ms += g.spec.resume_ms(s.bytes)
+            self._check_memory(g, s)
+            self._attach(s, g)
+        for sid in d.queue:
+            s = self.sessions.get(sid)
+            if s is None or not s.alpha or s.state == "executing":
+                self._fail(f"queue of session {sid} that is not an unplaced active session")
+            if s.state != "queued":
+                s.state = "queued"
+                s.queued_at = self.now
+                s.since = self.now
+                self.queued_sessions += 1
+                self._touch_session(s)
+        for gid in d.drain:
+            g = self.gpus.get(gid)
+            if g is None or g.status != "ready":
+                self._fail(f"drain of non-ready GPU {gid}")
+            g.status = "draining"
+            self._touch_gpu(g)
+        for gid in d.release:
+            g = self.gpus.get(gid)
+            if g is None or g.status not in ("provisioning", "ready", "draining"):
+                self._fail(f"release of unknown GPU {gid}")
+            if g.members:
+                self._fail(f"release of GPU {gid} with {len(g.members)} resident sessions")
+            g.status = "released"
+            g.released_at = self.now
+            self._drop_gpu(g)
+        if self.cfg.validate:
+            for sid in self.pending:
+                s = self.sessions[sid]
+                if s.state != "queued":
+                    self._fail(f"active session {sid} neither placed nor queued")
+        after = self._provisioned()
+        if after != before:
+            self.scale_actions += 1
+            self.budget_samples.append((self.now, after))
+        self.peak_gpus = max(self.peak_gpus, after)
+
+    def _check_memory(self, g: _Gpu, s: _Session) -> None:
+        if len(g.members) + 1 > g.spec.session_limit() or g.bytes + s.bytes > g.spec.bytes_limit():
+            self._fail(f"GPU {g.id} memory limit exceeded by {s.id}")
+
+    # -- main loop -------------------------------------------------------------------------------
+    def run(self, events: Sequence[Any], progress: Callable[[int], None] | None = None) -> SimResult:
+        cfg = self.cfg
+        duration = cfg.duration_s if cfg.duration_s is not None else (events[-1].t if events else 0.0)
+        for _ in range(cfg.initial_gpus):
+            self._new_gpu(self.primary, ready=True)
+        self.peak_gpus = self._provisioned()
+        self.budget_samples.append((0.0, self.peak_gpus))
+        if cfg.tick_s > 0:
+            self._push(cfg.tick_s, _TICK, ("tick",))
+        i = 0
+        n = len(events)
+        while True:
+            next_trace = events[i].t if i < n else math.inf
+            next_internal = self.heap[0][0] if self.heap else math.inf
+            if next_trace == math.inf and next_internal > duration:
+                break
+            if next_internal < next_trace or (next_internal == next_trace and self.heap[0][1] < _TRACE):
+                t, _, _, payload = heapq.heappop(self.heap)
+                if t > duration:
+                    break
+                self.now = t
+                kind = payload[0]
+                if kind == "step":
+                    self._end_step(payload[1], payload[2])
+                elif kind == "ready":
+                    g = self.gpus.get(payload[1])
+                    if g is not None and g.status == "provisioning":
+                        g.status = "ready"
+                        self._touch_gpu(g)
+                        self._decide(Event(t, "gpu_ready", gpu=g.id))
+                elif kind == "tick":
+                    self._decide(Event(t, "tick"))
+                    if t + cfg.tick_s <= duration:
+                        self._push(t + cfg.tick_s, _TICK, ("tick",))
+                continue
+            ev = events[i]
+            i += 1
+            if ev.t > duration:
+                continue
+            self.now = ev.t
+            self._trace_event(ev)
+            if progress is not None and i % 1000 == 0:
+                progress(1000)
+        self.now = duration
+        return self._result(duration)
+
+    def _trace_event(self, ev: Any) -> None:
+        kind = ev.event
+        was_active = False
+        if kind == "arrive":
+            s = _Session(ev.session, float(ev.load), int(self.primary.state_bytes * float(ev.load)), self.now)
+            self.sessions[s.id] = s
+            self._touch_session(s)
+        else:
+            s = self.sessions.get(ev.session)
+            if s is None:
+                raise SimulationError(f"t={ev.t}: event for unknown session {ev.session}")
+            was_active = bool(s.alpha)
+            if kind == "active":
+                if not s.alpha:
+                    s.alpha = 1
+                    self.n_active += 1
+                self._touch_session(s)
+            elif kind == "idle":
+                if s.alpha:
+                    s.alpha = 0
+                    self.n_active -= 1
+                if s.state == "queued":
+                    s.state = "suspended"
+                    s.queued_at = None
+                self._touch_session(s)
+            elif kind == "depart":
+                if s.alpha:
+                    self.n_active -= 1
+                self._detach(s)
+                del self.sessions[s.id]
+                self.session_views.pop(s.id, None)
+                self.pending.pop(s.id, None)
+                self.idle_resident.pop(s.id, None)
+        self.active_samples.append((self.now, self.n_active))
+        self._decide(Event(self.now, kind, session=ev.session, was_active=was_active))
+
+    # -- results ---------------------------------------------------------------------------------
+    def _result(self, duration: float) -> SimResult:
+        dur = np.asarray(self.step_dur, dtype=float)
+        cnt = np.asarray(self.step_n, dtype=float)
+        extra = np.asarray(self.extra_lat, dtype=float)
+        t0 = self.cfg.measure_from_s
+        if t0 > 0:
+            keep = np.asarray(self.step_t, dtype=float) >= t0
+            dur, cnt = dur[keep], cnt[keep]
+            extra = extra[np.asarray(self.extra_t, dtype=float) >= t0]
+        values = np.concatenate([dur, extra])
+        weights = np.concatenate([cnt, np.ones_like(extra)])
+        chunks = int(weights.sum())
+        if chunks:
+            order = np.argsort(values, kind="stable")
+            v, w = values[order], weights[order]
+            cum = np.cumsum(w)
+            p99 = float(v[np.searchsorted(cum, 0.99 * chunks - 1e-9)])
+            worst = float(v[-1])
+            mean = float((v * w).sum() / chunks)
+            pass_rate = float(w[v <= self.slo_ms + 1e-9].sum() / chunks)
+        else:
+            p99 = worst = mean = 0.0
+            pass_rate = 1.0
+        gpu_seconds = 0.0
+        cost = 0.0
+        for g in self.all_gpus:
+            end = g.released_at if g.released_at is not None else duration
+            secs = max(0.0, min(end, duration) - max(g.requested_at, t0))
+            gpu_seconds += secs
+            cost += secs / 3600.0 * g.spec.price_per_hour
+        sched = np.asarray(self.sched_ms, dtype=float)
+        return SimResult(
+            policy=self.policy.name,
+            trace=self.trace_name,
+            chunks=chunks,
+            worst_chunk_latency_ms=round(worst, 3),
+            p99_chunk_latency_ms=round(p99, 3),
+            mean_chunk_latency_ms=round(mean, 3),
+            slo_ms=self.slo_ms,
+            slo_pass_rate=round(pass_rate, 6),
+            gpu_cost_usd=round(cost, 4),
+            gpu_seconds=round(gpu_seconds, 3),
+            peak_gpus=self.peak_gpus,
+            migrations=self.migrations,
+            scale_actions=self.scale_actions,
+            max_wait_ms=round(self.max_wait_ms, 3),
+            scheduler_ms_mean=round(float(sched.mean()), 4) if sched.size else 0.0,
+            scheduler_ms_p99=round(float(np.percentile(sched, 99)), 4) if sched.size else 0.0,
+            scheduler_ms_max=round(float(sched.max()), 4) if sched.size else 0.0,
+            decisions=int(sched.size),
+            initial_gpus=self.cfg.initial_gpus,
+            profile=",".join(self.types),
+            duration_s=duration,
+            queued_sessions=self.queued_sessions,
+            timeline=self._timeline(duration),
+            policy_config=self.policy.describe(),
+        )
+
+    def _timeline(self, duration: float) -> list[dict[str, float]]:
+        w = self.cfg.window_s
+        nwin = max(1, math.ceil(duration / w)) if duration > 0 else 1
+        rows = [
+            {
+                "t0": k * w,
+                "t1": min((k + 1) * w, duration),
+                "active_max": 0,
+                "budget_max": 0,
+                "worst_ms": 0.0,
+                "cost_usd": 0.0,
+            }
+            for k in range(nwin)
+        ]
+
+        def idx(t: float) -> int:
+            return min(nwin - 1, max(0, int(t // w)))
+
+        # Step functions (active sessions, provisioned GPUs): the value entering each window and
+        # every change inside it; one pass over the samples each.
+        for key, samples in (("active_max", self.active_samples), ("budget_max", self.budget_samples)):
+            value = 0
+            j = 0
+            for k, row in enumerate(rows):
+                peak = value
+                end = (k + 1) * w if k < nwin - 1 else math.inf
+                while j < len(samples) and samples[j][0] < end:
+                    value = samples[j][1]
+                    peak = max(peak, value)
+                    j += 1
+                row[key] = peak
+        for t, d in zip(self.step_t, self.step_dur, strict=True):
+            r = rows[idx(t)]
+            r["worst_ms"] = max(r["worst_ms"], d)
+        for t, d in zip(self.extra_t, self.extra_lat, strict=True):
+            r = rows[idx(t)]
+            r["worst_ms"] = max(r["worst_ms"], d)
+        for g in self.all_gpus:
+            end = min(g.released_at if g.released_at is not None else duration, duration)
+            start = g.requested_at
+            k = idx(start)
+            while k < nwin and start < end:
+                seg_end = min(end, (k + 1) * w)
+                rows[k]["cost_usd"] += (seg_end - start) / 3600.0 * g.spec.price_per_hour
+                start = seg_end
+                k += 1
+        for row in rows:
+            row["worst_ms"] = round(row["worst_ms"], 3)
+            row["cost_usd"] = round(row["cost_usd"], 5)
+        return rows
+
+
+def simulate(
+    events: Sequence[Any],
+    policy: Policy,
+    config: SimConfig,
+    trace_name: str = "trace",
+    progress: Callable[[int], None] | None = None,
+) -> SimResult:
+    """Replay ``events`` (``TraceEvent``s sorted by ``t``) through ``policy``; see module docstring."""
+    return Simulator(policy, config, trace_name).run(events, progress)

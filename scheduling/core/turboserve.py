@@ -1,0 +1,325 @@
+"""TurboServe closed-loop policy (§5, Algorithm 1, Appendix A) plus two switchable extensions.
+
+Per event:
+1. the workload detector records the event and looks up (λ, ρ̂) for the current volatility level;
+2. PLACE: idle residents are suspended, pending active sessions are assigned (Eq. 3, min resulting
+   bottleneck latency, tie-break less loaded), then migration-aware min-max rebalancing (Eq. 4);
+3. SCALE: ρ_max feedback with hysteresis ρ̂ ± δ and the proportional target
+   M_tar = ⌈N_req / (K·ρ̂)⌉ clamped to [M_min, M_max] (computed in capacity units so that
+   heterogeneous types work; homogeneous pools give exactly the paper's formula);
+   scale-out adds GPUs (they count toward cost and budget, not capacity, until ready) and placement
+   rebalances onto them when they report ready; scale-in consolidates first and releases only
+   GPUs left empty (Algorithm 1 lines 4–9).
+
+Beyond the paper, each switchable so its effect can be measured:
+* ``headroom``: N_req is raised by the net new activations the detector expects within one
+  provisioning delay (drift + z·σ over that horizon), and that predicted load also triggers
+  scale-out — a burst during boot is what sets the worst-case latency;
+* ``cooldown_s``: no scale-in until this long after the last scale-out (anti-flapping);
+* ``release_grace_s`` (default half the type's provisioning delay): a drained GPU, once empty, stays
+  (paid, warm) this long before release, so a scale-out soon after a scale-in un-drains it instead
+  of waiting a whole provisioning delay for a new one (the ski-rental trade-off).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from .detector import VolatilityTable, WorkloadDetector, fixed_table, load_volatility_table
+from .placement import PlacementWork
+from .policy import Policy
+from .types import Decision, Event, GpuTypeSpec, Signals, Snapshot
+
+_EPS = 1e-9
+
+
+def target_budget(n_req: float, capacity: float, rho_hat: float, m_min: int, m_max: int) -> int:
+    """M_tar = ⌈N_req / (K·ρ̂)⌉ clamped to [M_min, M_max] (§5.2.2)."""
+    m = math.ceil(n_req / (capacity * rho_hat) - 1e-9) if n_req > 0 else 0
+    return max(m_min, min(m_max, m))
+
+
+def hysteresis(rho_max: float, rho_hat: float, delta: float) -> int:
+    """+1 scale out when ρ_max > ρ̂ + δ, −1 scale in when ρ_max < ρ̂ − δ, else 0."""
+    if rho_max > rho_hat + delta:
+        return 1
+    if rho_max < rho_hat - delta:
+        return -1
+    return 0
+
+
+def cheapest_type(gpu_types: dict[str, GpuTypeSpec] | Any, counts: dict[str, int]) -> str | None:
+    """Type with the lowest price per unit of capacity that still has availability."""
+    best = None
+    for name in sorted(gpu_types):
+        spec = gpu_types[name]
+        if spec.availability is not None and counts.get(name, 0) >= spec.availability:
+            continue
+        key = (spec.price_per_hour / spec.capacity, spec.provisioning_delay_s, name)
+        if best is None or key < best:
+            best = key
+    return best[2] if best else None
+
+
+class TurboServePolicy(Policy):
+    name = "turboserve"
+    accepts_rho_hat = True
+
+    def __init__(
+        self,
+        *,
+        migration: bool = True,
+        autoscale: bool = True,
+        headroom: bool = True,
+        headroom_z: float = 0.5,
+        cooldown_s: float = 30.0,
+        eta: float = 0.5,
+        delta: float = 0.1,
+        min_residency_s: float = 2.0,
+        release_grace_s: float | None = None,
+        table: VolatilityTable | str | Path | None = None,
+        rho_hat: float | None = None,
+        name: str | None = None,
+    ):
+        if rho_hat is not None:
+            table = fixed_table(rho_hat)
+        elif table is None or isinstance(table, str | Path):
+            table = load_volatility_table(table)
+        self.table: VolatilityTable = table
+        self.detector = WorkloadDetector(table)
+        self.migration = migration
+        self.autoscale = autoscale
+        self.headroom = headroom
+        self.headroom_z = headroom_z
+        self.cooldown_s = cooldown_s
+        self.eta = eta
+        self.delta = delta
+        self.min_residency_s = min_residency_s
+        self.release_grace_s = release_grace_s
+        self.drained_at: dict[str, float] = {}
+        self.last_scale_out = -math.inf
+        self.last_scale_in = -math.inf
+        if name:
+            self.name = name
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "migration": self.migration,
+            "autoscale": self.autoscale,
+            "headroom": self.headroom,
+            "headroom_z": self.headroom_z,
+            "cooldown_s": self.cooldown_s,
+            "eta": self.eta,
+            "delta": self.delta,
+            "min_residency_s": self.min_residency_s,
+            "release_grace_s": self.release_grace_s,
+            "levels": len(self.table.levels),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "detector": self.detector.state_dict(),
+            "last_scale_out": None if math.isinf(self.last_scale_out) else self.last_scale_out,
+            "last_scale_in": None if math.isinf(self.last_scale_in) else self.last_scale_in,
+            "drained_at": dict(sorted(self.drained_at.items())),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.detector.load_state_dict(state.get("detector", {}))
+        out, inn = state.get("last_scale_out"), state.get("last_scale_in")
+        self.last_scale_out = -math.inf if out is None else float(out)
+        self.last_scale_in = -math.inf if inn is None else float(inn)
+        self.drained_at = {str(k): float(v) for k, v in state.get("drained_at", {}).items()}
+
+    # ------------------------------------------------------------------------------------------
+    def decide(self, snapshot: Snapshot, event: Event) -> Decision:
+        now = snapshot.time
+        if math.isinf(self.last_scale_out):
+            # The pool we start with counts as a scale-out: do not dump a warm pool before the
+            # first cooldown has shown what load arrives.
+            self.last_scale_out = now
+        if event.kind in ("active", "idle", "depart"):
+            self.detector.observe(now, event.kind, event.was_active)
+        sigma, level = self.detector.level(now)
+        rho_hat, lam = level.rho_hat, level.lam
+
+        work = PlacementWork(snapshot, eta=self.eta, min_residency_s=self.min_residency_s)
+        gpus = snapshot.gpus
+
+        # PLACE (Algorithm 1 line 2): suspend idle residents, assign U(t) (Eq. 3), rebalance (Eq. 4).
+        suspend: list[str] = []
+        for sid in snapshot.idle_resident:
+            work.remove(sid, snapshot.sessions[sid].gpu)  # type: ignore[arg-type]
+            suspend.append(sid)
+        queue: list[str] = []
+        for sid in snapshot.pending:
+            gid = work.best_gpu(sid)
+            if gid is None:
+                queue.append(sid)
+            else:
+                work.add(sid, gid)
+        # One pass over the GPUs for everything the autoscaler needs.
+        draining: list[str] = []
+        live: list[str] = []
+        provisioning: list[str] = []
+        counts: dict[str, int] = {}
+        capacity_now = 0.0
+        for gid, v in gpus.items():
+            status = v.status
+            if status == "ready" or status == "provisioning":
+                live.append(gid)
+                capacity_now += snapshot.gpu_types[v.gpu_type].capacity
+                if status == "provisioning":
+                    provisioning.append(gid)
+            elif status == "draining":
+                draining.append(gid)
+            else:
+                continue
+            counts[v.gpu_type] = counts.get(v.gpu_type, 0) + 1
+        if self.migration:
+            for gid in draining:
+                work.evacuate(gid)
+            work.relieve_overflow()
+            work.rebalance()
+
+        n_req = sum(work.load.values()) + sum(snapshot.sessions[s].load for s in queue)
+        rho_max = work.rho_max()
+        if not work.eligible and n_req > 0:
+            rho_max = math.inf
+
+        add: dict[str, int] = {}
+        drain: list[str] = []
+        undrain: list[str] = []
+        release: list[str] = []
+        add_type = cheapest_type(snapshot.gpu_types, counts)
+        headroom = 0.0
+        if self.headroom:
+            horizon = snapshot.gpu_types[add_type].provisioning_delay_s if add_type else 0.0
+            headroom = self.detector.expected_net_activations(now, horizon, self.headroom_z)
+        needed = (n_req + headroom) / rho_hat
+        budget = len(live)
+
+        if self.autoscale:
+            signal = rho_max
+            if self.headroom and capacity_now > 0:
+                signal = max(signal, (n_req + headroom) / capacity_now)
+            direction = hysteresis(signal, rho_hat, self.delta)
+            total = sum(counts.values())
+            if (direction > 0 or queue) and needed > capacity_now + _EPS:
+                # Scale-out precedes rebalancing (Algorithm 1 lines 7–9): undrain paid-for GPUs first.
+                deficit = needed - capacity_now
+                for gid in sorted(draining, key=lambda g: (-work.load.get(g, 0.0), g)):
+                    if deficit <= _EPS:
+                        break
+                    undrain.append(gid)
+                    work.make_eligible(gid)
+                    deficit -= work.spec[gid].capacity
+                    budget += 1
+                while deficit > _EPS and total < snapshot.max_gpus:
+                    t = cheapest_type(snapshot.gpu_types, counts)
+                    if t is None:
+                        break
+                    add[t] = add.get(t, 0) + 1
+                    counts[t] = counts.get(t, 0) + 1
+                    total += 1
+                    budget += 1
+                    deficit -= snapshot.gpu_types[t].capacity
+                if add or undrain:
+                    self.last_scale_out = now
+                if undrain:
+                    for sid in list(queue):
+                        gid = work.best_gpu(sid)
+                        if gid is not None:
+                            work.add(sid, gid)
+                            queue.remove(sid)
+                    if self.migration:
+                        work.rebalance()
+            elif direction < 0 and not queue and now - self.last_scale_out >= self.cooldown_s:
+                # Scale-in: consolidate, then drain; release only GPUs left empty (lines 4–6).
+                surplus = capacity_now - needed
+                cancel = sorted(provisioning, key=lambda g: (-gpus[g].requested_at, g))
+                ready = sorted(
+                    work.eligible,
+                    key=lambda g: (
+                        work.rho(g),
+                        -snapshot.gpu_types[gpus[g].gpu_type].price_per_hour
+                        / snapshot.gpu_types[gpus[g].gpu_type].capacity,
+                        g,
+                    ),
+                )
+                for gid in cancel + ready:
+                    k = snapshot.gpu_types[gpus[gid].gpu_type].capacity
+                    if budget <= snapshot.min_gpus or k > surplus + _EPS:
+                        continue
+                    if gpus[gid].status == "provisioning":
+                        release.append(gid)
+                    else:
+                        if len(work.eligible) <= 1:
+                            continue
+                        work.make_ineligible(gid)
+                        drain.append(gid)
+                    surplus -= k
+                    budget -= 1
+                if drain or release:
+                    self.last_scale_in = now
+                if self.migration:
+                    for gid in drain:
+                        work.evacuate(gid)
+                    work.rebalance()
+        if self.autoscale and budget < snapshot.min_gpus:
+            # Warm minimum pool (M_min): keep it provisioned even without load.
+            total = sum(counts.values())
+            while budget < snapshot.min_gpus and total < snapshot.max_gpus:
+                t = cheapest_type(snapshot.gpu_types, counts)
+                if t is None:
+                    break
+                add[t] = add.get(t, 0) + 1
+                counts[t] = counts.get(t, 0) + 1
+                total += 1
+                budget += 1
+        # Forget GPUs that are gone or no longer draining (bounded, JSON-persisted state).
+        self.drained_at = {
+            g: t for g, t in self.drained_at.items() if g in gpus and gpus[g].status == "draining"
+        }
+        for gid in drain:
+            self.drained_at[gid] = now
+        for gid in undrain:
+            self.drained_at.pop(gid, None)
+        for gid in draining + drain:
+            if gid in undrain or work.count[gid] != 0:
+                continue
+            # Keep an emptied GPU (paid, warm) for release_grace_s: a scale-out in that window
+            # un-drains it at once instead of booting a new one for a full provisioning delay.
+            grace = self.release_grace_s
+            if grace is None:
+                grace = 0.5 * snapshot.gpu_types[gpus[gid].gpu_type].provisioning_delay_s
+            if now - self.drained_at.get(gid, -math.inf) >= grace:
+                release.append(gid)
+                self.drained_at.pop(gid, None)
+
+        migrations, assigns = work.migrations()
+        return Decision(
+            time=now,
+            assign=assigns,
+            migrations=migrations,
+            suspend=tuple(suspend),
+            queue=tuple(queue),
+            target_budget=max(budget, 0),
+            add_gpus=tuple(sorted(add.items())),
+            drain=tuple(drain),
+            undrain=tuple(undrain),
+            release=tuple(release),
+            signals=Signals(
+                rho_max=rho_max if math.isfinite(rho_max) else 1e9,
+                volatility=sigma,
+                volatility_level=level.level,
+                lam=lam,
+                rho_hat=rho_hat,
+                n_req=n_req,
+                headroom=headroom,
+                bottleneck_ms=work.bottleneck_ms(),
+            ),
+        )

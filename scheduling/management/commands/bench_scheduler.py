@@ -1,0 +1,28 @@
+"""``manage.py bench_scheduler``: scheduler decision time per event at several cluster sizes."""
+
+from __future__ import annotations
+
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from scheduling.core.cli import CliError, format_bench, run_bench
+
+
+class Command(BaseCommand):
+    help = "Decision time per event (mean/p99/max) with K sessions per GPU and a realistic event mix."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--gpus", default="4,16,64,256,1024", help="comma list of cluster sizes")
+        parser.add_argument("--events", type=int, default=2000, help="measured events per size")
+        parser.add_argument("--profile", default="b300-1.3b", help="built-in profile (sets K)")
+        parser.add_argument("--json", action="store_true")
+
+    def handle(self, *args, **opts):
+        try:
+            report = run_bench(
+                gpus=opts["gpus"], events=opts["events"], profile=opts["profile"], progress=not opts["json"]
+            )
+        except CliError as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write(json.dumps(report) if opts["json"] else format_bench(report))

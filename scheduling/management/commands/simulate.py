@@ -1,0 +1,64 @@
+"""``manage.py simulate``: replay a trace through one policy in virtual time (docs/scheduling.md)."""
+
+from __future__ import annotations
+
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from scheduling.core.cli import CliError, format_simulate, run_simulate
+
+
+class Command(BaseCommand):
+    help = "Simulate a scheduling policy on a session trace; --json prints exactly one JSON object."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--trace", required=True, help="JSON Lines trace (docs/traces.md)")
+        parser.add_argument("--policy", default="turboserve", help="built-in name or module.path:ClassName")
+        parser.add_argument(
+            "--profile", default="h20-1.3b", help="built-in profile, JSON file, or a comma list"
+        )
+        parser.add_argument(
+            "--max-gpus", type=int, default=16, help="M_max; also the fixed budget of static policies"
+        )
+        parser.add_argument("--min-gpus", type=int, default=1, help="M_min: warm minimum pool")
+        parser.add_argument(
+            "--initial-gpus", type=int, default=None, help="pool at t=0 (default min(8, max))"
+        )
+        parser.add_argument("--budget", type=int, default=None, help="fixed budget for static policies")
+        parser.add_argument(
+            "--slo-ms", type=float, default=None, help="per-chunk latency SLO (default: profile's)"
+        )
+        parser.add_argument("--tick-s", type=float, default=5.0, help="periodic tick interval")
+        parser.add_argument("--json", action="store_true", help="print one JSON object")
+        parser.add_argument("--plot", default=None, help="write a timeline PNG here")
+        parser.add_argument("--progress", action="store_true", help="show a progress bar")
+        parser.add_argument(
+            "--option",
+            action="append",
+            default=[],
+            help="policy option key=value (JSON value), repeatable: --option headroom=false --option cooldown_s=0",
+        )
+
+    def handle(self, *args, **opts):
+        try:
+            result = run_simulate(
+                trace=opts["trace"],
+                policy=opts["policy"],
+                profile=opts["profile"],
+                max_gpus=opts["max_gpus"],
+                min_gpus=opts["min_gpus"],
+                initial_gpus=opts["initial_gpus"],
+                budget=opts["budget"],
+                slo_ms=opts["slo_ms"],
+                tick_s=opts["tick_s"],
+                plot=opts["plot"],
+                progress=opts["progress"],
+                options=opts["option"],
+            )
+        except CliError as exc:
+            raise CommandError(str(exc)) from exc
+        if opts["json"]:
+            self.stdout.write(json.dumps(result))
+        else:
+            self.stdout.write(format_simulate(result))

@@ -1,0 +1,48 @@
+"""``manage.py simulate_compare``: TurboServe §7.1 protocol on one trace (docs/scheduling.md)."""
+
+from __future__ import annotations
+
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from scheduling.core.cli import CliError, format_compare, run_compare
+from scheduling.core.compare import DEFAULT_POLICIES
+
+
+class Command(BaseCommand):
+    help = "Cost at matched latency and worst latency at matched cost for every policy on one trace."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--trace", required=True)
+        parser.add_argument("--profile", default="h20-1.3b")
+        parser.add_argument("--max-gpus", type=int, default=16)
+        parser.add_argument("--min-gpus", type=int, default=1)
+        parser.add_argument("--initial-gpus", type=int, default=None)
+        parser.add_argument("--slo-ms", type=float, default=None)
+        parser.add_argument(
+            "--policies", default=",".join(DEFAULT_POLICIES), help="comma list; turboserve is the reference"
+        )
+        parser.add_argument("--json", action="store_true")
+        parser.add_argument("--plot", default=None, help="write a comparison PNG here")
+        parser.add_argument("--no-progress", action="store_true")
+
+    def handle(self, *args, **opts):
+        policies = [p.strip() for p in opts["policies"].split(",") if p.strip()]
+        if not policies:
+            raise CommandError("--policies: give at least one policy")
+        try:
+            out = run_compare(
+                trace=opts["trace"],
+                profile=opts["profile"],
+                max_gpus=opts["max_gpus"],
+                min_gpus=opts["min_gpus"],
+                initial_gpus=opts["initial_gpus"],
+                slo_ms=opts["slo_ms"],
+                policies=policies,
+                plot=opts["plot"],
+                progress=not opts["no_progress"] and not opts["json"],
+            )
+        except CliError as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write(json.dumps(out) if opts["json"] else format_compare(out))

@@ -1,0 +1,239 @@
+"""Scheduling history: every decision with its inputs, every migration and scaling action.
+
+Also the operator-editable scheduler configuration (a single row).
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+
+class SchedulerConfig(models.Model):
+    """Operator-tunable knobs of the live scheduler (one row, id=1)."""
+
+    policy = models.CharField(max_length=200, default="turboserve")
+    min_gpus = models.PositiveIntegerField(default=1)
+    max_gpus = models.PositiveIntegerField(default=4)
+    # None: the workload detector's volatility table chooses ρ̂ (TurboServe Appendix A).
+    target_utilization = models.FloatField(null=True, blank=True)
+    slo_ms = models.FloatField(default=1000.0)
+    queue_max = models.PositiveIntegerField(default=100)
+    # No scale-in until this long after the last scale-out (anti-flapping; beyond the paper).
+    scale_in_cooldown_s = models.FloatField(default=60.0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                name="config_bounds_ordered", condition=Q(min_gpus__lte=models.F("max_gpus"))
+            ),
+            models.CheckConstraint(
+                name="config_utilization_range",
+                condition=Q(target_utilization__isnull=True)
+                | (Q(target_utilization__gt=0) & Q(target_utilization__lte=1)),
+            ),
+            models.CheckConstraint(name="config_slo_positive", condition=Q(slo_ms__gt=0)),
+            models.CheckConstraint(
+                name="config_cooldown_nonnegative", condition=Q(scale_in_cooldown_s__gte=0)
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.policy} [{self.min_gpus}, {self.max_gpus}]"
+
+    @classmethod
+    def load(cls) -> SchedulerConfig:
+        config, _ = cls.objects.get_or_create(pk=1)
+        return config
+
+
+class SchedulerDecision(models.Model):
+    """One run of the closed-loop scheduler (TurboServe Algorithm 1) with its inputs and outputs."""
+
+    class Trigger(models.TextChoices):
+        ARRIVE = "arrive"
+        ACTIVE = "active"
+        IDLE = "idle"
+        DEPART = "depart"
+        PROMPT = "prompt"
+        TICK = "tick"
+        WORKER = "worker", "worker lifecycle"
+        MANUAL = "manual"
+
+    trigger = models.CharField(max_length=16, choices=Trigger.choices)
+    session = models.ForeignKey(
+        "streams.GenerationSession", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    decided_at = models.DateTimeField(db_index=True)
+    policy = models.CharField(max_length=200)
+    # Inputs summary.
+    active_sessions = models.PositiveIntegerField()
+    budget = models.PositiveIntegerField(help_text="M: provisioned workers when the decision started")
+    rho_max = models.FloatField(null=True, blank=True)
+    volatility = models.FloatField(null=True, blank=True)
+    volatility_level = models.PositiveSmallIntegerField(null=True, blank=True)
+    lambda_weight = models.FloatField(null=True, blank=True)
+    rho_hat = models.FloatField(null=True, blank=True)
+    # Outputs summary.
+    target_budget = models.PositiveIntegerField()
+    placements_changed = models.PositiveIntegerField(default=0)
+    duration_ms = models.FloatField()
+    inputs = models.JSONField(default=dict, blank=True)
+    outputs = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-decided_at", "-id"]
+        get_latest_by = "decided_at"
+
+    def __str__(self) -> str:
+        return f"decision {self.pk} ({self.trigger}) M={self.budget}→{self.target_budget}"
+
+
+class Migration(models.Model):
+    """One session-state migration between workers (TurboServe §6.1)."""
+
+    class Outcome(models.TextChoices):
+        PENDING = "pending"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        ABORTED = "aborted"
+
+    session = models.ForeignKey(
+        "streams.GenerationSession", on_delete=models.CASCADE, related_name="migrations"
+    )
+    source = models.ForeignKey("gpu.GpuWorker", on_delete=models.PROTECT, related_name="migrations_out")
+    target = models.ForeignKey("gpu.GpuWorker", on_delete=models.PROTECT, related_name="migrations_in")
+    decision = models.ForeignKey(
+        SchedulerDecision, null=True, blank=True, on_delete=models.SET_NULL, related_name="migrations"
+    )
+    epoch = models.PositiveIntegerField(default=0)
+    state_bytes = models.BigIntegerField(default=0)
+    reason = models.CharField(max_length=64)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices, default=Outcome.PENDING)
+    error = models.TextField(blank=True, default="")
+    started_at = models.DateTimeField(db_index=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    duration_ms = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                name="migration_distinct_workers", condition=~Q(source=models.F("target"))
+            ),
+            models.CheckConstraint(
+                name="migration_finished_has_time",
+                condition=Q(outcome="pending") | Q(finished_at__isnull=False),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.session_id}: {self.source_id}→{self.target_id} ({self.outcome})"
+
+
+class ScalingAction(models.Model):
+    """A change of the GPU budget from M to M′ and what the provisioner did about it."""
+
+    class Direction(models.TextChoices):
+        OUT = "out", "scale-out"
+        IN = "in", "scale-in"
+
+    class Outcome(models.TextChoices):
+        REQUESTED = "requested"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+
+    decision = models.ForeignKey(
+        SchedulerDecision, null=True, blank=True, on_delete=models.SET_NULL, related_name="scaling_actions"
+    )
+    created_at = models.DateTimeField(db_index=True)
+    direction = models.CharField(max_length=4, choices=Direction.choices)
+    from_budget = models.PositiveIntegerField()
+    to_budget = models.PositiveIntegerField()
+    gpu_type = models.CharField(max_length=64, blank=True, default="")
+    reason = models.CharField(max_length=255)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices, default=Outcome.REQUESTED)
+    provisioner_result = models.JSONField(default=dict, blank=True)
+    workers = models.ManyToManyField("gpu.GpuWorker", blank=True, related_name="scaling_actions")
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                name="scaling_direction_matches_budgets",
+                condition=(Q(direction="out") & Q(to_budget__gt=models.F("from_budget")))
+                | (Q(direction="in") & Q(to_budget__lt=models.F("from_budget"))),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.direction} {self.from_budget}→{self.to_budget}"
+
+
+class SchedulerState(models.Model):
+    """The live policy's internal state (detector window, cooldown timers) between Celery runs."""
+
+    policy = models.CharField(max_length=200)
+    state = models.JSONField(default=dict)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"state of {self.policy}"
+
+
+class WorkerCommand(models.Model):
+    """A command sent to a worker's durable channel, and what the worker answered.
+
+    Workers apply commands at chunk boundaries and answer each exactly once (``acked``, ``refused``
+    with a reason, or ``failed``); commands still ``sent`` past their deadline are ``timed_out``.
+    """
+
+    class Kind(models.TextChoices):
+        START = "start"
+        RESUME = "resume"
+        SUSPEND = "suspend"
+        MIGRATE_OUT = "migrate_out"
+        MIGRATE_IN = "migrate_in"
+        ACTIVATE = "activate"
+        PROMPT = "prompt"
+        STOP = "stop"
+        DRAIN = "drain"
+        SHUTDOWN = "shutdown"
+
+    class Status(models.TextChoices):
+        SENT = "sent"
+        ACKED = "acked"
+        REFUSED = "refused"
+        FAILED = "failed"
+        TIMED_OUT = "timed_out"
+
+    id = models.UUIDField(primary_key=True)
+    worker = models.ForeignKey("gpu.GpuWorker", on_delete=models.CASCADE, related_name="commands")
+    session = models.ForeignKey(
+        "streams.GenerationSession", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    decision = models.ForeignKey(
+        SchedulerDecision, null=True, blank=True, on_delete=models.SET_NULL, related_name="commands"
+    )
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    epoch = models.PositiveIntegerField(default=0)
+    payload = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.SENT)
+    reason = models.TextField(blank=True, default="")
+    result = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(db_index=True)
+    answered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["status", "created_at"])]
+        constraints = [
+            models.CheckConstraint(
+                name="command_answered_has_time",
+                condition=Q(status__in=["sent", "timed_out"]) | Q(answered_at__isnull=False),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} → {self.worker_id} ({self.status})"

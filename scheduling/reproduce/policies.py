@@ -1,0 +1,94 @@
+"""Policies used only by the reproduction (subclasses of the TurboServe policy; the core is untouched).
+
+* :class:`WindowRhoPolicy` — TurboServe with ρ̂ fixed per time window (Tables 8–10 oracle replays);
+* :class:`RecordingTurboServe` — TurboServe that records the ρ̂ it used at each decision;
+* :class:`NoHeadroom`, :class:`NoCooldown`, :class:`NoExtensions` — TurboServe with one or all of the
+  beyond-the-paper extensions switched off, as named policies so that the §7.1 comparison
+  (``scheduling.core.compare``) can search their cheapest SLO-meeting configuration like any other.
+  They are reachable by dotted path (``scheduling.reproduce.policies:NoHeadroom``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from scheduling.core.detector import fixed_table
+from scheduling.core.turboserve import TurboServePolicy
+from scheduling.core.types import Decision, Event, Snapshot
+
+
+class RecordingTurboServe(TurboServePolicy):
+    """TurboServe (adaptive table by default) that keeps ``(time, ρ̂, level, target budget)`` of every
+    decision."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.trail: list[tuple[float, float, int, int]] = []
+
+    def decide(self, snapshot: Snapshot, event: Event) -> Decision:
+        decision = super().decide(snapshot, event)
+        s = decision.signals
+        self.trail.append(
+            (snapshot.time, float(s.rho_hat), int(s.volatility_level), int(decision.target_budget))
+        )
+        return decision
+
+
+class WindowRhoPolicy(RecordingTurboServe):
+    """TurboServe whose target utilisation is ``rhos[w]`` during window ``w`` (``window_s`` long).
+
+    Everything else — placement, migration, autoscaler, headroom, cooldown — is the TurboServe policy,
+    so an oracle built on it differs from the online mapping only in how ρ̂ is chosen.
+    """
+
+    name = "turboserve-window-rho"
+
+    def __init__(self, *, rhos: Sequence[float] = (0.8,), window_s: float = 30.0, **kwargs: Any):
+        self.rhos = [float(r) for r in rhos]
+        self.window_s = float(window_s)
+        self._tables = {r: fixed_table(r) for r in sorted(set(self.rhos))}
+        kwargs.pop("rho_hat", None)
+        super().__init__(rho_hat=self.rhos[0], **kwargs)
+
+    def _rho_at(self, time: float) -> float:
+        w = min(len(self.rhos) - 1, max(0, math.floor(time / self.window_s + 1e-9)))
+        return self.rhos[w]
+
+    def decide(self, snapshot: Snapshot, event: Event) -> Decision:
+        table = self._tables[self._rho_at(snapshot.time)]
+        self.table = table
+        self.detector.table = table
+        return super().decide(snapshot, event)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "rhos": self.rhos, "window_s": self.window_s}
+
+
+class NoHeadroom(TurboServePolicy):
+    name = "turboserve-no-headroom"
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(headroom=False, name=self.name, **kwargs)
+
+
+class NoCooldown(TurboServePolicy):
+    name = "turboserve-no-cooldown"
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(cooldown_s=0.0, name=self.name, **kwargs)
+
+
+class NoExtensions(TurboServePolicy):
+    """The paper's loop: no headroom, no cooldown, no release grace (= built-in ``turboserve-paper``)."""
+
+    name = "turboserve-paper"
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(headroom=False, cooldown_s=0.0, release_grace_s=0.0, name=self.name, **kwargs)
+
+
+NO_HEADROOM = "scheduling.reproduce.policies:NoHeadroom"
+NO_COOLDOWN = "scheduling.reproduce.policies:NoCooldown"
+PAPER_LOOP = "turboserve-paper"

@@ -1,0 +1,57 @@
+"""Celery entry points of the scheduler: event-driven runs and the periodic tick (beat)."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from django.db import close_old_connections
+
+logger = logging.getLogger(__name__)
+
+
+@shared_task(name="scheduling.tasks.scheduler_event", time_limit=60, soft_time_limit=50, ignore_result=True)
+def scheduler_event(*, trigger: str, session_id: str | None = None, was_active: bool = False) -> list[int]:
+    """A session event committed: decide at once (TurboServe is event-driven)."""
+    from scheduling.live import scheduler_run
+
+    close_old_connections()
+    return scheduler_run(trigger=trigger, session_id=session_id, was_active=was_active)
+
+
+@shared_task(name="scheduling.tasks.scheduler_tick", time_limit=60, soft_time_limit=50, ignore_result=True)
+def scheduler_tick() -> dict:
+    """Beat: lost workers and stuck provisioning first, then rebalance/autoscale on fresh state."""
+    from gpu.provisioners.registry import get_provisioner
+    from scheduling.live import scheduler_run, workers_check
+
+    close_old_connections()
+    reconcile = {}
+    try:
+        reconcile = get_provisioner().reconcile().as_dict()
+    except Exception:
+        logger.exception("provisioner reconcile failed")
+    lost = workers_check()
+    decisions = scheduler_run(trigger="worker" if lost else "tick")
+    return {"lost": lost, "reconcile": reconcile, "decisions": decisions}
+
+
+@shared_task(
+    name="scheduling.tasks.audit_maintenance", time_limit=300, soft_time_limit=280, ignore_result=True
+)
+def audit_maintenance() -> dict:
+    """Beat: cost ledger for closed minutes, chunk rollups, and raw-record retention."""
+    from gpu.services import ledger_accrue
+    from sessions.services import chunk_records_prune, chunk_rollup
+
+    close_old_connections()
+    return {"ledger_rows": ledger_accrue(), "rollups": chunk_rollup(), "pruned": chunk_records_prune()}
+
+
+@shared_task(name="scheduling.tasks.worker_release", time_limit=120, soft_time_limit=110, ignore_result=True)
+def worker_release(*, worker_id: int, action_id: int | None = None) -> None:
+    """Scale-in: stop a drained worker's process/pod (graceful first) and mark it released."""
+    from scheduling.live import release
+
+    close_old_connections()
+    release(worker_id=worker_id, action_id=action_id)

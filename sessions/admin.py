@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+from django.contrib import admin, messages
+
+from sessions import services
+from sessions.models import ChunkLatencyRollup, ChunkRecord, GenerationSession, Prompt, SessionEvent
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Audit tables are written by the platform only."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class PromptInline(admin.TabularInline):
+    model = Prompt
+    extra = 0
+    readonly_fields = ["text", "from_chunk", "created_at"]
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(GenerationSession)
+class GenerationSessionAdmin(admin.ModelAdmin):
+    list_display = [
+        "id",
+        "owner",
+        "model_name",
+        "resolution",
+        "status",
+        "activity",
+        "state_location",
+        "worker",
+        "chunks_generated",
+        "created_at",
+        "last_active_at",
+    ]
+    list_filter = ["status", "activity", "state_location", "model_name", "worker"]
+    search_fields = ["id", "owner__username", "prompts__text"]
+    date_hierarchy = "created_at"
+    list_select_related = ["owner", "worker"]
+    readonly_fields = [f.name for f in GenerationSession._meta.fields]
+    inlines = [PromptInline]
+    actions = ["terminate_sessions"]
+
+    def has_add_permission(self, request):
+        return False
+
+    @admin.action(description="Terminate selected sessions (recorded as depart events)")
+    def terminate_sessions(self, request, queryset):
+        count = 0
+        for session in queryset.exclude(status=GenerationSession.Status.TERMINATED):
+            services.session_terminate(session=session, reason=f"admin:{request.user.username}")
+            count += 1
+        self.message_user(request, f"Terminated {count} session(s).", messages.SUCCESS)
+
+
+@admin.register(SessionEvent)
+class SessionEventAdmin(ReadOnlyAdmin):
+    list_display = ["at", "session", "kind", "detail"]
+    list_filter = ["kind"]
+    search_fields = ["session__id"]
+    date_hierarchy = "at"
+
+
+@admin.register(ChunkRecord)
+class ChunkRecordAdmin(ReadOnlyAdmin):
+    list_display = [
+        "created_at",
+        "session",
+        "chunk_index",
+        "worker",
+        "batch_size",
+        "generation_ms",
+        "delivery_ms",
+    ]
+    list_filter = ["worker", "batch_size"]
+    search_fields = ["session__id"]
+    date_hierarchy = "created_at"
+    list_select_related = ["worker"]
+    show_full_result_count = False  # COUNT(*) over a huge table is what makes admin pages slow
+
+
+@admin.register(ChunkLatencyRollup)
+class ChunkLatencyRollupAdmin(ReadOnlyAdmin):
+    list_display = ["minute", "worker_name", "gpu_type", "count", "max_generation_ms"]
+    list_filter = ["gpu_type", "worker_name"]
+    date_hierarchy = "minute"

@@ -1,0 +1,210 @@
+"""REST endpoints for sessions: thin views over ``sessions.services`` and ``sessions.selectors``."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+from django.http import HttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, permissions, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.timerange import parse_time_range
+from sessions import selectors, services
+from sessions.filters import ChunkRecordFilter, SessionFilter
+from sessions.serializers import (
+    ChunkRecordSerializer,
+    PromptCreateSerializer,
+    PromptSerializer,
+    SessionCreateSerializer,
+    SessionEventSerializer,
+    SessionSerializer,
+)
+from workers.catalog import PRESETS
+
+
+class MigrateSerializer(serializers.Serializer):
+    target = serializers.CharField(help_text="name of a ready worker")
+
+
+class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Generation sessions. Users see only their own (another user's session is a 404); staff see all."""
+
+    serializer_class = SessionSerializer
+    filterset_class = SessionFilter
+    ordering_fields = ["created_at", "last_active_at", "chunks_generated", "status"]
+    ordering = ["-created_at"]
+
+    def get_queryset(self):
+        return selectors.sessions_visible_to(self.request.user)
+
+    @extend_schema(request=SessionCreateSerializer, responses={201: SessionSerializer})
+    def create(self, request):
+        data = SessionCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        spec = services.session_spec_build(
+            prompt=data.validated_data["prompt"],
+            model_name=data.validated_data["model"],
+            resolution=data.validated_data.get("resolution"),
+            seed=data.validated_data.get("seed"),
+        )
+        session = services.session_create(owner=request.user, spec=spec)
+        return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        request=PromptCreateSerializer, responses={201: PromptSerializer, 200: PromptSerializer(many=True)}
+    )
+    @action(detail=True, methods=["get", "post"])
+    def prompts(self, request, pk=None):
+        """The prompt history; POST adds a prompt that applies from the next chunk."""
+        session = self.get_object()
+        if request.method == "GET":
+            return Response(PromptSerializer(session.prompts.all(), many=True).data)
+        data = PromptCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        prompt = services.session_prompt_add(session=session, text=data.validated_data["text"])
+        return Response(PromptSerializer(prompt).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses=SessionSerializer)
+    @action(detail=True, methods=["post"])
+    def pause(self, request, pk=None):
+        """The user goes idle: the session may be suspended to host memory."""
+        return Response(SessionSerializer(services.session_pause(session=self.get_object())).data)
+
+    @extend_schema(request=None, responses=SessionSerializer)
+    @action(detail=True, methods=["post"])
+    def resume(self, request, pk=None):
+        """The user is back: the session must execute."""
+        return Response(SessionSerializer(services.session_resume(session=self.get_object())).data)
+
+    @extend_schema(request=None, responses=SessionSerializer)
+    @action(detail=True, methods=["post"])
+    def terminate(self, request, pk=None):
+        """End the session (idempotent)."""
+        return Response(SessionSerializer(services.session_terminate(session=self.get_object())).data)
+
+    @extend_schema(request=MigrateSerializer, responses={202: OpenApiTypes.OBJECT})
+    @action(detail=True, methods=["post"], permission_classes=[permissions.IsAdminUser])
+    def migrate(self, request, pk=None):
+        """Staff: move an executing session to another worker now (at its next chunk boundary)."""
+        from scheduling.live import MigrationRefused, migration_request
+
+        session = self.get_object()
+        data = MigrateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        try:
+            migration = migration_request(
+                session_id=str(session.pk), target_name=data.validated_data["target"]
+            )
+        except MigrationRefused as exc:
+            from rest_framework.exceptions import ValidationError
+
+            raise ValidationError({"target": str(exc)}) from exc
+        return Response(
+            {"migration": migration.pk, "epoch": migration.epoch}, status=status.HTTP_202_ACCEPTED
+        )
+
+    @extend_schema(responses=ChunkRecordSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def chunks(self, request, pk=None):
+        """The session's chunk records (generation and delivery latency, worker, batch size)."""
+        session = self.get_object()
+        qs = ChunkRecordFilter(request.query_params, queryset=session.chunks.select_related("worker")).qs
+        page = self.paginate_queryset(qs.order_by("chunk_index"))
+        return self.get_paginated_response(ChunkRecordSerializer(page, many=True).data)
+
+    @extend_schema(responses=SessionEventSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def events(self, request, pk=None):
+        """The session's lifecycle events."""
+        page = self.paginate_queryset(self.get_object().events.order_by("at", "id"))
+        return self.get_paginated_response(SessionEventSerializer(page, many=True).data)
+
+
+class ModelCatalogView(APIView):
+    """The model presets a session can ask for, with their resolutions."""
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request):
+        return Response(
+            [
+                {
+                    "name": p.name,
+                    "description": p.description,
+                    "fps": p.fps,
+                    "frames_per_chunk": p.frames_per_chunk,
+                    "resolutions": list(p.resolutions),
+                    "default_resolution": p.default_resolution,
+                }
+                for p in PRESETS.values()
+            ]
+        )
+
+
+AUDIT_PARAMETERS = [
+    OpenApiParameter("start", OpenApiTypes.DATETIME, description="ISO-8601; default: end − 1 h"),
+    OpenApiParameter("end", OpenApiTypes.DATETIME, description="ISO-8601; default: now"),
+    OpenApiParameter("bucket", OpenApiTypes.STR, enum=["minute", "hour", "day"]),
+    OpenApiParameter("format", OpenApiTypes.STR, enum=["json", "csv"]),
+]
+
+
+def csv_response(filename: str, header: list[str], rows: list[list]) -> HttpResponse:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(header)
+    writer.writerows(rows)
+    response = HttpResponse(buffer.getvalue(), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return ""
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return str(value)
+
+
+class LatencyAuditView(APIView):
+    """Per-chunk generation latency over a time range, bucketed: count, p50, p95, p99, max, SLO pass rate."""
+
+    permission_classes = [permissions.IsAdminUser]
+
+    @extend_schema(
+        parameters=[
+            *AUDIT_PARAMETERS,
+            OpenApiParameter("slo_ms", OpenApiTypes.FLOAT),
+            OpenApiParameter("source", OpenApiTypes.STR, enum=["auto", "raw", "rollup"]),
+        ],
+        responses=OpenApiTypes.OBJECT,
+    )
+    def get(self, request):
+        time_range = parse_time_range(request.query_params)
+        slo = request.query_params.get("slo_ms")
+        source = request.query_params.get("source", "auto")
+        errors = {}
+        if slo is not None:
+            try:
+                slo = float(slo)
+                if not slo > 0:
+                    raise ValueError
+            except ValueError:
+                errors["slo_ms"] = "must be a positive number"
+        if source not in {"auto", "raw", "rollup"}:
+            errors["source"] = "must be auto, raw or rollup"
+        if errors:
+            from rest_framework.exceptions import ValidationError
+
+            raise ValidationError(errors)
+        report = selectors.latency_buckets(time_range=time_range, slo_ms=slo, source=source)
+        if request.query_params.get("format") == "csv":
+            header = ["bucket_start", "count", "p50_ms", "p95_ms", "p99_ms", "max_ms", "slo_passed"]
+            rows = [[_fmt(b["start"]), *(_fmt(b[k]) for k in header[1:])] for b in report["buckets"]]
+            return csv_response("latency.csv", header, rows)
+        return Response(report)

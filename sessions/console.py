@@ -1,0 +1,370 @@
+"""The operator console's reads (one cluster snapshot) and its audited actions.
+
+The snapshot is what `/console/` renders first and what the `/ws/console/` consumer pushes every
+interval: the workers with their telemetry and load against K, session counts, the GPU budget against
+the autoscaler's latest target, the last minute's worst and p99 chunk latency against the SLO, the
+cost rate, and a merged timeline of decisions, migrations, scaling actions and operator actions.
+
+Console actions wrap the owning apps' services and add an admin ``LogEntry`` naming the operator, so
+every change made from the console is in one audit trail next to the admin's own history.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import Count, Max, Q, Sum
+from django.utils import timezone
+
+from gpu import services as gpu_services
+from gpu.models import GpuWorker
+from scheduling.models import Migration, ScalingAction, SchedulerConfig, SchedulerDecision
+from sessions import services as session_services
+from sessions.models import ChunkRecord, GenerationSession
+from sessions.selectors import PercentileCont
+
+Status = GenerationSession.Status
+
+LATENCY_WINDOW = timedelta(minutes=1)
+TIMELINE_LENGTH = 30
+SESSION_LIST_LENGTH = 100
+# Workers listed on the console: the live ones plus those released or failed in the last few minutes,
+# so an operator sees a worker go away instead of it vanishing between two snapshots.
+RECENTLY_GONE = timedelta(minutes=5)
+
+
+def _iso(moment) -> str | None:
+    return moment.isoformat() if moment else None
+
+
+def _workers(now) -> list[dict[str, Any]]:
+    workers = (
+        GpuWorker.objects.filter(
+            Q(status__in=GpuWorker.LIVE_STATUSES) | Q(released_at__gte=now - RECENTLY_GONE)
+        )
+        .annotate(
+            resident=Count("sessions", filter=Q(sessions__status__in=[Status.EXECUTING, Status.MIGRATING])),
+            resident_load=Sum(
+                "sessions__load", filter=Q(sessions__status__in=[Status.EXECUTING, Status.MIGRATING])
+            ),
+        )
+        .order_by("name")
+    )
+    parked = dict(
+        GenerationSession.objects.filter(status=Status.SUSPENDED, host_worker__isnull=False)
+        .values("host_worker")
+        .annotate(n=Count("id"))
+        .values_list("host_worker", "n")
+    )
+    out = []
+    for w in workers:
+        load = float(w.resident_load or 0.0)
+        out.append(
+            {
+                "id": w.pk,
+                "name": w.name,
+                "status": w.status,
+                "gpu_type": w.gpu_type,
+                "device": w.device,
+                "host": w.host,
+                "capacity": w.capacity,
+                "sessions": w.resident,
+                "parked": parked.get(w.pk, 0),
+                "load": round(load, 3),
+                "load_ratio": round(load / w.capacity, 3) if w.capacity else None,
+                "utilization_pct": w.utilization_pct,
+                "memory_used_bytes": w.memory_used_bytes,
+                "memory_bytes": w.memory_bytes or None,
+                "power_watts": w.power_watts,
+                "temperature_c": w.temperature_c,
+                "price_per_hour": float(w.price_per_hour),
+                "last_heartbeat": _iso(w.last_heartbeat),
+                "telemetry_at": _iso(w.telemetry_at),
+                "requested_at": _iso(w.requested_at),
+            }
+        )
+    return out
+
+
+def _latency(now, slo_ms: float) -> dict[str, Any]:
+    figures = ChunkRecord.objects.filter(created_at__gte=now - LATENCY_WINDOW, created_at__lte=now).aggregate(
+        count=Count("id"),
+        worst_ms=Max("generation_ms"),
+        p99_ms=PercentileCont("generation_ms", 0.99),
+        slo_passed=Count("id", filter=Q(generation_ms__lte=slo_ms)),
+    )
+    return {
+        "window_s": LATENCY_WINDOW.total_seconds(),
+        "count": figures["count"],
+        "worst_ms": figures["worst_ms"],
+        "p99_ms": figures["p99_ms"],
+        "slo_ms": slo_ms,
+        "slo_pass_rate": (figures["slo_passed"] / figures["count"]) if figures["count"] else None,
+    }
+
+
+# Lists in a decision's ``outputs`` that name actions it took, with how the timeline words them.
+DECISION_ACTIONS = (
+    ("assign", "placed"),
+    ("migrations", "migrated"),
+    ("suspend", "suspended"),
+    ("queue", "queued"),
+    ("drain", "drained"),
+    ("undrain", "undrained"),
+    ("release", "released"),
+    ("add_gpus", "GPUs requested"),
+)
+# Periodic ticks run every few seconds; those that changed nothing would bury everything else.
+DECISIONS_SCANNED = 300
+
+
+def _decision_actions(decision: SchedulerDecision) -> list[str]:
+    outputs = decision.outputs if isinstance(decision.outputs, dict) else {}
+    return [f"{len(outputs[key])} {words}" for key, words in DECISION_ACTIONS if outputs.get(key)]
+
+
+def _decision_item(d: SchedulerDecision) -> dict[str, Any] | None:
+    actions = _decision_actions(d)
+    if d.trigger == SchedulerDecision.Trigger.TICK and not actions and d.budget == d.target_budget:
+        return None
+    event = d.inputs.get("event") if isinstance(d.inputs, dict) else None
+    cause = d.trigger.replace("_", " ")
+    if isinstance(event, dict) and event.get("session"):
+        cause += f", session {str(event['session'])[:8]}"
+    signals = [f"budget {d.budget} → target {d.target_budget}", f"{d.active_sessions} active"]
+    if d.rho_max is not None:
+        signals.append(f"ρmax {d.rho_max:.2f}")
+    if d.rho_hat is not None:
+        signals.append(f"ρ̂ {d.rho_hat:.2f}")
+    signals.append(f"{d.duration_ms:.1f} ms")
+    return {
+        "kind": "decision",
+        "at": d.decided_at,
+        "title": f"Decision ({cause}): " + (", ".join(actions) if actions else "no change"),
+        "detail": ", ".join(signals),
+    }
+
+
+def _timeline(limit: int = TIMELINE_LENGTH) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    decisions = 0
+    for d in SchedulerDecision.objects.order_by("-decided_at", "-id")[:DECISIONS_SCANNED]:
+        item = _decision_item(d)
+        if item is not None:
+            items.append(item)
+            decisions += 1
+            if decisions >= limit:
+                break
+    for m in Migration.objects.select_related("source", "target").order_by("-started_at", "-id")[:limit]:
+        items.append(
+            {
+                "kind": "migration",
+                "at": m.started_at,
+                "title": f"Migration {m.source.name} → {m.target.name} ({m.outcome})",
+                "detail": f"session {str(m.session_id)[:8]}, reason: {m.reason}"
+                + (f", {m.duration_ms:.0f} ms" if m.duration_ms is not None else "")
+                + (f", error: {m.error}" if m.error else ""),
+            }
+        )
+    for s in ScalingAction.objects.order_by("-created_at", "-id")[:limit]:
+        items.append(
+            {
+                "kind": "scaling",
+                "at": s.created_at,
+                "title": f"{s.get_direction_display().capitalize()} {s.from_budget} → {s.to_budget} ({s.outcome})",
+                "detail": f"reason: {s.reason}" + (f", GPU type {s.gpu_type}" if s.gpu_type else ""),
+            }
+        )
+    audited = ContentType.objects.get_for_models(GpuWorker, GenerationSession, SchedulerConfig).values()
+    for entry in (
+        LogEntry.objects.filter(content_type__in=list(audited))
+        .select_related("user", "content_type")
+        .order_by("-action_time")[:limit]
+    ):
+        items.append(
+            {
+                "kind": "operator",
+                "at": entry.action_time,
+                "title": f"{entry.user.get_username()}: {entry.get_change_message()}",
+                "detail": f"{entry.content_type.name if entry.content_type else 'object'} {entry.object_repr}",
+            }
+        )
+    items.sort(key=lambda item: item["at"], reverse=True)
+    return [{**item, "at": _iso(item["at"])} for item in items[:limit]]
+
+
+def _sessions(limit: int = SESSION_LIST_LENGTH) -> list[dict[str, Any]]:
+    rows = (
+        GenerationSession.objects.exclude(status=Status.TERMINATED)
+        .select_related("owner", "worker", "host_worker")
+        .order_by("-created_at")[:limit]
+    )
+    return [
+        {
+            "id": str(s.id),
+            "owner": s.owner.get_username(),
+            "model": s.model_name,
+            "resolution": s.resolution,
+            "status": s.status,
+            "activity": s.activity,
+            "worker": s.worker.name if s.worker else None,
+            "host_worker": s.host_worker.name if s.host_worker else None,
+            "queue_position": s.queue_position,
+            "chunks_generated": s.chunks_generated,
+            "load": s.load,
+            "created_at": _iso(s.created_at),
+        }
+        for s in rows
+    ]
+
+
+def cluster_snapshot(*, now=None, include_timeline: bool = True) -> dict[str, Any]:
+    """Everything the console shows at one instant, as JSON-ready values."""
+    now = now or timezone.now()
+    config = SchedulerConfig.load()
+    workers = _workers(now)
+    live = [w for w in workers if w["status"] in GpuWorker.LIVE_STATUSES]
+    counts = dict(
+        GenerationSession.objects.exclude(status=Status.TERMINATED)
+        .values("status")
+        .annotate(n=Count("id"))
+        .values_list("status", "n")
+    )
+    latest = (
+        SchedulerDecision.objects.order_by("-decided_at", "-id").only("target_budget", "decided_at").first()
+    )
+    cost_rate = sum((Decimal(str(w["price_per_hour"])) for w in live), Decimal(0))
+    snapshot: dict[str, Any] = {
+        "at": _iso(now),
+        "workers": workers,
+        "sessions": {
+            # "active" on the console means holding a GPU slot: executing, or mid-migration.
+            "active": counts.get(Status.EXECUTING, 0) + counts.get(Status.MIGRATING, 0),
+            "executing": counts.get(Status.EXECUTING, 0),
+            "migrating": counts.get(Status.MIGRATING, 0),
+            "suspended": counts.get(Status.SUSPENDED, 0),
+            "queued": counts.get(Status.QUEUED, 0),
+        },
+        "budget": {
+            "live": len(live),
+            "by_status": {s: sum(1 for w in live if w["status"] == s) for s in GpuWorker.LIVE_STATUSES},
+            "target": latest.target_budget if latest else None,
+            "target_at": _iso(latest.decided_at) if latest else None,
+            "min_gpus": config.min_gpus,
+            "max_gpus": config.max_gpus,
+        },
+        "capacity": {
+            "slots": sum(w["capacity"] for w in live if w["status"] == GpuWorker.Status.READY),
+            "load": round(sum(w["load"] for w in live), 3),
+        },
+        "latency": _latency(now, config.slo_ms),
+        "cost_rate_per_hour": float(cost_rate),
+        "config": {
+            "policy": config.policy,
+            "min_gpus": config.min_gpus,
+            "max_gpus": config.max_gpus,
+            "target_utilization": config.target_utilization,
+            "slo_ms": config.slo_ms,
+            "queue_max": config.queue_max,
+            "updated_at": _iso(config.updated_at),
+        },
+        "session_list": _sessions(),
+    }
+    if include_timeline:
+        snapshot["timeline"] = _timeline()
+    return snapshot
+
+
+def snapshot_cache_key() -> str:
+    # Keyed by database too: a development server and a test run on one machine share Redis.
+    from django.db import connection
+
+    return f"console:snapshot:{connection.settings_dict['NAME']}"
+
+
+def shared_snapshot(*, max_age_s: float, fresh: bool = False) -> dict[str, Any]:
+    """A snapshot at most ``max_age_s`` old (≥ 1 s granularity), computed once for all consoles.
+
+    ``fresh`` (after an operator's action) computes a new one and shares it, so the next periodic
+    pushes do not show the cluster as it was before the action.
+    """
+    from django.core.cache import cache
+
+    key = snapshot_cache_key()
+    snapshot = None if fresh else cache.get(key)
+    if snapshot is None:
+        snapshot = cluster_snapshot()
+        cache.set(key, snapshot, timeout=max(1, round(max_age_s)))
+    return snapshot
+
+
+# --- Actions ---------------------------------------------------------------------------------
+
+
+def _log(*, user, obj, message: str) -> LogEntry:
+    return LogEntry.objects.create(
+        user=user,
+        content_type=ContentType.objects.get_for_model(obj, for_concrete_model=False),
+        object_id=str(obj.pk),
+        object_repr=str(obj)[:200],
+        action_flag=CHANGE,
+        change_message=message,
+    )
+
+
+@transaction.atomic
+def console_worker_drain(*, user, worker: GpuWorker) -> GpuWorker:
+    """Drain a worker on an operator's request. Raises ``gpu.services.TransitionError`` if not ready."""
+    before = worker.status
+    worker = gpu_services.worker_drain(worker=worker)
+    if before != worker.status:
+        _log(user=user, obj=worker, message=f"Drained from the console ({before} → {worker.status}).")
+    return worker
+
+
+@transaction.atomic
+def console_session_terminate(*, user, session: GenerationSession) -> GenerationSession:
+    """Terminate a session on an operator's request (its depart event names the operator)."""
+    before = session.status
+    session = session_services.session_terminate(session=session, reason=f"operator:{user.get_username()}")
+    if before != session.status:
+        _log(user=user, obj=session, message=f"Terminated from the console (was {before}).")
+    return session
+
+
+CONFIG_FIELDS = ("min_gpus", "max_gpus", "target_utilization")
+
+
+@transaction.atomic
+def console_config_update(*, user, changes: dict[str, Any]) -> SchedulerConfig:
+    """Set autoscaler bounds and target utilisation; validation is the REST serializer's.
+
+    Raises ``django.core.exceptions.ValidationError`` with per-field messages on bad input.
+    """
+    from scheduling.api import SchedulerConfigSerializer
+
+    unknown = sorted(set(changes) - set(CONFIG_FIELDS))
+    if unknown:
+        raise ValidationError({name: "cannot be changed from the console" for name in unknown})
+    config = SchedulerConfig.objects.select_for_update().get(pk=SchedulerConfig.load().pk)
+    before = {name: getattr(config, name) for name in CONFIG_FIELDS}
+    serializer = SchedulerConfigSerializer(config, data=changes, partial=True)
+    if not serializer.is_valid():
+        raise ValidationError(
+            {field: [str(e) for e in errors] for field, errors in serializer.errors.items()}
+        )
+    config = serializer.save()
+    diff = [
+        f"{name} {before[name]!r} → {getattr(config, name)!r}"
+        for name in CONFIG_FIELDS
+        if before[name] != getattr(config, name)
+    ]
+    if diff:
+        _log(user=user, obj=config, message="Scheduler config from the console: " + ", ".join(diff) + ".")
+    return config

@@ -1,0 +1,194 @@
+"""The session WebSocket: chunks and status out, prompt/pause/resume/terminate in.
+
+Slow clients never slow a worker: the worker publishes once to the channel layer and returns; this
+consumer keeps its own bounded outbox. Policy (live video favours the present over completeness):
+at most ``MAX_PENDING_CHUNKS`` chunks wait for a slow socket; when a new chunk arrives to a full
+outbox the *oldest* waiting chunk is dropped and the client is told with a ``skipped`` message.
+Status and error messages are never dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import time
+import uuid
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.core.exceptions import ValidationError
+
+from sessions.streaming import encode_chunk_frame, group_name
+
+logger = logging.getLogger(__name__)
+
+MAX_PENDING_CHUNKS = 8
+DELIVERY_FLUSH_S = 1.0
+CLIENT_MESSAGE_TYPES = ("prompt", "pause", "resume", "terminate")
+
+
+class SessionConsumer(AsyncWebsocketConsumer):
+    async def connect(self) -> None:
+        self.session_id = str(self.scope["url_route"]["kwargs"]["session_id"])
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self._refuse(
+                4401, "not_authenticated", "log in or pass an API token (?token= or Authorization)"
+            )
+            return
+        status = await self._visible_status(user)
+        if status is None:
+            # Unknown and other users' sessions look the same: do not reveal that it exists.
+            await self._refuse(4404, "not_found", "no such session")
+            return
+        self.group = group_name(self.session_id)
+        self.outbox: collections.deque[tuple[str, object]] = collections.deque()
+        self.pending_chunks = 0
+        self.wakeup = asyncio.Event()
+        self.deliveries: list[tuple[str, int, float]] = []
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        self.sender = asyncio.create_task(self._drain())
+        self.flusher = asyncio.create_task(self._flush_deliveries_periodically())
+        await self._enqueue_text({"type": "status", **status})
+
+    async def _refuse(self, code: int, error: str, detail: str) -> None:
+        """Accept only to say why, then close with an application close code (4401/4404)."""
+        await self.accept()
+        await self.send(text_data=json.dumps({"type": "error", "code": error, "detail": detail}))
+        await self.close(code=code)
+
+    async def disconnect(self, code: int) -> None:
+        if hasattr(self, "group"):
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+        for task_name in ("sender", "flusher"):
+            task = getattr(self, task_name, None)
+            if task is not None:
+                task.cancel()
+        if getattr(self, "deliveries", None):
+            await self._flush_deliveries()
+
+    async def dispatch(self, message: dict) -> None:
+        """Chunks and status updates skip Channels' per-message database housekeeping: their
+        handlers never touch the database, and that step would make every chunk of this process
+        wait behind ORM calls on the single sync thread."""
+        if message["type"] in ("session.chunk", "session.status"):
+            handler = self.session_chunk if message["type"] == "session.chunk" else self.session_status
+            await handler(message)
+            return
+        await super().dispatch(message)
+
+    # --- inbound ------------------------------------------------------------------------------
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if text_data is None:
+            await self._error("bad_message", "send JSON text messages, not binary")
+            return
+        try:
+            message = json.loads(text_data)
+        except json.JSONDecodeError as exc:
+            await self._error("bad_message", f"not valid JSON: {exc.msg}")
+            return
+        if not isinstance(message, dict) or message.get("type") not in CLIENT_MESSAGE_TYPES:
+            await self._error("bad_message", f"'type' must be one of {', '.join(CLIENT_MESSAGE_TYPES)}")
+            return
+        kind = message["type"]
+        if kind == "prompt" and not isinstance(message.get("text"), str):
+            await self._error("bad_message", "a prompt message needs a 'text' string")
+            return
+        try:
+            result = await self._apply(kind, message.get("text"))
+        except ValidationError as exc:
+            detail = "; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())
+            await self._error("rejected", detail)
+            return
+        if kind == "prompt":
+            await self._enqueue_text({"type": "prompt", "text": result.text, "from_chunk": result.from_chunk})
+
+    @database_sync_to_async
+    def _apply(self, kind: str, text: str | None):
+        from sessions import services
+        from sessions.models import GenerationSession
+
+        session = GenerationSession.objects.get(pk=self.session_id)
+        if kind == "prompt":
+            return services.session_prompt_add(session=session, text=text)
+        if kind == "pause":
+            return services.session_pause(session=session)
+        if kind == "resume":
+            return services.session_resume(session=session)
+        return services.session_terminate(session=session)
+
+    @database_sync_to_async
+    def _visible_status(self, user) -> dict | None:
+        from sessions.selectors import session_status_message, sessions_visible_to
+
+        try:
+            session = sessions_visible_to(user).get(pk=uuid.UUID(self.session_id))
+        except (ValueError, Exception) as exc:  # bad UUID or DoesNotExist
+            logger.debug("websocket refused session=%s reason=%s", self.session_id, exc)
+            return None
+        return session_status_message(session)
+
+    # --- outbound (channel layer → outbox → socket) -------------------------------------------
+
+    async def session_chunk(self, event: dict) -> None:
+        header = dict(event["header"])
+        if self.pending_chunks >= MAX_PENDING_CHUNKS:
+            self._drop_oldest_chunk()
+        self.outbox.append(("chunk", (header, event["frames"])))
+        self.pending_chunks += 1
+        self.wakeup.set()
+
+    async def session_status(self, event: dict) -> None:
+        await self._enqueue_text({k: v for k, v in event.items() if k != "type"} | {"type": "status"})
+
+    def _drop_oldest_chunk(self) -> None:
+        for i, (kind, payload) in enumerate(self.outbox):
+            if kind == "chunk":
+                header, _ = payload
+                del self.outbox[i]
+                self.pending_chunks -= 1
+                self.outbox.append(("text", json.dumps({"type": "skipped", "index": header["index"]})))
+                return
+
+    async def _enqueue_text(self, message: dict) -> None:
+        self.outbox.append(("text", json.dumps(message)))
+        self.wakeup.set()
+
+    async def _error(self, code: str, detail: str) -> None:
+        await self._enqueue_text({"type": "error", "code": code, "detail": detail})
+
+    async def _drain(self) -> None:
+        while True:
+            await self.wakeup.wait()
+            self.wakeup.clear()
+            while self.outbox:
+                kind, payload = self.outbox.popleft()
+                if kind == "text":
+                    await self.send(text_data=payload)
+                    continue
+                self.pending_chunks -= 1
+                header, frames = payload
+                generated_at = header.get("generated_at")
+                if generated_at is not None:
+                    header["delivery_ms"] = max(0.0, (time.time() - generated_at) * 1000.0)
+                    self.deliveries.append((self.session_id, int(header["index"]), header["delivery_ms"]))
+                await self.send(bytes_data=encode_chunk_frame(header, frames))
+
+    async def _flush_deliveries_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(DELIVERY_FLUSH_S)
+            if self.deliveries:
+                await self._flush_deliveries()
+
+    async def _flush_deliveries(self) -> None:
+        batch, self.deliveries = self.deliveries, []
+        from sessions.services import chunk_deliveries_record
+
+        try:
+            await database_sync_to_async(chunk_deliveries_record)(deliveries=batch)
+        except Exception:  # the audit plane must never break a live stream
+            logger.exception("recording delivery latencies failed session=%s", self.session_id)

@@ -1,0 +1,238 @@
+"""Generation sessions, their prompt history, lifecycle events and per-chunk records."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import BrinIndex
+from django.db import models
+from django.db.models import Q
+
+
+class GenerationSession(models.Model):
+    """A user's long-lived streaming generation session.
+
+    Lifecycle: queued → executing ⇄ suspended → terminated (+ migrating transiently).
+    ``activity`` is the user-activity indicator α of TurboServe §5.1: an active session must execute.
+    """
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        EXECUTING = "executing"
+        SUSPENDED = "suspended"
+        MIGRATING = "migrating"
+        TERMINATED = "terminated"
+
+    class StateLocation(models.TextChoices):
+        WORKER = "worker", "GPU worker"
+        HOST = "host", "host memory"
+        CHECKPOINT = "checkpoint", "checkpoint on disk"
+        NONE = "none", "none"
+
+    class Activity(models.TextChoices):
+        ACTIVE = "active"
+        IDLE = "idle"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="generation_sessions"
+    )
+    model_name = models.CharField(max_length=64)
+    width = models.PositiveIntegerField()
+    height = models.PositiveIntegerField()
+    fps = models.PositiveSmallIntegerField()
+    frames_per_chunk = models.PositiveSmallIntegerField()
+    seed = models.BigIntegerField()
+    load = models.FloatField(default=1.0, help_text="relative per-chunk cost used by the scheduler")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    activity = models.CharField(max_length=8, choices=Activity.choices, default=Activity.ACTIVE)
+    state_location = models.CharField(
+        max_length=12, choices=StateLocation.choices, default=StateLocation.NONE
+    )
+    worker = models.ForeignKey(
+        "gpu.GpuWorker", null=True, blank=True, on_delete=models.PROTECT, related_name="sessions"
+    )
+    # The worker whose host memory holds the suspended state (it may differ from ``worker``).
+    host_worker = models.ForeignKey(
+        "gpu.GpuWorker", null=True, blank=True, on_delete=models.PROTECT, related_name="parked_sessions"
+    )
+    # Ownership epoch: bumped on every placement change, so stale worker reports are ignored.
+    epoch = models.PositiveIntegerField(default=0)
+    # The last chunk index a worker published (−1: none). After a restart from a checkpoint the
+    # worker regenerates silently up to here, so no index is ever delivered twice.
+    delivered_index = models.IntegerField(default=-1)
+    chunks_generated = models.PositiveIntegerField(default=0)
+    queue_position = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_active_at = models.DateTimeField(null=True, blank=True)
+    terminated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["owner", "-created_at"]),
+            models.Index(fields=["status"]),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                name="session_terminated_has_no_worker",
+                condition=~Q(status="terminated")
+                | (Q(worker__isnull=True) & Q(host_worker__isnull=True) & Q(state_location="none")),
+            ),
+            models.CheckConstraint(
+                name="session_terminated_has_time",
+                condition=~Q(status="terminated") | Q(terminated_at__isnull=False),
+            ),
+            models.CheckConstraint(
+                name="session_executing_has_worker",
+                condition=~Q(status__in=["executing", "migrating"]) | Q(worker__isnull=False),
+            ),
+            models.CheckConstraint(
+                name="session_state_on_worker_has_worker",
+                condition=~Q(state_location="worker") | Q(worker__isnull=False),
+            ),
+            models.CheckConstraint(
+                name="session_state_on_host_has_host",
+                condition=~Q(state_location="host") | Q(host_worker__isnull=False),
+            ),
+            models.CheckConstraint(
+                name="session_queue_position_only_when_queued",
+                condition=Q(status="queued") | Q(queue_position__isnull=True),
+            ),
+            models.CheckConstraint(name="session_load_positive", condition=Q(load__gt=0)),
+            models.CheckConstraint(
+                name="session_geometry_positive", condition=Q(width__gt=0, height__gt=0, fps__gt=0)
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"session {self.id} ({self.status})"
+
+    @property
+    def resolution(self) -> str:
+        return f"{self.width}x{self.height}"
+
+    @property
+    def is_terminated(self) -> bool:
+        return self.status == self.Status.TERMINATED
+
+    def prompt_at(self, chunk_index: int) -> Prompt | None:
+        """The prompt that applies to ``chunk_index``: the latest one starting at or before it."""
+        return self.prompts.filter(from_chunk__lte=chunk_index).order_by("-from_chunk", "-id").first()
+
+
+class Prompt(models.Model):
+    """One entry of a session's prompt history: ``text`` applies from ``from_chunk`` on."""
+
+    session = models.ForeignKey(GenerationSession, on_delete=models.CASCADE, related_name="prompts")
+    text = models.TextField()
+    from_chunk = models.PositiveIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["from_chunk", "id"]
+        indexes = [models.Index(fields=["session", "from_chunk"])]
+        constraints = [
+            models.CheckConstraint(name="prompt_not_empty", condition=~Q(text="")),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.session_id}@{self.from_chunk}: {self.text[:40]}"
+
+
+class SessionEvent(models.Model):
+    """A lifecycle event: the workload detector's input and the source of trace export."""
+
+    class Kind(models.TextChoices):
+        ARRIVE = "arrive"
+        ACTIVE = "active"
+        IDLE = "idle"
+        DEPART = "depart"
+        PROMPT = "prompt"
+        RESTART = "restart", "restarted from checkpoint"
+
+    session = models.ForeignKey(GenerationSession, on_delete=models.CASCADE, related_name="events")
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    at = models.DateTimeField(db_index=True)
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+        indexes = [models.Index(fields=["session", "at"])]
+
+    def __str__(self) -> str:
+        return f"{self.session_id} {self.kind} @ {self.at:%H:%M:%S}"
+
+
+class ChunkRecord(models.Model):
+    """One generated chunk: the audit plane's raw latency record.
+
+    Append-only and time-ordered, hundreds of rows per second on a busy cluster. Indexes:
+    the unique (session, chunk_index) serves per-session listings and forbids duplicates;
+    a BRIN index on ``created_at`` serves time-range scans at a tiny fraction of a B-tree's size
+    (rows arrive in time order, so block ranges are tight). Long-range audit reads use
+    ``ChunkLatencyRollup``; raw rows older than ``CHUNK_RETENTION_DAYS`` are pruned once rolled up.
+    """
+
+    session = models.ForeignKey(GenerationSession, on_delete=models.CASCADE, related_name="chunks")
+    chunk_index = models.PositiveIntegerField()
+    worker = models.ForeignKey("gpu.GpuWorker", null=True, on_delete=models.SET_NULL, related_name="chunks")
+    batch_size = models.PositiveSmallIntegerField()
+    generation_ms = models.FloatField()
+    delivery_ms = models.FloatField(null=True, blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["session_id", "chunk_index"]
+        constraints = [
+            models.UniqueConstraint(fields=["session", "chunk_index"], name="chunk_index_unique_per_session"),
+            models.CheckConstraint(name="chunk_batch_positive", condition=Q(batch_size__gte=1)),
+            models.CheckConstraint(name="chunk_latency_nonnegative", condition=Q(generation_ms__gte=0)),
+        ]
+        indexes = [
+            BrinIndex(fields=["created_at"], name="chunk_created_brin", pages_per_range=32),
+            models.Index(fields=["worker", "created_at"], name="chunk_worker_time"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.session_id}#{self.chunk_index}"
+
+
+# Upper bounds (ms) of the latency histogram buckets kept in rollups; the last bucket is open.
+LATENCY_BUCKETS_MS: tuple[float, ...] = tuple(
+    [5 * 1.15**i for i in range(60)]  # 5 ms … ≈ 21 s, 15 % wide: percentiles within ±7.5 %
+)
+
+
+class ChunkLatencyRollup(models.Model):
+    """Per-minute, per-worker aggregate of chunk records, kept after raw rows are pruned.
+
+    ``histogram[i]`` counts chunks with generation latency in (bucket[i-1], bucket[i]] of
+    ``LATENCY_BUCKETS_MS`` (plus one overflow bucket), so percentiles over months are computed
+    from a few thousand rows instead of billions.
+    """
+
+    minute = models.DateTimeField()
+    worker = models.ForeignKey("gpu.GpuWorker", null=True, on_delete=models.SET_NULL, related_name="+")
+    worker_name = models.CharField(max_length=100)
+    gpu_type = models.CharField(max_length=64)
+    count = models.PositiveIntegerField()
+    sum_generation_ms = models.FloatField()
+    max_generation_ms = models.FloatField()
+    sum_delivery_ms = models.FloatField(default=0)
+    delivered = models.PositiveIntegerField(default=0)
+    histogram = ArrayField(models.PositiveIntegerField(), size=len(LATENCY_BUCKETS_MS) + 1)
+
+    class Meta:
+        ordering = ["minute", "worker_name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["minute", "worker_name"], name="rollup_one_row_per_minute_worker"
+            ),
+        ]
+        indexes = [models.Index(fields=["minute"])]
+
+    def __str__(self) -> str:
+        return f"{self.worker_name} {self.minute:%Y-%m-%d %H:%M} n={self.count}"

@@ -1,0 +1,167 @@
+"""Reads of sessions and chunk records, including the per-chunk latency audit."""
+
+from __future__ import annotations
+
+import bisect
+from datetime import timedelta
+
+from django.conf import settings
+from django.db.models import Aggregate, Count, FloatField, Max, Q, QuerySet, Sum
+from django.db.models.functions import Trunc
+from django.utils import timezone
+
+from controlplane.timerange import TimeRange
+from sessions.models import LATENCY_BUCKETS_MS, ChunkLatencyRollup, ChunkRecord, GenerationSession
+
+
+def sessions_visible_to(user) -> QuerySet[GenerationSession]:
+    """Staff see every session; everyone else only their own (others' are 404, not 403)."""
+    qs = GenerationSession.objects.select_related("worker", "host_worker", "owner")
+    return qs if user.is_staff else qs.filter(owner=user)
+
+
+class PercentileCont(Aggregate):
+    """PostgreSQL's exact ``percentile_cont(p) WITHIN GROUP (ORDER BY expr)``."""
+
+    function = "percentile_cont"
+    template = "%(function)s(%(percentile)s) WITHIN GROUP (ORDER BY %(expressions)s)"
+    output_field = FloatField()
+
+    def __init__(self, expression, percentile: float, **extra):
+        if not 0 <= percentile <= 1:
+            raise ValueError("percentile must be within [0, 1]")
+        super().__init__(expression, percentile=float(percentile), **extra)
+
+
+def _slo_ms(slo_ms: float | None) -> float:
+    return float(slo_ms if slo_ms is not None else settings.STREAMSERVE["SLO_MS"])
+
+
+def latency_buckets(*, time_range: TimeRange, slo_ms: float | None = None, source: str = "auto") -> dict:
+    """Per-chunk generation latency over [start, end) per bucket: count, p50, p95, p99, max, SLO pass rate.
+
+    ``source``: ``raw`` computes exact percentiles from chunk records; ``rollup`` computes them from
+    the per-minute histograms (±7.5 %); ``auto`` uses raw records while the range is inside the raw
+    retention window, rollups otherwise.
+    """
+    slo = _slo_ms(slo_ms)
+    if source == "auto":
+        oldest_raw = timezone.now() - timedelta(days=settings.STREAMSERVE["CHUNK_RETENTION_DAYS"])
+        source = "raw" if time_range.start >= oldest_raw else "rollup"
+    if source == "raw":
+        buckets = _latency_from_raw(time_range, slo)
+    elif source == "rollup":
+        buckets = _latency_from_rollups(time_range, slo)
+    else:
+        raise ValueError(f"unknown source {source!r}")
+    count = sum(b["count"] for b in buckets)
+    passed = sum(b["slo_passed"] for b in buckets)
+    return {
+        "start": time_range.start,
+        "end": time_range.end,
+        "bucket": time_range.bucket,
+        "slo_ms": slo,
+        "source": source,
+        "buckets": buckets,
+        "totals": {
+            "count": count,
+            "slo_passed": passed,
+            "slo_pass_rate": (passed / count) if count else None,
+            "max_ms": max((b["max_ms"] for b in buckets), default=None),
+        },
+    }
+
+
+def _latency_from_raw(time_range: TimeRange, slo: float) -> list[dict]:
+    rows = (
+        ChunkRecord.objects.filter(created_at__gte=time_range.start, created_at__lt=time_range.end)
+        .annotate(bucket=Trunc("created_at", time_range.bucket))
+        .values("bucket")
+        .annotate(
+            count=Count("id"),
+            p50_ms=PercentileCont("generation_ms", 0.50),
+            p95_ms=PercentileCont("generation_ms", 0.95),
+            p99_ms=PercentileCont("generation_ms", 0.99),
+            max_ms=Max("generation_ms"),
+            delivery_p99_ms=PercentileCont("delivery_ms", 0.99),
+            slo_passed=Count("id", filter=Q(generation_ms__lte=slo)),
+        )
+        .order_by("bucket")
+    )
+    return [{"start": r.pop("bucket"), **r} for r in rows]
+
+
+def histogram_percentile(histogram: list[int], percentile: float) -> float | None:
+    """Percentile from bucket counts over LATENCY_BUCKETS_MS, interpolating linearly inside a bucket.
+
+    Bucket ``i`` holds latencies in [bounds[i-1], bounds[i]) — PostgreSQL's ``width_bucket`` convention.
+    """
+    total = sum(histogram)
+    if total == 0:
+        return None
+    rank = percentile * total
+    cumulative = 0
+    for i, n in enumerate(histogram):
+        if n and cumulative + n >= rank:
+            lower = LATENCY_BUCKETS_MS[i - 1] if i > 0 else 0.0
+            upper = LATENCY_BUCKETS_MS[i] if i < len(LATENCY_BUCKETS_MS) else LATENCY_BUCKETS_MS[-1]
+            return lower + (upper - lower) * ((rank - cumulative) / n)
+        cumulative += n
+    return LATENCY_BUCKETS_MS[-1]
+
+
+def latency_bucket_index(latency_ms: float) -> int:
+    """Same as PostgreSQL's ``width_bucket(latency_ms, bounds)``."""
+    return bisect.bisect_right(LATENCY_BUCKETS_MS, latency_ms)
+
+
+def _latency_from_rollups(time_range: TimeRange, slo: float) -> list[dict]:
+    rows = (
+        ChunkLatencyRollup.objects.filter(minute__gte=time_range.start, minute__lt=time_range.end)
+        .annotate(bucket=Trunc("minute", time_range.bucket))
+        .order_by("bucket")
+        .values_list("bucket", "count", "max_generation_ms", "histogram")
+    )
+    merged: dict = {}
+    for bucket, count, max_ms, histogram in rows:
+        entry = merged.setdefault(bucket, {"count": 0, "max_ms": 0.0, "histogram": [0] * len(histogram)})
+        entry["count"] += count
+        entry["max_ms"] = max(entry["max_ms"], max_ms)
+        entry["histogram"] = [a + b for a, b in zip(entry["histogram"], histogram, strict=True)]
+    # Conservative at bucket resolution: only buckets whose upper bound is within the SLO pass.
+    passing_buckets = bisect.bisect_right(LATENCY_BUCKETS_MS, slo)
+    out = []
+    for bucket, entry in merged.items():
+        hist = entry["histogram"]
+        out.append(
+            {
+                "start": bucket,
+                "count": entry["count"],
+                "p50_ms": histogram_percentile(hist, 0.50),
+                "p95_ms": histogram_percentile(hist, 0.95),
+                "p99_ms": histogram_percentile(hist, 0.99),
+                "max_ms": entry["max_ms"],
+                "delivery_p99_ms": None,
+                "slo_passed": sum(hist[:passing_buckets]),
+            }
+        )
+    return out
+
+
+def session_chunk_summary(session: GenerationSession) -> dict:
+    agg = session.chunks.aggregate(
+        count=Count("id"), total_ms=Sum("generation_ms"), max_ms=Max("generation_ms")
+    )
+    return agg
+
+
+def session_status_message(session: GenerationSession) -> dict:
+    """The ``status`` message clients receive on connect and on every change."""
+    return {
+        "session": str(session.pk),
+        "status": session.status,
+        "activity": session.activity,
+        "queue_position": session.queue_position,
+        "worker": session.worker.name if session.worker_id else None,
+        "chunks_generated": session.chunks_generated,
+    }

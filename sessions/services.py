@@ -1,0 +1,344 @@
+"""Writes to sessions: every change of a session goes through one of these functions.
+
+Each records the session event the scheduler and trace export read, and hands side effects
+(scheduler trigger, status broadcast) to ``transaction.on_commit`` so nothing is announced
+that did not commit.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from sessions.models import GenerationSession, Prompt, SessionEvent
+from workers.catalog import PRESETS, parse_resolution
+
+Status = GenerationSession.Status
+Activity = GenerationSession.Activity
+
+MAX_SEED = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """A validated request for a new session."""
+
+    model_name: str
+    width: int
+    height: int
+    fps: int
+    frames_per_chunk: int
+    load: float
+    seed: int
+    prompt: str
+
+
+def validate_prompt(text: object, *, field: str = "prompt") -> str:
+    if not isinstance(text, str):
+        raise ValidationError({field: "must be a string"})
+    cleaned = text.strip()
+    if not cleaned:
+        raise ValidationError({field: "must not be empty"})
+    limit = settings.STREAMSERVE["MAX_PROMPT_CHARS"]
+    if len(cleaned) > limit:
+        raise ValidationError({field: f"must be at most {limit} characters (got {len(cleaned)})"})
+    return cleaned
+
+
+def session_spec_build(
+    *, prompt: str, model_name: str, resolution: str | None, seed: int | None
+) -> SessionSpec:
+    """Validate a creation request against the model catalogue; raise ValidationError per field."""
+    errors: dict[str, str] = {}
+    preset = PRESETS.get(model_name)
+    served = settings.STREAMSERVE["SERVED_MODELS"]
+    if preset is None:
+        errors["model"] = f"unknown model {model_name!r}; available: {', '.join(sorted(PRESETS))}"
+    elif preset.name not in served:
+        errors["model"] = f"{preset.name} is not served by this deployment; served: {', '.join(served)}"
+        preset = None
+    resolution = resolution or (preset.default_resolution if preset else None)
+    width = height = 0
+    if preset is not None and resolution is not None:
+        try:
+            width, height = parse_resolution(resolution)
+        except ValueError as exc:
+            errors["resolution"] = str(exc)
+        else:
+            canonical = f"{width}x{height}"
+            if canonical not in preset.resolutions:
+                errors["resolution"] = (
+                    f"{canonical} is not supported by {preset.name}; supported: {', '.join(preset.resolutions)}"
+                )
+            resolution = canonical
+    if seed is None:
+        seed = random.SystemRandom().randrange(0, 2**31)
+    elif isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        errors["seed"] = f"must be an integer between 0 and {MAX_SEED}"
+    try:
+        prompt = validate_prompt(prompt)
+    except ValidationError as exc:
+        errors.update({k: v[0] for k, v in exc.message_dict.items()})
+    if errors:
+        raise ValidationError(errors)
+    assert preset is not None and resolution is not None
+    return SessionSpec(
+        model_name=preset.name,
+        width=width,
+        height=height,
+        fps=preset.fps,
+        frames_per_chunk=preset.frames_per_chunk,
+        load=preset.load_for(resolution),
+        seed=seed,
+        prompt=prompt,
+    )
+
+
+def _record_event(session: GenerationSession, kind: str, *, at=None, **detail) -> SessionEvent:
+    event = SessionEvent.objects.create(session=session, kind=kind, at=at or timezone.now(), detail=detail)
+    transaction.on_commit(lambda: _announce(event.pk))
+    return event
+
+
+def _announce(event_id: int) -> None:
+    """After commit: wake the scheduler and tell connected clients (wired by the scheduling app)."""
+    from scheduling.hooks import session_event_committed
+
+    session_event_committed(event_id)
+
+
+@transaction.atomic
+def session_create(*, owner, spec: SessionSpec) -> GenerationSession:
+    """A new session: it arrives and, since its user is typing into it, becomes active at once."""
+    now = timezone.now()
+    session = GenerationSession.objects.create(
+        owner=owner,
+        model_name=spec.model_name,
+        width=spec.width,
+        height=spec.height,
+        fps=spec.fps,
+        frames_per_chunk=spec.frames_per_chunk,
+        load=spec.load,
+        seed=spec.seed,
+        status=Status.QUEUED,
+        activity=Activity.ACTIVE,
+        last_active_at=now,
+    )
+    Prompt.objects.create(session=session, text=spec.prompt, from_chunk=0)
+    _record_event(
+        session,
+        SessionEvent.Kind.ARRIVE,
+        at=now,
+        load=spec.load,
+        model=spec.model_name,
+        resolution=session.resolution,
+    )
+    _record_event(session, SessionEvent.Kind.ACTIVE, at=now)
+    return session
+
+
+def _locked(session: GenerationSession) -> GenerationSession:
+    return GenerationSession.objects.select_for_update(no_key=True).get(pk=session.pk)
+
+
+@transaction.atomic
+def session_prompt_add(*, session: GenerationSession, text: str) -> Prompt:
+    """Add a prompt; it applies from the next chunk the session generates."""
+    text = validate_prompt(text, field="text")
+    session = _locked(session)
+    if session.is_terminated:
+        raise ValidationError({"text": "the session is terminated; start a new session"})
+    prompt = Prompt.objects.create(session=session, text=text, from_chunk=session.chunks_generated)
+    _record_event(session, SessionEvent.Kind.PROMPT, prompt_id=prompt.pk, from_chunk=prompt.from_chunk)
+    return prompt
+
+
+@transaction.atomic
+def session_pause(*, session: GenerationSession) -> GenerationSession:
+    """The user went idle (α=0): the scheduler may suspend the session. Idempotent."""
+    session = _locked(session)
+    if session.is_terminated:
+        raise ValidationError({"status": "the session is terminated"})
+    if session.activity != Activity.IDLE:
+        session.activity = Activity.IDLE
+        session.save(update_fields=["activity"])
+        _record_event(session, SessionEvent.Kind.IDLE)
+    return session
+
+
+@transaction.atomic
+def session_resume(*, session: GenerationSession) -> GenerationSession:
+    """The user is back (α=1): the scheduler must execute the session. Idempotent."""
+    session = _locked(session)
+    if session.is_terminated:
+        raise ValidationError({"status": "the session is terminated"})
+    if session.activity != Activity.ACTIVE:
+        session.activity = Activity.ACTIVE
+        session.last_active_at = timezone.now()
+        session.save(update_fields=["activity", "last_active_at"])
+        _record_event(session, SessionEvent.Kind.ACTIVE)
+    return session
+
+
+@transaction.atomic
+def session_terminate(*, session: GenerationSession, reason: str = "user") -> GenerationSession:
+    """End the session and forget where it ran. Idempotent: terminating twice changes nothing.
+
+    The depart event names the workers that held its state so the scheduler can tell them to free it.
+    """
+    session = _locked(session)
+    if session.is_terminated:
+        return session
+    held_by = sorted({w.name for w in (session.worker, session.host_worker) if w is not None})
+    session.status = Status.TERMINATED
+    session.activity = Activity.IDLE
+    session.worker = None
+    session.host_worker = None
+    session.state_location = GenerationSession.StateLocation.NONE
+    session.queue_position = None
+    session.terminated_at = timezone.now()
+    session.save(
+        update_fields=[
+            "status",
+            "activity",
+            "worker",
+            "host_worker",
+            "state_location",
+            "queue_position",
+            "terminated_at",
+        ]
+    )
+    _record_event(session, SessionEvent.Kind.DEPART, reason=reason, held_by=held_by)
+    return session
+
+
+# --- Audit plane: rollups and retention -------------------------------------------------------
+
+ROLLUP_LOOKBACK = timedelta(minutes=10)
+
+
+def chunk_rollup(*, until: datetime | None = None, since: datetime | None = None) -> int:
+    """(Re)compute per-minute, per-worker rollups of chunk records for minutes in [since, until).
+
+    By default a run starts ``ROLLUP_LOOKBACK`` before the newest rolled-up minute (or at the oldest
+    chunk record when nothing is rolled up yet), so a gap while beat was down is caught up and chunk
+    records written late by a worker's batcher are folded in; rows are upserted. Only closed minutes
+    (before ``until``, floored to the minute) are rolled up. Returns the number of rollup rows written.
+    """
+    from django.contrib.postgres.fields import ArrayField
+    from django.db.models import Count, F, Func, IntegerField, Max, Min, Sum, Value
+    from django.db.models import FloatField as _Float
+    from django.db.models.functions import Coalesce, Trunc
+
+    from sessions.models import LATENCY_BUCKETS_MS, ChunkLatencyRollup, ChunkRecord
+
+    until = (until or timezone.now()).replace(second=0, microsecond=0)
+    if since is None:
+        newest = ChunkLatencyRollup.objects.aggregate(m=Max("minute"))["m"]
+        oldest = ChunkRecord.objects.aggregate(m=Min("created_at"))["m"]
+        since = (newest - ROLLUP_LOOKBACK) if newest else (oldest or until)
+    base = ChunkRecord.objects.filter(created_at__gte=since, created_at__lt=until).annotate(
+        minute=Trunc("created_at", "minute")
+    )
+    bounds = Value(list(LATENCY_BUCKETS_MS), output_field=ArrayField(_Float()))
+    per_bucket = (
+        base.annotate(
+            bucket=Func(F("generation_ms"), bounds, function="width_bucket", output_field=IntegerField())
+        )
+        .values("minute", "worker_id", "bucket")
+        .annotate(n=Count("id"))
+    )
+    histograms: dict[tuple, list[int]] = {}
+    for row in per_bucket:
+        hist = histograms.setdefault((row["minute"], row["worker_id"]), [0] * (len(LATENCY_BUCKETS_MS) + 1))
+        hist[row["bucket"]] += row["n"]
+    sums = base.values("minute", "worker_id", "worker__name", "worker__gpu_type").annotate(
+        count=Count("id"),
+        sum_generation_ms=Sum("generation_ms"),
+        max_generation_ms=Max("generation_ms"),
+        sum_delivery_ms=Coalesce(Sum("delivery_ms"), 0.0),
+        delivered=Count("delivery_ms"),
+    )
+    rollups = [
+        ChunkLatencyRollup(
+            minute=row["minute"],
+            worker_id=row["worker_id"],
+            worker_name=row["worker__name"] or "(unknown)",
+            gpu_type=row["worker__gpu_type"] or "",
+            count=row["count"],
+            sum_generation_ms=row["sum_generation_ms"],
+            max_generation_ms=row["max_generation_ms"],
+            sum_delivery_ms=row["sum_delivery_ms"],
+            delivered=row["delivered"],
+            histogram=histograms[(row["minute"], row["worker_id"])],
+        )
+        for row in sums
+    ]
+    ChunkLatencyRollup.objects.bulk_create(
+        rollups,
+        update_conflicts=True,
+        unique_fields=["minute", "worker_name"],
+        update_fields=[
+            "count",
+            "sum_generation_ms",
+            "max_generation_ms",
+            "sum_delivery_ms",
+            "delivered",
+            "histogram",
+        ],
+        batch_size=1000,
+    )
+    return len(rollups)
+
+
+def chunk_records_prune(*, now: datetime | None = None, batch_size: int = 10_000) -> int:
+    """Delete raw chunk records past the retention window, in batches, once their minute is rolled up.
+
+    Retention: ``CHUNK_RETENTION_DAYS`` (default 14) of raw rows; rollups are kept indefinitely.
+    """
+    from django.db.models import Max
+
+    from sessions.models import ChunkLatencyRollup, ChunkRecord
+
+    now = now or timezone.now()
+    cutoff = now - timedelta(days=settings.STREAMSERVE["CHUNK_RETENTION_DAYS"])
+    newest_rollup = ChunkLatencyRollup.objects.aggregate(m=Max("minute"))["m"]
+    if newest_rollup is None:
+        return 0
+    # Rollups cover whole closed minutes up to and including the newest one.
+    cutoff = min(cutoff, newest_rollup + timedelta(minutes=1))
+    deleted = 0
+    while True:
+        ids = list(
+            ChunkRecord.objects.filter(created_at__lt=cutoff).values_list("id", flat=True)[:batch_size]
+        )
+        if not ids:
+            return deleted
+        deleted += ChunkRecord.objects.filter(id__in=ids).delete()[0]
+
+
+def chunk_deliveries_record(*, deliveries: list[tuple[str, int, float]]) -> int:
+    """Fill in delivery latencies measured by WebSocket consumers, in one UPDATE … FROM (VALUES …).
+
+    A chunk record may not be written yet (the worker batches them); such deliveries are simply not
+    matched, and the record keeps a NULL delivery latency. Returns the rows updated.
+    """
+    from django.db import connection
+
+    if not deliveries:
+        return 0
+    placeholders = ", ".join(["(%s::uuid, %s::integer, %s::double precision)"] * len(deliveries))
+    params = [value for row in deliveries for value in row]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE streams_chunkrecord AS c SET delivery_ms = v.d FROM (VALUES {placeholders}) AS v(s, i, d) "
+            "WHERE c.session_id = v.s AND c.chunk_index = v.i",
+            params,
+        )
+        return cursor.rowcount

@@ -1,0 +1,547 @@
+// The interactive generation page: start a session, watch it stream, steer it.
+// Commands (create, prompt, pause, resume, end) go through the REST API; the WebSocket carries the
+// live stream (chunks and status) only, so every command gets a plain HTTP answer with field errors.
+
+import { ApiError, api, el, fieldErrors, formatMs, formatTime, showMessage, wsUrl } from "./common.js";
+import { StreamPlayer } from "./player.js";
+import { parseChunkFrame } from "./protocol.js";
+
+const $ = (id) => document.getElementById(id);
+const MAX_BACKOFF_MS = 10000;
+const SPARK_LENGTH = 40;
+
+const page = {
+  session: null,
+  socket: null,
+  models: [],
+  latencies: [],
+  lastChunk: null,
+  framesShown: 0,
+};
+
+const player = new StreamPlayer($("video"), { onState: renderPlayback });
+
+// --- The session WebSocket, reconnecting with capped exponential backoff --------------------------
+
+class SessionSocket {
+  constructor(sessionId, handlers) {
+    this.sessionId = sessionId;
+    this.handlers = handlers;
+    this.attempt = 0;
+    this.closed = false;
+    this.ws = null;
+    this.timer = null;
+    this.lastHeardAt = performance.now();
+    // A dead network often closes nothing: the socket just goes quiet. While the session should
+    // be streaming, silence longer than `handlers.silenceLimitMs()` counts as a lost connection.
+    this.watchdog = setInterval(() => this.checkSilence(), 1000);
+    this.open();
+  }
+
+  checkSilence() {
+    const ws = this.ws;
+    const limit = this.handlers.silenceLimitMs();
+    if (!ws || ws.readyState !== WebSocket.OPEN || !limit) return;
+    if (performance.now() - this.lastHeardAt < limit) return;
+    this.ws = null; // whatever this socket does from now on is ignored
+    ws.close();
+    this.handlers.onClose({ code: 1006, reason: "", silent: true });
+  }
+
+  open() {
+    clearTimeout(this.timer);
+    this.timer = null;
+    this.handlers.onConnection(this.attempt ? "reconnecting" : "connecting");
+    const ws = new WebSocket(wsUrl(`/ws/sessions/${this.sessionId}/`));
+    ws.binaryType = "arraybuffer";
+    this.ws = ws;
+    ws.onopen = () => {
+      if (this.ws !== ws) return;
+      this.attempt = 0;
+      this.lastHeardAt = performance.now();
+      this.handlers.onConnection("live");
+    };
+    ws.onmessage = (event) => {
+      if (this.ws !== ws) return;
+      this.lastHeardAt = performance.now();
+      if (typeof event.data === "string") {
+        let message;
+        try {
+          message = JSON.parse(event.data);
+        } catch {
+          this.handlers.onProtocolError("the server sent a message that is not JSON");
+          return;
+        }
+        this.handlers.onMessage(message);
+      } else {
+        let chunk;
+        try {
+          chunk = parseChunkFrame(event.data);
+        } catch (err) {
+          this.handlers.onProtocolError(err.message);
+          return;
+        }
+        this.handlers.onChunk(chunk);
+      }
+    };
+    ws.onclose = (event) => {
+      if (this.ws !== ws) return;
+      this.ws = null;
+      if (!this.closed) this.handlers.onClose(event);
+    };
+  }
+
+  get waiting() {
+    return this.timer !== null;
+  }
+
+  get live() {
+    return this.ws !== null && this.ws.readyState === WebSocket.OPEN;
+  }
+
+  retryIn() {
+    // 0.5 s, 1 s, 2 s … capped at 10 s, ±20 % so many clients do not reconnect in lockstep.
+    const base = Math.min(MAX_BACKOFF_MS, 500 * 2 ** this.attempt);
+    const delay = Math.round(base * (0.8 + 0.4 * Math.random()));
+    this.attempt += 1;
+    this.timer = setTimeout(() => this.open(), delay);
+    return delay;
+  }
+
+  reconnectNow() {
+    if (this.waiting) this.open();
+  }
+
+  close() {
+    this.closed = true;
+    clearInterval(this.watchdog);
+    clearTimeout(this.timer);
+    this.timer = null;
+    if (this.ws) this.ws.close(1000);
+    this.ws = null;
+  }
+}
+
+// --- Rendering --------------------------------------------------------------------------------
+
+const STATE_TEXT = {
+  queued: (s) => (s.queue_position ? `Queued — position ${s.queue_position}` : "Queued — waiting for a GPU"),
+  executing: (s) => (s.activity === "idle" ? "Executing (pausing…)" : "Executing"),
+  suspended: (s) => (s.activity === "idle" ? "Paused — parked in host memory" : "Suspended — resuming…"),
+  migrating: () => "Migrating to another GPU",
+  terminated: () => "Ended",
+};
+
+function renderSession() {
+  const s = page.session;
+  $("session-bar").hidden = !s;
+  $("controls").hidden = !s;
+  $("latency").hidden = !s;
+  $("latency-spark").hidden = !s;
+  if (!s) return;
+  const badge = $("session-state");
+  badge.dataset.state = s.status;
+  badge.dataset.activity = s.activity;
+  const stateText = (STATE_TEXT[s.status] || ((x) => x.status))(s);
+  // A live region: rewrite it only when it changes, or screen readers repeat it at every chunk.
+  if (badge.textContent !== stateText) badge.textContent = stateText;
+  const where = [];
+  if (s.worker) where.push(`on ${s.worker}`);
+  where.push(`${s.chunks_generated ?? 0} chunks`);
+  where.push(`${s.model} ${s.resolution || `${s.width}x${s.height}`} @ ${s.fps} fps`);
+  $("session-where").textContent = where.join(" · ");
+  const ended = s.status === "terminated";
+  $("pause-button").disabled = ended || s.activity === "idle";
+  $("resume-button").disabled = ended || s.activity === "active";
+  $("terminate-button").disabled = ended;
+  $("prompt-submit").disabled = ended;
+  $("new-prompt").disabled = ended;
+  if (!page.framesShown) {
+    $("player-overlay").hidden = false;
+    $("player-overlay").textContent = ended ? "This session has ended." : `${badge.textContent}…`;
+  }
+  for (const item of document.querySelectorAll("#session-list li")) {
+    if (item.dataset.session === s.id) {
+      item.setAttribute("aria-current", "true");
+      const listBadge = item.querySelector(".badge");
+      if (listBadge) {
+        listBadge.dataset.state = s.status;
+        listBadge.textContent = s.status;
+      }
+      const meta = item.querySelector(".session-meta");
+      if (meta) meta.textContent = sessionMeta(s);
+    } else {
+      item.removeAttribute("aria-current");
+    }
+  }
+}
+
+function renderConnection(kind, text) {
+  const node = $("connection-state");
+  node.dataset.kind = kind;
+  if (node.textContent !== text) node.textContent = text;
+}
+
+function renderPlayback(p) {
+  page.framesShown = p.framesShown;
+  if (p.framesShown) $("player-overlay").hidden = true;
+  $("stat-buffer").textContent = `${p.bufferedFrames} frame${p.bufferedFrames === 1 ? "" : "s"}`;
+  const words = { idle: "waiting", buffering: "buffering", playing: "playing", stalled: "waiting for the next chunk" };
+  let word = words[p.state] || p.state;
+  if (p.state !== "playing" && page.session?.activity === "idle") word = "paused";
+  if (p.state === "playing" && p.rate > 1.05) word = `playing at ${(1 / p.rate).toFixed(2)}×`; // matching a slow stream
+  $("stat-playback").textContent = `${word}${p.stalls ? ` · ${p.stalls} stall${p.stalls === 1 ? "" : "s"}` : ""}`;
+  $("video").dataset.framesShown = String(p.framesShown);
+  $("video").dataset.chunk = p.shownChunkIndex ?? "";
+}
+
+function renderChunkStats(header) {
+  $("stat-chunk").textContent = `#${header.index}`;
+  $("stat-generation").textContent = formatMs(header.generation_ms);
+  $("stat-delivery").textContent = formatMs(header.delivery_ms);
+  $("stat-batch").textContent = header.batch_size ? `${header.batch_size} on ${header.worker}` : header.worker || "–";
+  page.latencies.push(header.generation_ms);
+  if (page.latencies.length > SPARK_LENGTH) page.latencies.shift();
+  drawSpark();
+}
+
+function drawSpark() {
+  const canvas = $("latency-spark");
+  const ctx = canvas.getContext("2d");
+  const { width, height } = canvas;
+  ctx.clearRect(0, 0, width, height);
+  const values = page.latencies;
+  if (!values.length) return;
+  const top = Math.max(...values) * 1.1 || 1;
+  const barWidth = width / SPARK_LENGTH;
+  ctx.fillStyle = getComputedStyle(canvas).color;
+  values.forEach((v, i) => {
+    const h = Math.max(1, (v / top) * (height - 2));
+    ctx.fillRect(i * barWidth + 1, height - h, barWidth - 2, h);
+  });
+}
+
+function message(text, kind = "error") {
+  showMessage($("page-message"), text, kind);
+}
+
+function describe(err) {
+  return err instanceof ApiError ? err.message : `Something went wrong: ${err.message || err}`;
+}
+
+function showFieldErrors(prefix, err) {
+  for (const node of document.querySelectorAll(`[id^="${prefix}"][id$="-error"]`)) node.textContent = "";
+  if (!(err instanceof ApiError) || err.status !== 400) return false;
+  let shown = false;
+  for (const [field, text] of Object.entries(fieldErrors(err.body))) {
+    const node = $(`${prefix}${field}-error`);
+    if (node) {
+      node.textContent = text;
+      const input = $(`${prefix}${field}`);
+      if (input) input.setAttribute("aria-invalid", "true");
+      shown = true;
+    }
+  }
+  return shown;
+}
+
+function clearInvalid(form) {
+  for (const input of form.querySelectorAll("[aria-invalid]")) input.removeAttribute("aria-invalid");
+}
+
+// --- Socket events ----------------------------------------------------------------------------
+
+const SOCKET_ERRORS = {
+  bad_message: "The server did not understand a message",
+  rejected: "The server rejected the request",
+  not_allowed: "Not allowed",
+  terminated: "The session has ended",
+};
+
+const socketHandlers = {
+  silenceLimitMs() {
+    // Only while chunks should be flowing: executing for an active user. Eight chunks' worth of
+    // video (at least 4 s) is far beyond generation jitter, migrations included.
+    const s = page.session;
+    if (!s || s.status !== "executing" || s.activity !== "active") return 0;
+    return Math.max(4000, 8 * player.chunkMs);
+  },
+  onConnection(kind) {
+    if (kind === "live") {
+      renderConnection("live", "Live");
+      if (page.reconnectNotice) message("Reconnected — the stream continues at the next chunk.", "info");
+      page.reconnectNotice = false;
+    } else if (kind === "connecting") {
+      renderConnection("connecting", "Connecting…");
+    } else {
+      renderConnection("connecting", "Reconnecting…");
+    }
+  },
+  onMessage(msg) {
+    if (msg.type === "status") {
+      Object.assign(page.session, {
+        status: msg.status,
+        activity: msg.activity ?? page.session.activity,
+        queue_position: msg.queue_position ?? null,
+        worker: msg.worker ?? null,
+        chunks_generated: msg.chunks_generated ?? page.session.chunks_generated,
+      });
+      renderSession();
+      if (msg.status === "terminated") endWithReason(page.session.id);
+    } else if (msg.type === "prompt") {
+      $("prompt-status").textContent = `Now generating “${msg.text}” from chunk ${msg.from_chunk}.`;
+    } else if (msg.type === "skipped") {
+      // The server dropped a chunk this connection was too slow to take (bounded outbox).
+      page.skippedChunks = (page.skippedChunks || 0) + 1;
+      $("stat-chunk").textContent = `#${msg.index} skipped (${page.skippedChunks} so far)`;
+    } else if (msg.type === "error") {
+      const what = SOCKET_ERRORS[msg.code] || `Stream error (${msg.code})`;
+      message(msg.detail ? `${what}: ${msg.detail}` : `${what}.`);
+    }
+  },
+  onChunk({ header, frames }) {
+    if (!page.session || header.session !== page.session.id) return;
+    page.session.chunks_generated = Math.max(page.session.chunks_generated || 0, header.index + 1);
+    if (header.worker) page.session.worker = header.worker;
+    renderChunkStats(header);
+    renderSession();
+    player.pushChunk(header, frames).catch(() => message(`Chunk ${header.index} could not be decoded; skipped.`));
+  },
+  onProtocolError(text) {
+    message(`The stream sent something unreadable (${text}); skipped.`);
+  },
+  async onClose(event) {
+    const socket = page.socket;
+    renderConnection("down", "Disconnected");
+    // Ask the API why: it answers 401/404/terminated plainly where a socket close code cannot.
+    try {
+      const fresh = await api(`/api/sessions/${socket.sessionId}/`);
+      if (page.socket !== socket) return;
+      page.session = fresh;
+      renderSession();
+      if (fresh.status === "terminated") {
+        endWithReason(fresh.id);
+        return;
+      }
+    } catch (err) {
+      if (page.socket !== socket) return;
+      if (err instanceof ApiError && [401, 403, 404].includes(err.status)) {
+        endStream(err.message);
+        return;
+      }
+    }
+    const delay = socket.retryIn();
+    page.reconnectNotice = true;
+    let why = "the connection was lost";
+    if (event.silent) why = "nothing arrived for several seconds";
+    else if (event.code >= 4000 && event.code < 5000) why = `the server closed the stream (${event.code}${event.reason ? `: ${event.reason}` : ""})`;
+    renderConnection("down", `Reconnecting in ${(delay / 1000).toFixed(1)} s (attempt ${socket.attempt})`);
+    message(`Live stream interrupted: ${why}. Reconnecting automatically…`, "warning");
+  },
+};
+
+// Why a session ended, from its depart event: the user, an operator, or the platform (e.g. a full queue).
+async function endWithReason(sessionId) {
+  endStream("The session has ended.");
+  try {
+    const first = await api(`/api/sessions/${sessionId}/events/?limit=1`);
+    const last = await api(`/api/sessions/${sessionId}/events/?limit=1&offset=${Math.max(0, first.count - 1)}`);
+    const event = last.results?.[0];
+    if (!event || event.kind !== "depart" || page.session?.id !== sessionId) return;
+    const reason = String(event.detail?.reason ?? "");
+    if (reason === "user") message("You ended this session.", "info");
+    else if (reason.startsWith("operator")) message("An operator ended this session.", "info");
+    else if (reason) message(`The session has ended: ${reason}.`, "info");
+  } catch {
+    // The plain message already shown is enough.
+  }
+}
+
+function endStream(text) {
+  if (page.socket) page.socket.close();
+  page.socket = null;
+  renderConnection("down", "Closed");
+  if (text) message(text, "info");
+  renderSession();
+  loadSessions();
+}
+
+// --- Commands ---------------------------------------------------------------------------------
+
+function openSession(session, { pushUrl = true } = {}) {
+  if (page.socket) page.socket.close();
+  page.session = session;
+  page.latencies = [];
+  page.framesShown = 0;
+  player.reset();
+  player.configure({ width: session.width, height: session.height, fps: session.fps, framesPerChunk: session.frames_per_chunk });
+  $("video").getContext("2d").clearRect(0, 0, session.width, session.height);
+  for (const id of ["stat-chunk", "stat-generation", "stat-delivery", "stat-batch"]) $(id).textContent = "–";
+  drawSpark();
+  $("prompt-status").textContent = session.prompt ? `Prompt: “${session.prompt}”` : "";
+  if (pushUrl) history.replaceState(null, "", `?session=${session.id}`);
+  renderSession();
+  if (session.status === "terminated") {
+    renderConnection("down", "Closed");
+    return;
+  }
+  page.socket = new SessionSocket(session.id, socketHandlers);
+}
+
+async function command(path, body) {
+  const s = page.session;
+  if (!s) return null;
+  message("");
+  try {
+    return await api(`/api/sessions/${s.id}/${path}/`, { method: "POST", body });
+  } catch (err) {
+    message(describe(err));
+    return null;
+  }
+}
+
+async function applySessionCommand(path) {
+  const updated = await command(path);
+  if (updated && page.session && updated.id === page.session.id) {
+    if (updated.status === "terminated" || !page.socket?.live) {
+      page.session = updated;
+    } else {
+      // The live stream owns status, worker and queue position: a status frame sent after this
+      // response was made may already have arrived, and the response must not roll it back.
+      page.session.activity = updated.activity;
+    }
+    renderSession();
+    if (updated.status === "terminated") endStream("You ended this session.");
+  }
+  loadSessions();
+}
+
+async function loadModels() {
+  try {
+    page.models = await api("/api/models/");
+  } catch (err) {
+    message(`Could not load the model list: ${describe(err)}`);
+    return;
+  }
+  const select = $("start-model");
+  select.replaceChildren(...page.models.map((m) => el("option", { value: m.name, text: `${m.name} — ${m.fps} fps` })));
+  const preferred = page.models.find((m) => m.name === "tiny") || page.models[0];
+  if (preferred) select.value = preferred.name;
+  renderResolutions();
+}
+
+function renderResolutions() {
+  const model = page.models.find((m) => m.name === $("start-model").value);
+  const select = $("start-resolution");
+  if (!model) return;
+  select.replaceChildren(...model.resolutions.map((r) => el("option", { value: r, text: r })));
+  select.value = model.default_resolution;
+  $("start-model-help").textContent = model.description;
+}
+
+function sessionMeta(s) {
+  return `${s.model} ${s.resolution} · ${s.chunks_generated ?? 0} chunks · ${formatTime(s.created_at)}`;
+}
+
+async function loadSessions() {
+  let data;
+  try {
+    data = await api("/api/sessions/?limit=20&ordering=-created_at");
+  } catch (err) {
+    $("session-list").replaceChildren(el("li", { class: "muted", text: `Could not load your sessions: ${describe(err)}` }));
+    return;
+  }
+  const items = (data.results || []).map((s) =>
+    el(
+      "li",
+      { dataset: { session: s.id }, "aria-current": page.session && page.session.id === s.id ? "true" : null },
+      el(
+        "button",
+        { type: "button", class: "session-link", onclick: () => openSession(s) },
+        el("span", { class: "session-prompt", text: s.prompt || "(no prompt)" }),
+        el("span", { class: "badge small", dataset: { state: s.status }, text: s.status }),
+        el("span", { class: "muted small session-meta", text: sessionMeta(s) }),
+      ),
+    ),
+  );
+  $("session-list").replaceChildren(...(items.length ? items : [el("li", { class: "muted", text: "No sessions yet." })]));
+}
+
+$("start-model").addEventListener("change", renderResolutions);
+
+$("start-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const form = event.currentTarget;
+  clearInvalid(form);
+  message("");
+  const body = {
+    prompt: $("start-prompt").value,
+    model: $("start-model").value,
+    resolution: $("start-resolution").value,
+  };
+  const seed = $("start-seed").value.trim();
+  if (seed !== "") body.seed = Number(seed);
+  $("start-submit").disabled = true;
+  try {
+    const session = await api("/api/sessions/", { method: "POST", body });
+    showFieldErrors("start-", null);
+    openSession(session);
+    loadSessions();
+  } catch (err) {
+    const shown = showFieldErrors("start-", err);
+    message(shown ? "The session was not started: please correct the highlighted fields." : describe(err));
+  } finally {
+    $("start-submit").disabled = false;
+  }
+});
+
+$("prompt-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  clearInvalid(event.currentTarget);
+  $("new-prompt-error").textContent = "";
+  const text = $("new-prompt").value;
+  const s = page.session;
+  if (!s) return;
+  message("");
+  try {
+    const prompt = await api(`/api/sessions/${s.id}/prompts/`, { method: "POST", body: { text } });
+    $("prompt-status").textContent = `Prompt accepted: “${prompt.text}” applies from chunk ${prompt.from_chunk}.`;
+    $("new-prompt").value = "";
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 400) {
+      const errors = fieldErrors(err.body);
+      $("new-prompt-error").textContent = errors.text || Object.values(errors).join(" ");
+      $("new-prompt").setAttribute("aria-invalid", "true");
+    }
+    message(describe(err));
+  }
+});
+
+$("pause-button").addEventListener("click", () => applySessionCommand("pause"));
+$("resume-button").addEventListener("click", () => applySessionCommand("resume"));
+$("terminate-button").addEventListener("click", () => {
+  if (confirm("End this session? Its stream stops and it cannot be resumed.")) applySessionCommand("terminate");
+});
+$("sessions-refresh").addEventListener("click", loadSessions);
+window.addEventListener("online", () => page.socket?.reconnectNow());
+window.addEventListener("pagehide", () => page.socket?.close());
+
+async function boot() {
+  await loadModels();
+  await loadSessions();
+  const wanted = new URLSearchParams(location.search).get("session");
+  if (wanted) {
+    try {
+      openSession(await api(`/api/sessions/${encodeURIComponent(wanted)}/`), { pushUrl: false });
+    } catch (err) {
+      message(`Could not open session ${wanted}: ${describe(err)}`);
+    }
+  }
+  setInterval(() => {
+    if (document.visibilityState === "visible") loadSessions();
+  }, 20000);
+}
+
+// For the browser tests and the curious: the player's counters and the session the page shows.
+window.streamserve = { player, page };
+boot();

@@ -1,0 +1,83 @@
+"""Each live-loop benchmark runs end to end with tiny sizes and prints one JSON object of the documented
+shape with positive figures (no timing is asserted: benchmarks are commands, not tests)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def run(name: str, **options) -> dict:
+    out = io.StringIO()
+    # The test database itself: the command's child processes see what the test commits.
+    call_command(name, json=True, database=connection.settings_dict["NAME"], stdout=out, **options)
+    lines = [line for line in out.getvalue().splitlines() if line.strip()]
+    assert len(lines) == 1, out.getvalue()
+    return json.loads(lines[0])
+
+
+def positive_summary(summary: dict, count: int | None = None) -> None:
+    assert set(summary) == {"count", "p50", "p99", "max", "mean"}
+    assert summary["count"] > 0 if count is None else summary["count"] == count
+    assert 0 < summary["p50"] <= summary["p99"] <= summary["max"]
+
+
+def test_bench_ingest_inserts_every_record_and_cleans_up():
+    from django.contrib.auth import get_user_model
+
+    from gpu.models import GpuWorker
+    from sessions.models import ChunkRecord, GenerationSession
+
+    report = run("bench_ingest", records=300, batch=40, sessions=3)
+
+    assert report["benchmark"] == "ingest"
+    assert report["inserted"] == report["stored"] == 300
+    assert report["batches"] == 8
+    assert report["records_per_s"] > 0 and report["min_window_records_per_s"] > 0
+    positive_summary(report["batch_ms"], count=8)
+    assert isinstance(report["target_met"], bool)
+    assert not GenerationSession.objects.filter(model_name="bench-ingest").exists()
+    assert not GpuWorker.objects.filter(name__startswith="bench-ingest-").exists()
+    assert not get_user_model().objects.filter(username__startswith="bench-ingest-").exists()
+    assert ChunkRecord.objects.count() == 0
+
+
+def test_bench_delivery_delivers_every_chunk_to_every_stream():
+    from sessions.models import GenerationSession
+
+    report = run("bench_delivery", streams="3", chunks_per_stream=4, warmup=1, period=0.2)
+
+    assert report["benchmark"] == "delivery"
+    (result,) = report["runs"]
+    assert result["streams"] == 3
+    assert result["expected"] == 12
+    assert result["received"] + result["lost"] + result["skipped"] == 12
+    positive_summary(result["added_delay_ms"])
+    assert result["publisher"]["published"] == 12
+    assert 1500 < result["chunk_bytes_mean"] / 4 < 5000
+    assert report["target_met"] is None  # no 200-stream run
+    assert not GenerationSession.objects.exists()
+
+
+def test_bench_activation_measures_the_control_plane_share():
+    from gpu.models import GpuWorker
+    from sessions.models import GenerationSession
+
+    report = run("bench_activation", sessions=1, warmup=0, workers=1, pause=0.0)
+
+    assert report["benchmark"] == "activation"
+    assert report["measured"] == 1 and report["incomplete"] == 0
+    for key in ("control_plane_ms", "generation_ms", "first_chunk_ms", "command_to_ack_ms"):
+        positive_summary(report["components_ms"][key], count=1)
+    (sample,) = report["samples"]
+    parts = sample["to_decision_ms"] + sample["decision_to_command_ms"] + sample["command_to_ack_ms"]
+    assert sample["control_plane_ms"] == pytest.approx(parts, abs=0.01)
+    assert sample["api_ms"] > 0 and sample["decision_to_command_ms"] >= 0
+    assert not GenerationSession.objects.exists()
+    assert not GpuWorker.objects.filter(status__in=GpuWorker.LIVE_STATUSES).exists()

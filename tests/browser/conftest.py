@@ -1,0 +1,325 @@
+"""Real-browser fixtures: the real ASGI app under uvicorn on the test database, Debian's Chromium.
+
+The server is a subprocess (``python -m uvicorn controlplane.asgi:application``) whose
+``DATABASE_URL`` names the test database pytest-django created, so rows a test writes (with
+``transactional_db``, i.e. committed) are what the pages read. The tests play the GPU worker by
+publishing real chunk messages to a session's group on the real Redis channel layer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import quote, urlparse, urlunparse
+
+import pytest
+from django.conf import settings
+from playwright.sync_api import expect
+
+CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = Path(settings.BASE_DIR) / "artifacts"
+SCREENSHOTS = ARTIFACTS / "screenshots"
+DESKTOP = {"width": 1280, "height": 800}
+PHONE = {"width": 390, "height": 844}
+PASSWORD = "pw-for-tests-1"  # tests.factories.UserFactory's
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _server_redis_url() -> str:
+    """The Redis the test server uses (channel layer, cache, Celery broker, worker commands).
+
+    A database of its own (14 unless ``BROWSER_TEST_REDIS_URL`` says otherwise): the scheduler
+    tasks its requests enqueue must not be taken by a Celery worker of another platform running on
+    this machine, and nothing of theirs may reach the pages under test.
+    """
+    explicit = os.environ.get("BROWSER_TEST_REDIS_URL")
+    if explicit:
+        return explicit
+    parsed = urlparse(settings.REDIS_URL)
+    return urlunparse(parsed._replace(path="/14"))
+
+
+def _database_url() -> str:
+    from django.db import connection
+
+    db = connection.settings_dict
+    auth = quote(db["USER"] or "", safe="")
+    if db.get("PASSWORD"):
+        auth += ":" + quote(db["PASSWORD"], safe="")
+    host = db.get("HOST") or "127.0.0.1"
+    port = db.get("PORT") or "5432"
+    return f"postgres://{auth}@{host}:{port}/{db['NAME']}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _orm_beside_playwright():
+    # Playwright's sync API keeps an event loop running in this thread, so Django's async guard
+    # would refuse the ordinary synchronous ORM calls the tests (and the database flush after each
+    # transactional test) make between browser steps. Module scope: set before any test's fixtures,
+    # restored after the module, so only browser tests run with the guard relaxed.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        yield
+
+
+# Module scope: the server and the browser stop when a browser test module ends, so nothing of
+# theirs outlives the browser tests in a whole-suite run.
+@pytest.fixture(scope="module")
+def asgi_server(django_db_setup, django_db_blocker):
+    """Base URL of uvicorn serving controlplane.asgi against the test database."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    with django_db_blocker.unblock():
+        database_url = _database_url()
+    redis_url = _server_redis_url()
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url,
+        "CELERY_BROKER_URL": redis_url,
+        "DB_CONN_MAX_AGE": "0",
+        "PYTHONUNBUFFERED": "1",
+        "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+    }
+    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    log_path = ARTIFACTS / "browser-server.log"
+    log = open(log_path, "wb")  # noqa: SIM115  (closed at teardown)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "controlplane.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--ws",
+            "websockets",
+            "--no-access-log",
+        ],
+        cwd=settings.BASE_DIR,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base_url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        if process.poll() is not None:
+            log.close()
+            raise RuntimeError(f"uvicorn exited with {process.returncode}:\n{log_path.read_text()[-4000:]}")
+        try:
+            with urllib.request.urlopen(f"{base_url}/accounts/login/", timeout=2) as response:
+                if response.status == 200:
+                    break
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            process.kill()
+            log.close()
+            raise RuntimeError(f"uvicorn did not answer in 90 s:\n{log_path.read_text()[-4000:]}")
+        time.sleep(0.3)
+    yield base_url
+    # Scheduler tasks nobody consumed (no Celery worker runs in these tests), and commands to the
+    # stand-in workers: this Redis database is the browser tests' own.
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    client.delete("scheduler", "default", *client.scan_iter("ss:cmd:*"))
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: run scripts/ensure_test_tools.sh (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield browser
+        browser.close()
+
+
+class PageProblems:
+    """JavaScript errors and requests that left the server's origin (pages load nothing from the internet)."""
+
+    def __init__(self, base_url: str):
+        self.base_url = base_url
+        self.errors: list[str] = []
+        self.foreign_requests: list[str] = []
+
+    def watch(self, page) -> None:
+        page.on("pageerror", lambda exc: self.errors.append(str(exc)))
+        page.on(
+            "request",
+            lambda request: (
+                None
+                if request.url.startswith(
+                    (self.base_url, self.base_url.replace("http", "ws", 1), "data:", "blob:")
+                )
+                else self.foreign_requests.append(request.url)
+            ),
+        )
+
+    def assert_clean(self) -> None:
+        assert self.errors == [], f"JavaScript errors: {self.errors}"
+        assert self.foreign_requests == [], f"requests outside the app: {self.foreign_requests}"
+
+
+@pytest.fixture
+def browser_context(browser, asgi_server):
+    context = browser.new_context(viewport=DESKTOP, accept_downloads=True, base_url=asgi_server)
+    context.set_default_timeout(15_000)
+    # A loaded CI machine (2 cores shared with uvicorn, Redis and PostgreSQL) can be slow to repaint.
+    expect.set_options(timeout=10_000)
+    yield context
+    context.close()
+
+
+@pytest.fixture
+def page_problems(asgi_server):
+    return PageProblems(asgi_server)
+
+
+def log_in(context, base_url: str, user) -> None:
+    """Attach a logged-in Django session cookie (the login form itself is tested once, in the UI)."""
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    cookie = client.cookies[settings.SESSION_COOKIE_NAME]
+    context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "value": cookie.value, "url": base_url}])
+
+
+def screenshot(page, name: str) -> Path:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+class WorkerStandIn:
+    """Plays the GPU worker and the control plane's broadcaster on the real Redis channel layer.
+
+    A background thread owns one event loop (channels_redis keeps its connections per loop), so
+    the synchronous tests can publish while Playwright's own loop is busy in the main thread.
+    """
+
+    def __init__(self, redis_url: str):
+        from django.utils.module_loading import import_string
+
+        # The same layer class the server runs (pub/sub by default), pointed at the server's Redis.
+        layer = settings.CHANNEL_LAYERS["default"]
+        config = {**layer["CONFIG"], "hosts": [redis_url]}
+        self.layer = import_string(layer["BACKEND"])(**config)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        self.loop.run_forever()
+        # Closed in its own thread: channels_redis hooks loop.close() to close its connections,
+        # which needs to run the loop, and Playwright's loop is running in the main thread.
+        self.loop.run_until_complete(self._close_layer())
+        self.loop.close()
+
+    async def _close_layer(self):
+        # Inside the loop: the pub/sub layer picks its per-loop connection from the running loop.
+        close = getattr(self.layer, "close_pools", None) or self.layer.flush
+        await close()
+
+    def _run(self, coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=15)
+
+    def status(self, session, **fields) -> None:
+        message = {
+            "type": "session.status",
+            "session": str(session.pk),
+            "status": session.status,
+            "activity": session.activity,
+            "queue_position": session.queue_position,
+            "worker": session.worker.name if session.worker_id else None,
+            "chunks_generated": session.chunks_generated,
+            **fields,
+        }
+        self._run(self.layer.group_send(f"session.{session.pk}", message))
+
+    def chunk(
+        self, session, *, index: int, frames: list[bytes], worker: str, generation_ms: float, batch_size=1
+    ):
+        header = {
+            "session": str(session.pk),
+            "index": index,
+            "generation_ms": generation_ms,
+            "generated_at": time.time(),
+            "worker": worker,
+            "batch_size": batch_size,
+            "width": session.width,
+            "height": session.height,
+            "fps": session.fps,
+            "mime": "image/jpeg",
+        }
+        self._run(
+            self.layer.group_send(
+                f"session.{session.pk}", {"type": "session.chunk", "header": header, "frames": frames}
+            )
+        )
+
+    def close(self):
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture
+def worker_stand_in(asgi_server):
+    stand_in = WorkerStandIn(_server_redis_url())
+    yield stand_in
+    stand_in.close()
+
+
+def jpeg_frames(width: int, height: int, count: int, *, hue: int) -> list[bytes]:
+    """``count`` real JPEGs: a colour field (``hue`` picks it) with a bar that moves frame by frame."""
+    from PIL import Image, ImageDraw
+
+    frames = []
+    base = [(220, 40, 40), (40, 90, 220), (40, 180, 80), (230, 180, 30)][hue % 4]
+    for i in range(count):
+        image = Image.new("RGB", (width, height), base)
+        draw = ImageDraw.Draw(image)
+        x = (i * width // max(1, count)) % width
+        draw.rectangle([x, 0, x + width // 8, height], fill=(250, 250, 250))
+        buffer = io.BytesIO()
+        image.save(buffer, format="JPEG", quality=85)
+        frames.append(buffer.getvalue())
+    return frames

@@ -1,0 +1,57 @@
+"""Configuration fails loudly: a malformed environment variable stops the process at start."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_settings(**env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import django; django.setup(); from django.conf import settings; print(settings.DEBUG)",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "controlplane.settings", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("DEBUG", "maybe"),
+        ("DATABASE_URL", "mysql-ish://nowhere"),
+        ("REDIS_URL", "http://127.0.0.1:6379"),
+        ("CHUNK_RETENTION_DAYS", "two weeks"),
+        ("HEARTBEAT_INTERVAL_S", "fast"),
+        ("LOG_LEVEL", "LOUD"),
+    ],
+)
+def test_malformed_variable_fails_at_start_naming_it(variable, value):
+    result = load_settings(**{variable: value})
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr
+    assert variable in result.stderr
+
+
+def test_secret_key_is_required_when_debug_is_off():
+    result = load_settings(DEBUG="false", SECRET_KEY="")
+    assert result.returncode != 0 and "SECRET_KEY" in result.stderr
+    assert load_settings(DEBUG="false", SECRET_KEY="s3cret").stdout.strip() == "False"
+
+
+def test_defaults_work_on_this_machine():
+    result = load_settings()
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True"

@@ -1,0 +1,129 @@
+"""simulate / simulate_compare / bench_scheduler / profile_volatility: thin wrappers; bad flags name themselves."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from scheduling.core.cli import REQUIRED_RESULT_KEYS
+from scheduling.core.traces import TraceEvent, write_trace
+
+
+@pytest.fixture
+def tiny_trace(tmp_path):
+    events = [TraceEvent(0.0, f"s{i}", "arrive") for i in range(6)]
+    events += [TraceEvent(1.0 + i, f"s{i}", "active") for i in range(6)]
+    events += [TraceEvent(12.0, f"s{i}", "idle") for i in range(0, 6, 2)]
+    events += [TraceEvent(20.0, f"s{i}", "depart") for i in range(6)]
+    path = tmp_path / "tiny.jsonl"
+    write_trace(path, events, meta={"name": "tiny", "duration_s": 20.0})
+    return path
+
+
+def test_simulate_json_prints_exactly_one_object_with_the_documented_keys(tiny_trace, tmp_path):
+    out = io.StringIO()
+    plot = tmp_path / "t.png"
+    call_command(
+        "simulate",
+        trace=str(tiny_trace),
+        policy="turboserve",
+        profile="h100-1.3b",
+        max_gpus=4,
+        json=True,
+        plot=str(plot),
+        stdout=out,
+    )
+    result = json.loads(out.getvalue())
+    assert set(REQUIRED_RESULT_KEYS) <= set(result)
+    assert result["trace"] == "tiny" and result["chunks"] > 0
+    assert plot.stat().st_size > 0
+
+
+def test_simulate_bad_flags_name_themselves(tiny_trace):
+    with pytest.raises(CommandError, match="--policy"):
+        call_command("simulate", trace=str(tiny_trace), policy="no-such-policy", stdout=io.StringIO())
+    with pytest.raises(CommandError, match="--profile"):
+        call_command("simulate", trace=str(tiny_trace), profile="nope", stdout=io.StringIO())
+    with pytest.raises(CommandError, match="--trace"):
+        call_command("simulate", trace="/no/such/file.jsonl", stdout=io.StringIO())
+    with pytest.raises(CommandError, match="--max-gpus"):
+        call_command("simulate", trace=str(tiny_trace), max_gpus=0, stdout=io.StringIO())
+
+
+def test_simulate_compare_json_shape(tiny_trace):
+    out = io.StringIO()
+    call_command(
+        "simulate_compare",
+        trace=str(tiny_trace),
+        profile="h100-1.3b",
+        max_gpus=4,
+        policies="turboserve,lag",
+        json=True,
+        stdout=out,
+    )
+    data = json.loads(out.getvalue())
+    assert set(data) >= {"trace", "slo_ms", "policies", "reduction_vs"}
+    assert set(data["policies"]) == {"turboserve", "lag"}
+    for entry in data["policies"].values():
+        assert "cost_at_slo_usd" in entry and "worst_latency_at_matched_cost_ms" in entry
+    assert set(data["reduction_vs"]["lag"]) == {"latency_pct", "cost_pct"}
+    # lag meets the loose default SLO with its cheapest budget: that budget is in [1, max].
+    assert 1 <= data["policies"]["lag"]["budget_at_slo"] <= 4
+
+
+def test_bench_scheduler_json_and_bad_sizes():
+    out = io.StringIO()
+    call_command("bench_scheduler", gpus="2,4", events=50, json=True, stdout=out)
+    report = json.loads(out.getvalue())
+    assert [r["gpus"] for r in report["sizes"]] == [2, 4]
+    assert all(r["decisions"] >= 50 for r in report["sizes"])
+    with pytest.raises(CommandError, match="--gpus"):
+        call_command("bench_scheduler", gpus="4,x", stdout=io.StringIO())
+
+
+def test_profile_volatility_writes_a_loadable_table(tmp_path, tiny_trace):
+    from scheduling.core.detector import load_volatility_table
+
+    out = tmp_path / "table.json"
+    call_command(
+        "profile_volatility",
+        trace=[str(tiny_trace)],
+        segment_s=10.0,
+        profile="h100-1.3b",
+        out=str(out),
+        json=True,
+        stdout=io.StringIO(),
+    )
+    table = load_volatility_table(out)
+    assert len(table.levels) == 2  # two 10 s segments of a 20 s trace
+    rhos = [lv.rho_hat for lv in table.levels]
+    assert rhos == sorted(rhos, reverse=True)
+
+
+def test_simulate_compare_accepts_a_dotted_path_policy(tiny_trace):
+    out = io.StringIO()
+    call_command(
+        "simulate_compare",
+        trace=str(tiny_trace),
+        profile="h100-1.3b",
+        max_gpus=3,
+        policies="turboserve,tests.scheduling_core.test_scheduling_commands:FixedLeastLoaded",
+        json=True,
+        stdout=out,
+    )
+    data = json.loads(out.getvalue())
+    custom = data["policies"]["tests.scheduling_core.test_scheduling_commands:FixedLeastLoaded"]
+    assert custom["static"] is True and 1 <= custom["budget_at_slo"] <= 3
+
+
+from scheduling.core.baselines import LeastLoadedPolicy  # noqa: E402
+
+
+class FixedLeastLoaded(LeastLoadedPolicy):
+    """A 'custom' policy loaded by dotted path; inherits static = True."""
+
+    name = "fixed-least-loaded"

@@ -1,0 +1,125 @@
+"""The worker daemon driven step by step: real tiny engine, real Redis command stream, the real
+Django reporter writing to PostgreSQL (so the test is transactional: threads commit)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+import redis
+import torch
+from django.conf import settings
+
+from scheduling.live import _Outbox
+from scheduling.models import WorkerCommand
+from sessions.models import ChunkRecord
+from tests.e2e.conftest import wait_for
+from tests.factories import GpuWorkerFactory, SessionFactory
+from workers.channel import stream_key
+from workers.daemon import WorkerDaemon
+from workers.reporting import DjangoReporter
+from workers.runtime.engine import ChunkEngine
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    torch.set_num_threads(1)
+    worker = GpuWorkerFactory(name=f"test-{uuid.uuid4().hex[:8]}", model_preset="tiny", gpu_type="cpu")
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    reporter = DjangoReporter(worker.pk, worker.name)
+    engine = ChunkEngine.from_preset("tiny", max_batch=2)
+    instance = WorkerDaemon(
+        name=worker.name,
+        engine=engine,
+        redis_client=client,
+        reporter=reporter,
+        capacity=2,
+        checkpoint_dir=tmp_path,
+        checkpoint_every=2,
+        heartbeat_s=0.2,
+    )
+    instance.start()
+    instance.worker = worker
+    yield instance
+    instance.stopping.set()
+    instance.shutdown()
+    client.delete(stream_key(worker.name))
+
+
+def send(daemon, kind, session=None, **payload):
+    outbox = _Outbox()
+    body = outbox.command(daemon.worker, kind, session=session, **payload)
+    outbox.send()
+    return body
+
+
+def answered(body):
+    row = WorkerCommand.objects.get(pk=body["id"])
+    return row if row.status != "sent" else None
+
+
+def steps_until(daemon, predicate, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        daemon.step()
+        value = predicate()
+        if value:
+            return value
+    raise AssertionError("condition not reached")
+
+
+def test_start_generates_publishes_and_records_chunks(daemon):
+    session = SessionFactory(status="executing", worker=daemon.worker, state_location="worker")
+    start = send(daemon, "start", session=session, epoch=1, seed=3, prompts=[[0, "a fox"]], deliver_from=0)
+    row = steps_until(daemon, lambda: answered(start))
+    assert row.status == "acked" and row.result["next_chunk"] == 0
+    steps_until(daemon, lambda: ChunkRecord.objects.filter(session=session).count() >= 3)
+    records = list(ChunkRecord.objects.filter(session=session).order_by("chunk_index"))
+    assert [r.chunk_index for r in records[:3]] == [0, 1, 2]
+    assert all(r.worker_id == daemon.worker.pk and r.batch_size == 1 for r in records)
+    assert (daemon.checkpoint_dir / f"{session.pk}.safetensors").exists()
+    wait_for(lambda: type(daemon.worker).objects.get(pk=daemon.worker.pk).telemetry, 5, message="a heartbeat")
+
+
+def test_commands_for_sessions_it_does_not_own_are_refused_with_a_reason(daemon):
+    session = SessionFactory()
+    body = send(daemon, "suspend", session=session, epoch=4)
+    row = steps_until(daemon, lambda: answered(body))
+    assert (
+        row.status == "refused"
+        and f"session {session.pk} is not on worker {daemon.worker.name}" in row.reason
+    )
+
+
+def test_commands_are_idempotent_and_stale_epochs_are_refused(daemon):
+    session = SessionFactory(status="executing", worker=daemon.worker, state_location="worker")
+    start = send(daemon, "start", session=session, epoch=2, seed=1, prompts=[[0, "rain"]])
+    steps_until(daemon, lambda: answered(start))
+    # The same command delivered twice (a redelivery after a restart) is applied once.
+    outbox = _Outbox()
+    outbox.commands.append((daemon.worker.name, start))
+    outbox.send()
+    daemon.step()
+    assert list(daemon.sessions) == [str(session.pk)]
+    stale = send(daemon, "suspend", session=session, epoch=1)
+    row = steps_until(daemon, lambda: answered(stale))
+    assert row.status == "refused" and "stale epoch" in row.reason
+    suspend = send(daemon, "suspend", session=session, epoch=3)
+    row = steps_until(daemon, lambda: answered(suspend))
+    assert row.status == "acked" and row.result["bytes"] > 0
+    assert daemon.sessions[str(session.pk)].parked is not None
+    resume = send(daemon, "resume", session=session, epoch=4)
+    assert steps_until(daemon, lambda: answered(resume)).status == "acked"
+    assert daemon.sessions[str(session.pk)].parked is None
+
+
+def test_malformed_and_unknown_commands_are_refused_not_fatal(daemon):
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.xadd(stream_key(daemon.worker.name), {"json": "{not json"})
+    body = send(daemon, "dance")
+    row = steps_until(daemon, lambda: answered(body))
+    assert row.status == "refused" and "unknown command kind" in row.reason
+    assert not daemon.stopping.is_set()

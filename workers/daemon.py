@@ -1,0 +1,596 @@
+"""The GPU worker daemon: one model replica, many sessions, commands applied at chunk boundaries.
+
+The hot loop (``WorkerDaemon.step``) only touches the engine, Redis (commands in) and in-process
+queues. Everything slower runs on threads beside it:
+
+- the *publisher* waits for each chunk's encoded frames and sends them once to the session's
+  channel-layer group (``session.<id>``), recording the published index in Redis first;
+- the *reporter* (``workers.reporting``) writes chunk records in batches with COPY, answers
+  commands and reports migrations and progress to PostgreSQL through the control plane's services;
+- the *heartbeat* samples telemetry every ``heartbeat_s`` and reports it;
+- migrations run on their own threads (``workers.runtime.transport``) while other sessions step.
+
+Pacing: a session's next chunk is due one chunk-duration after its previous one (real time), with
+one chunk of look-ahead so the browser's jitter buffer never runs dry; sessions due within a
+quarter chunk of each other are coalesced into one batched step (at most K).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from workers.channel import CommandReader, ReceivedCommand, delivered_key, send_command
+from workers.runtime.engine import ChunkEngine, ChunkResult, HostStateRecord, SessionNotFound
+
+logger = logging.getLogger("workers.daemon")
+
+
+@dataclass
+class OwnedSession:
+    """What the daemon knows about a session it holds (resident, parked or arriving)."""
+
+    session_id: str
+    epoch: int
+    chunk_s: float
+    active: bool = True  # False while frozen for migration or waiting for activation
+    next_due: float = 0.0
+    deliver_from: int = 0  # indices below this were published before (silent catch-up)
+    parked: HostStateRecord | None = None
+    prompts: list[tuple[int, str]] = field(default_factory=list)
+    last_checkpoint: int = -1
+
+
+class Reporter:
+    """Interface of the side-effect sink; ``workers.reporting.DjangoReporter`` is the real one."""
+
+    def chunk(self, row: dict[str, Any]) -> None: ...
+    def answer(
+        self, command: dict[str, Any], status: str, reason: str = "", result: dict | None = None
+    ) -> None: ...
+    def migration_sent(self, command: dict[str, Any], report: dict[str, Any]) -> None: ...
+    def migration_failed(self, command: dict[str, Any], error: str) -> None: ...
+    def heartbeat(self, telemetry: dict[str, Any], resident: list[str], parked: list[str]) -> None: ...
+    def close(self) -> None: ...
+
+
+class ChunkPublisher(threading.Thread):
+    """Waits for encoded frames and publishes each chunk once to its session's group."""
+
+    def __init__(self, worker_name: str, redis_client: redis.Redis, reporter: Reporter) -> None:
+        super().__init__(name="chunk-publisher", daemon=True)
+        self.worker_name = worker_name
+        self.redis = redis_client
+        self.reporter = reporter
+        self.items: queue.Queue[tuple[ChunkResult, int] | None] = queue.Queue()
+        self.published = 0
+
+    def submit(self, result: ChunkResult, epoch: int) -> None:
+        self.items.put((result, epoch))
+
+    def stop(self) -> None:
+        self.items.put(None)
+
+    def run(self) -> None:
+        from channels.layers import get_channel_layer
+
+        loop = asyncio.new_event_loop()
+        layer = get_channel_layer()
+        while True:
+            item = self.items.get()
+            if item is None:
+                break
+            result, epoch = item
+            try:
+                frames = result.frames(timeout=30)
+                header = {
+                    "session": result.session_id,
+                    "index": result.chunk_index,
+                    "epoch": epoch,
+                    "generation_ms": round(result.generation_ms, 3),
+                    "worker": self.worker_name,
+                    "batch_size": result.batch_size,
+                    "width": result.width,
+                    "height": result.height,
+                    "fps": result.fps,
+                    "mime": "image/jpeg",
+                    "generated_at": time.time(),
+                }
+                # Recorded before the send: after a crash, nothing at or below it is published again.
+                self.redis.set(delivered_key(result.session_id), result.chunk_index, ex=7 * 86400)
+                loop.run_until_complete(
+                    layer.group_send(
+                        f"session.{result.session_id}",
+                        {"type": "session.chunk", "header": header, "frames": frames},
+                    )
+                )
+                self.published += 1
+                self.reporter.chunk(
+                    {
+                        "session_id": result.session_id,
+                        "chunk_index": result.chunk_index,
+                        "batch_size": result.batch_size,
+                        "generation_ms": result.generation_ms,
+                        "created_at": header["generated_at"],
+                    }
+                )
+            except Exception:
+                logger.exception(
+                    "publishing chunk failed session=%s index=%s", result.session_id, result.chunk_index
+                )
+        loop.close()
+
+
+class WorkerDaemon:
+    def __init__(
+        self,
+        *,
+        name: str,
+        engine: ChunkEngine,
+        redis_client: redis.Redis,
+        reporter: Reporter,
+        capacity: int,
+        migration_listener: Any = None,
+        checkpoint_dir: str | os.PathLike | None = None,
+        checkpoint_every: int = 8,
+        migration_timeout_s: float = 20.0,
+        heartbeat_s: float = 1.0,
+        lookahead_chunks: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = name
+        self.engine = engine
+        self.redis = redis_client
+        self.reporter = reporter
+        self.capacity = capacity
+        self.listener = migration_listener
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
+        self.checkpoint_every = checkpoint_every
+        self.migration_timeout_s = migration_timeout_s
+        self.heartbeat_s = heartbeat_s
+        self.lookahead_chunks = lookahead_chunks
+        self.clock = clock
+        self.commands = CommandReader(redis_client, name)
+        self.publisher = ChunkPublisher(name, redis_client, reporter)
+        self.sessions: dict[str, OwnedSession] = {}
+        self.answered: dict[str, str] = {}  # command id → status (idempotency)
+        self.migrations: dict[str, Future] = {}  # session id → transfer in flight
+        self.pending_activation: dict[str, dict[str, Any]] = {}
+        self.receiving: set[str] = set()
+        self.arrivals: queue.Queue = queue.Queue()
+        self.stopping = threading.Event()
+        self.draining = False
+        self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
+        model = engine.model
+        self.chunk_s = float(model.frames_per_chunk) / float(model.fps)
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.publisher.start()
+        self._heartbeat.start()
+
+    def run(self) -> None:
+        self.start()
+        try:
+            while not self.stopping.is_set():
+                self.step()
+        finally:
+            self.shutdown()
+
+    def request_stop(self, *_args: Any) -> None:
+        """SIGTERM: the loop finishes the chunk in progress, then shuts down."""
+        self.stopping.set()
+
+    def shutdown(self) -> None:
+        """Checkpoint every session we hold so the control plane can restart them elsewhere."""
+        for sid in list(self.sessions):
+            self._checkpoint(sid, force=True)
+        self.publisher.stop()
+        self.publisher.join(timeout=10)
+        self.reporter.close()
+        self.engine.close()
+        if self.listener is not None:
+            self.listener.close()
+
+    # --- the hot loop --------------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """One bounded unit: apply commands, then run at most one coalesced batch. Returns whether
+        anything was done."""
+        now = self.clock()
+        due_at = self._earliest_due()
+        wait_s = 0.0 if due_at is None else max(0.0, due_at - now)
+        block_ms = int(min(wait_s, 0.2) * 1000) if due_at is not None else 200
+        did = self._collect_arrivals()
+        did = self._apply_commands(block_ms=None if did else (block_ms or None)) or did
+        did = self._collect_migrations() or did
+        due = self._due_sessions(self.clock())
+        if not due:
+            return did
+        results = self.engine.step(max_batch=self.capacity, due=due)
+        finished = self.clock()
+        for result in results:
+            owned = self.sessions.get(result.session_id)
+            if owned is None:
+                continue
+            if result.chunk_index + 1 < owned.deliver_from:
+                owned.next_due = finished  # silent catch-up after a restart: no pacing
+            else:
+                owned.next_due = max(owned.next_due + owned.chunk_s, finished - owned.chunk_s)
+            if result.chunk_index >= owned.deliver_from:
+                self.publisher.submit(result, owned.epoch)
+            if result.chunk_index - owned.last_checkpoint >= self.checkpoint_every:
+                self._checkpoint(result.session_id)
+        return True
+
+    def _earliest_due(self) -> float | None:
+        times = [o.next_due for o in self.sessions.values() if self._runnable(o)]
+        return (min(times) - self.lookahead_chunks * self.chunk_s) if times else None
+
+    def _runnable(self, owned: OwnedSession) -> bool:
+        return owned.active and owned.parked is None and owned.session_id not in self.migrations
+
+    def _due_sessions(self, now: float) -> list[str]:
+        slack = 0.25 * self.chunk_s
+        horizon = now + self.lookahead_chunks * self.chunk_s + slack
+        due = [o for o in self.sessions.values() if self._runnable(o) and o.next_due <= horizon]
+        due.sort(key=lambda o: o.next_due)
+        return [o.session_id for o in due[: self.capacity]]
+
+    # --- commands ------------------------------------------------------------------------------
+
+    def _apply_commands(self, block_ms: int | None) -> bool:
+        received = self.commands.read(block_ms=block_ms)
+        for item in received:
+            self._apply(item)
+        return bool(received)
+
+    def _apply(self, item: ReceivedCommand) -> None:
+        command = item.command
+        command_id = command.get("id", item.entry_id)
+        if command_id in self.answered:
+            self.commands.ack(item.entry_id)
+            return
+        handler = getattr(self, f"_cmd_{command.get('kind')}", None)
+        try:
+            if handler is None:
+                raise CommandRefused(f"unknown command kind {command.get('kind')!r}")
+            result = handler(command) or {}
+        except CommandRefused as exc:
+            self._answer(command, "refused", str(exc))
+        except Exception as exc:
+            logger.exception("command failed worker=%s command=%s", self.name, command)
+            self._answer(command, "failed", f"{type(exc).__name__}: {exc}")
+        else:
+            if result is not _DEFERRED:
+                self._answer(command, "acked", result=result)
+        self.commands.ack(item.entry_id)
+
+    def _answer(self, command: dict, status: str, reason: str = "", result: dict | None = None) -> None:
+        self.answered[command.get("id", "")] = status
+        self.reporter.answer(command, status, reason, result)
+
+    def _owned(self, command: dict, *, epoch_check: bool = True) -> OwnedSession:
+        sid = command.get("session")
+        owned = self.sessions.get(sid)
+        if owned is None:
+            raise CommandRefused(f"session {sid} is not on worker {self.name}")
+        if epoch_check and command.get("epoch", owned.epoch) < owned.epoch:
+            raise CommandRefused(f"stale epoch {command.get('epoch')} < {owned.epoch} for session {sid}")
+        return owned
+
+    def _new_owned(self, command: dict) -> OwnedSession:
+        return OwnedSession(
+            session_id=command["session"],
+            epoch=int(command.get("epoch", 0)),
+            chunk_s=self.chunk_s,
+            next_due=self.clock(),
+            deliver_from=int(command.get("deliver_from", 0)),
+            prompts=[(int(f), str(t)) for f, t in command.get("prompts", [])],
+        )
+
+    def _cmd_start(self, command: dict) -> dict:
+        """Start a session fresh, or restart it from its checkpoint (deliver_from skips what was sent)."""
+        sid = command["session"]
+        if self.draining:
+            raise CommandRefused(f"worker {self.name} is draining")
+        existing = self.sessions.get(sid)
+        if existing is not None:
+            if existing.epoch <= int(command.get("epoch", 0)):
+                existing.epoch = int(command.get("epoch", 0))
+                existing.active = True
+                return {"already": True}
+            raise CommandRefused("stale start")
+        prompts = sorted((int(f), str(t)) for f, t in command.get("prompts", []))
+        if not prompts:
+            raise CommandRefused("start needs the prompt history")
+        restored_from = None
+        checkpoint = command.get("checkpoint")
+        if checkpoint:
+            data = Path(checkpoint).read_bytes()
+            self.engine.state_from_bytes(sid, data)
+            restored_from = self.engine.next_chunk(sid)
+        else:
+            _first_from, first_text = prompts[0]
+            self.engine.add_session(sid, first_text, int(command["seed"]), start_chunk=0)
+        owned = self._new_owned(command)
+        owned.prompts = prompts
+        self.sessions[sid] = owned
+        self._apply_prompts(owned)
+        return {"restored_from_chunk": restored_from, "next_chunk": self.engine.next_chunk(sid)}
+
+    def _apply_prompts(self, owned: OwnedSession) -> None:
+        """Install every prompt whose chunk is still ahead (the engine keeps the history in state)."""
+        next_chunk = self.engine.next_chunk(owned.session_id)
+        current = [p for p in owned.prompts if p[0] <= next_chunk]
+        ahead = [p for p in owned.prompts if p[0] > next_chunk]
+        for from_chunk, text in ([current[-1]] if current else []) + ahead:
+            self.engine.set_prompt(owned.session_id, text, max(from_chunk, next_chunk))
+
+    def _cmd_prompt(self, command: dict) -> dict:
+        owned = self._owned(command, epoch_check=False)
+        from_chunk = max(int(command["from_chunk"]), self._next_chunk(owned))
+        owned.prompts.append((from_chunk, command["text"]))
+        if owned.parked is None:
+            self.engine.set_prompt(owned.session_id, command["text"], from_chunk)
+        return {"from_chunk": from_chunk}
+
+    def _next_chunk(self, owned: OwnedSession) -> int:
+        try:
+            return self.engine.next_chunk(owned.session_id)
+        except SessionNotFound:
+            return 0
+
+    def _cmd_suspend(self, command: dict) -> dict:
+        owned = self._owned(command)
+        if owned.parked is not None:
+            return {"already": True}
+        record = self.engine.suspend(owned.session_id)
+        owned.parked = record
+        owned.epoch = max(owned.epoch, int(command.get("epoch", owned.epoch)))
+        return {"bytes": record.nbytes, "copy_ms": round(record.copy_ms, 3), "pinned": record.pinned}
+
+    def _cmd_resume(self, command: dict) -> dict:
+        owned = self._owned(command)
+        if owned.parked is None:
+            owned.active = True
+            return {"already": True}
+        report = self.engine.resume(owned.session_id, owned.parked)
+        owned.parked = None
+        owned.active = True
+        owned.epoch = int(command.get("epoch", owned.epoch))
+        owned.next_due = self.clock()
+        self._apply_prompts(owned)
+        return {"bytes": report.nbytes, "copy_ms": round(report.copy_ms, 3)}
+
+    def _cmd_stop(self, command: dict) -> dict:
+        sid = command["session"]
+        owned = self.sessions.pop(sid, None)
+        if owned is None:
+            return {"already": True}
+        with contextlib.suppress(SessionNotFound):
+            self.engine.remove(sid)
+        self.pending_activation.pop(sid, None)
+        return {}
+
+    def _cmd_drain(self, command: dict) -> dict:
+        self.draining = True
+        return {"resident": len(self.sessions)}
+
+    def _cmd_shutdown(self, command: dict) -> dict:
+        if any(o for o in self.sessions.values()):
+            raise CommandRefused(f"{len(self.sessions)} session(s) still on {self.name}")
+        self.stopping.set()
+        return {}
+
+    # --- migration (TurboServe §6.1) ---------------------------------------------------------
+
+    def _cmd_migrate_out(self, command: dict) -> Any:
+        """Step (i): freeze at this chunk boundary and send the state region on a side thread."""
+        from workers.runtime.transport import send_state
+
+        owned = self._owned(command)
+        sid = owned.session_id
+        if sid in self.migrations:
+            raise CommandRefused(f"session {sid} is already migrating")
+        if owned.parked is not None:
+            record = owned.parked
+            manifest, tensors = record.manifest, record.tensors
+        else:
+            manifest, tensors = self.engine.export_state(sid)
+        meta = manifest.setdefault("meta", {})
+        meta["prompts"] = owned.prompts
+        meta["parked"] = owned.parked is not None
+        new_epoch = int(command["new_epoch"])
+        future: Future = Future()
+
+        def transfer() -> None:
+            try:
+                report = send_state(
+                    command["target_address"],
+                    manifest,
+                    tensors,
+                    device=self.engine.device,
+                    timeout_s=self.migration_timeout_s,
+                    session_id=sid,
+                    epoch=new_epoch,
+                )
+                future.set_result(report)
+            except BaseException as exc:  # reported from the hot loop
+                future.set_exception(exc)
+
+        self.migrations[sid] = future
+        future.command = command  # type: ignore[attr-defined]
+        threading.Thread(target=transfer, name=f"migrate-{sid[:8]}", daemon=True).start()
+        return _DEFERRED
+
+    def _collect_migrations(self) -> bool:
+        did = False
+        for sid, future in list(self.migrations.items()):
+            if not future.done():
+                continue
+            did = True
+            del self.migrations[sid]
+            command = future.command  # type: ignore[attr-defined]
+            owned = self.sessions.get(sid)
+            error = future.exception()
+            if error is None:
+                report = future.result()
+                # Step (iii) happens in the control plane (ownership flips with the epoch); the
+                # source forgets the session only now that the target has verified it.
+                self.sessions.pop(sid, None)
+                with contextlib.suppress(SessionNotFound):
+                    self.engine.remove(sid)
+                summary = {
+                    "bytes": getattr(report, "nbytes", None),
+                    "seconds": getattr(report, "seconds", None),
+                }
+                self._answer(command, "acked", result=summary)
+                self.reporter.migration_sent(command, summary)
+            else:
+                if owned is not None and owned.parked is None:
+                    self.engine.thaw(sid)
+                self._answer(command, "failed", f"{type(error).__name__}: {error}")
+                self.reporter.migration_failed(command, f"{type(error).__name__}: {error}")
+        return did
+
+    def _cmd_migrate_in(self, command: dict) -> Any:
+        """Step (ii): receive and verify the region on a side thread; the hot loop installs it.
+
+        The listener's ``install`` only validates the manifest against our model (a mismatch
+        rejects the migration on both sides); the tensors are adopted into the engine at the next
+        chunk boundary, and the session stays frozen until the control plane's ``activate``.
+        """
+        sid = command["session"]
+        if self.listener is None:
+            raise CommandRefused(f"worker {self.name} has no migration listener")
+        if sid in self.sessions or sid in self.receiving:
+            raise CommandRefused(f"session {sid} is already on {self.name}")
+        owned = self._new_owned(command)
+        owned.active = False
+        park = bool(command.get("park"))
+        received: dict[str, Any] = {}
+
+        def install(manifest: dict, tensors: dict) -> None:
+            self.engine.model.validate_manifest(manifest)
+            received["manifest"], received["tensors"] = manifest, tensors
+
+        future = self.listener.receive_in_background(self.migration_timeout_s, install, session_id=sid)
+        self.receiving.add(sid)
+        future.add_done_callback(lambda fut: self.arrivals.put((owned, park, received, fut)))
+        return {"listening": self.listener.address}
+
+    def _collect_arrivals(self) -> bool:
+        did = False
+        while True:
+            try:
+                owned, park, received, future = self.arrivals.get_nowait()
+            except queue.Empty:
+                return did
+            did = True
+            sid = owned.session_id
+            self.receiving.discard(sid)
+            if future.exception() is not None:
+                logger.warning("incoming migration failed session=%s error=%s", sid, future.exception())
+                self.pending_activation.pop(sid, None)
+                continue
+            manifest, tensors = received["manifest"], received["tensors"]
+            meta = manifest.get("meta", {})
+            owned.prompts = [(int(f), str(t)) for f, t in meta.get("prompts", [])] or owned.prompts
+            if park or meta.get("parked"):
+                host = {k: v.to("cpu") for k, v in tensors.items()}
+                owned.parked = HostStateRecord(
+                    sid,
+                    manifest,
+                    host,
+                    sum(t.numel() * t.element_size() for t in host.values()),
+                    0.0,
+                    pinned=False,
+                )
+            else:
+                self.engine.import_state(sid, manifest, tensors, copy=False)
+            self.sessions[sid] = owned
+            early = self.pending_activation.pop(sid, None)
+            if early is not None:
+                self._activate(owned, early)
+
+    def _cmd_activate(self, command: dict) -> dict:
+        """After the ownership flip: the migrated session generates its next chunk here."""
+        sid = command["session"]
+        owned = self.sessions.get(sid)
+        if owned is None:
+            if sid in self.receiving:  # the ack raced ahead of our arrival bookkeeping
+                self.pending_activation[sid] = command
+                return {"pending": True}
+            raise CommandRefused(f"session {sid} has not arrived on {self.name}")
+        return self._activate(owned, command)
+
+    def _activate(self, owned: OwnedSession, command: dict) -> dict:
+        owned.epoch = int(command["epoch"])
+        owned.deliver_from = max(owned.deliver_from, int(command.get("deliver_from", 0)))
+        if owned.parked is None:
+            owned.active = True
+            owned.next_due = self.clock()
+            self._apply_prompts(owned)
+        return {"next_chunk": self._next_chunk(owned)}
+
+    # --- checkpoints and heartbeat -------------------------------------------------------------
+
+    def _checkpoint(self, sid: str, *, force: bool = False) -> None:
+        if self.checkpoint_dir is None:
+            return
+        owned = self.sessions.get(sid)
+        if owned is None or sid in self.migrations:
+            return
+        try:
+            if owned.parked is not None:
+                from workers.runtime.engine import region_to_bytes
+
+                data = region_to_bytes(owned.parked.manifest, owned.parked.tensors)
+                index = self._next_chunk(owned) - 1
+            else:
+                data = self.engine.state_to_bytes(sid)
+                index = self.engine.next_chunk(sid) - 1
+        except Exception:
+            logger.exception("checkpoint failed session=%s", sid)
+            return
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        target = self.checkpoint_dir / f"{sid}.safetensors"
+        tmp = target.with_suffix(f".{self.name}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, target)  # atomic: a reader sees the old or the new checkpoint, never half
+        owned.last_checkpoint = index
+
+    def _heartbeat_loop(self) -> None:
+        from gpu.telemetry import sample
+
+        while not self.stopping.wait(self.heartbeat_s):
+            try:
+                resident = [s for s, o in self.sessions.items() if o.parked is None]
+                parked = [s for s, o in self.sessions.items() if o.parked is not None]
+                self.reporter.heartbeat(sample(), resident, parked)
+            except Exception:
+                logger.exception("heartbeat failed worker=%s", self.name)
+
+    def tell(self, worker_name: str, command: dict) -> None:
+        send_command(self.redis, worker_name, command)
+
+
+class CommandRefused(Exception):
+    """The worker does not apply this command; the reason goes back to the control plane."""
+
+
+_DEFERRED = object()  # the command is answered later (migrations)

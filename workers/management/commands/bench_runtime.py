@@ -1,0 +1,59 @@
+"""Runtime benchmark: coalescing, offload/resume, state sizes, wan-1.3b projections, migration."""
+
+from __future__ import annotations
+
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+
+class Command(BaseCommand):
+    help = "Benchmark the coalesced chunk engine and state offload (figures and JSON; docs/runtime.md)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--preset", default="tiny")
+        parser.add_argument("--device", default="cpu")
+        parser.add_argument("--batches", default="1,2,4,8", help="comma-separated batch sizes")
+        parser.add_argument("--steps", type=int, default=8, help="timed rounds per batch size")
+        parser.add_argument("--offload-repeats", type=int, default=20)
+        parser.add_argument(
+            "--offload-presets", default=None, help="comma-separated (default: preset [+ small])"
+        )
+        parser.add_argument(
+            "--no-migration", action="store_true", help="skip the transport's migration bench"
+        )
+        parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+        parser.add_argument("--json", action="store_true", help="print the JSON report only")
+        parser.add_argument("--out", default=None, help="also write the JSON report here")
+
+    def handle(self, *args, **options):
+        import torch
+
+        from workers.runtime.bench import format_bench, run_bench
+        from workers.runtime.models import UnknownPresetError
+
+        torch.set_num_threads(options["threads"])
+        try:
+            batches = tuple(int(b) for b in options["batches"].split(",") if b.strip())
+        except ValueError as exc:
+            raise CommandError(f"--batches: {exc}") from exc
+        offload_presets = None
+        if options["offload_presets"]:
+            offload_presets = tuple(p.strip() for p in options["offload_presets"].split(",") if p.strip())
+        try:
+            report = run_bench(
+                options["preset"],
+                device=options["device"],
+                batches=batches,
+                steps=options["steps"],
+                offload_repeats=options["offload_repeats"],
+                offload_presets=offload_presets,
+                migration=not options["no_migration"],
+            )
+        except (UnknownPresetError, ValueError) as exc:
+            raise CommandError(str(exc)) from exc
+        text = json.dumps(report, indent=2, default=str)
+        if options["out"]:
+            with open(options["out"], "w") as handle:
+                handle.write(text + "\n")
+        self.stdout.write(text if options["json"] else format_bench(report))

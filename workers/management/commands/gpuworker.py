@@ -1,0 +1,138 @@
+"""``python manage.py gpuworker``: one worker daemon hosting one model replica on one device."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+logger = logging.getLogger("workers.gpuworker")
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return device
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise CommandError(f"--device {device}: CUDA is not available on this machine")
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if index >= torch.cuda.device_count():
+            raise CommandError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s)")
+        return f"cuda:{index}"
+    raise CommandError(f"--device must be cpu, cuda:N or auto, got {device!r}")
+
+
+class Command(BaseCommand):
+    help = "Run a GPU worker: register, load the model, report ready, heartbeat and run the coalesced engine."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--name", default=None, help="worker name (default: <host>-<pid>)")
+        parser.add_argument("--device", default="auto", help="cpu, cuda:N or auto")
+        parser.add_argument("--preset", default="tiny", help="model preset (tiny, small, wan-1.3b)")
+        parser.add_argument("--capacity", type=int, default=None, help="K: sessions per coalesced batch")
+        parser.add_argument(
+            "--gpu-type", default=None, help="scheduler profile key (default: the first WORKER_PROFILE)"
+        )
+        parser.add_argument("--heartbeat", type=float, default=None, help="heartbeat interval in seconds")
+        parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+        parser.add_argument("--listen-host", default="127.0.0.1", help="address peers use for migrations")
+
+    def handle(self, *args, **options):
+        import redis
+        import torch
+
+        from gpu.services import TransitionError, worker_register
+        from scheduling.live import default_gpu_type, gpu_profiles
+        from workers.daemon import WorkerDaemon
+        from workers.reporting import DjangoReporter
+        from workers.runtime.engine import ChunkEngine
+        from workers.runtime.models import build_model
+        from workers.runtime.transport import MigrationListener
+
+        conf = settings.STREAMSERVE
+        name = options["name"] or f"{socket.gethostname()}-{os.getpid()}"
+        device = resolve_device(options["device"])
+        heartbeat = options["heartbeat"] or conf["HEARTBEAT_INTERVAL_S"]
+        if heartbeat <= 0:
+            raise CommandError("--heartbeat must be positive")
+        if options["threads"] < 1:
+            raise CommandError("--threads must be at least 1")
+        gpu_type = options["gpu_type"] or default_gpu_type()
+        if gpu_type not in gpu_profiles():
+            raise CommandError(
+                f"--gpu-type {gpu_type!r} has no scheduler profile; known: {', '.join(gpu_profiles())}"
+            )
+        capacity = options["capacity"] or int(gpu_profiles()[gpu_type].capacity)
+        if capacity < 1:
+            raise CommandError("--capacity must be at least 1")
+        torch.set_num_threads(options["threads"])
+        try:
+            model = build_model(options["preset"], device=device)
+        except (KeyError, ValueError) as exc:
+            raise CommandError(f"--preset: {exc}") from exc
+        engine = ChunkEngine(model, max_batch=capacity)
+        listener = MigrationListener(device=device, host=options["listen_host"])
+        memory = torch.cuda.get_device_properties(device).total_memory if device.startswith("cuda") else 0
+        try:
+            worker = worker_register(
+                name=name,
+                host=socket.gethostname(),
+                device=device,
+                preset=options["preset"],
+                gpu_type=gpu_type,
+                capacity=capacity,
+                memory_bytes=memory,
+                migration_address=listener.address,
+            )
+        except TransitionError as exc:
+            raise CommandError(str(exc)) from exc
+        reporter = DjangoReporter(worker.pk, name)
+        daemon = WorkerDaemon(
+            name=name,
+            engine=engine,
+            redis_client=redis.Redis.from_url(settings.REDIS_URL),
+            reporter=reporter,
+            capacity=capacity,
+            migration_listener=listener,
+            checkpoint_dir=conf["CHECKPOINT_DIR"],
+            checkpoint_every=conf["CHECKPOINT_EVERY"],
+            migration_timeout_s=conf["MIGRATION_TIMEOUT_S"],
+            heartbeat_s=heartbeat,
+        )
+        signal.signal(signal.SIGTERM, daemon.request_stop)
+        signal.signal(signal.SIGINT, daemon.request_stop)
+        logger.info(
+            "worker.ready worker=%s device=%s preset=%s K=%d migration=%s",
+            name,
+            device,
+            options["preset"],
+            capacity,
+            listener.address,
+        )
+        from scheduling.live import trigger_scheduler
+
+        trigger_scheduler("gpu_ready")
+        daemon.run()
+        self._deregister(worker.pk)
+        logger.info("worker.stopped worker=%s", name)
+
+    def _deregister(self, worker_id: int) -> None:
+        """SIGTERM: sessions were checkpointed by the daemon; hand them back to the scheduler."""
+        from gpu.models import GpuWorker
+        from gpu.services import TransitionError, worker_release
+        from scheduling.live import sessions_recover, trigger_scheduler
+
+        worker = GpuWorker.objects.get(pk=worker_id)
+        sessions_recover(worker=worker)
+        with contextlib.suppress(TransitionError):
+            worker_release(worker=worker)
+        trigger_scheduler("worker")

@@ -1,0 +1,51 @@
+"""Measure a model preset on this machine and write the GPU profile the scheduler's simulator loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+
+
+class Command(BaseCommand):
+    help = "Per-chunk latency at batch 1..K and per-session state size → GPU profile JSON (docs/runtime.md)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--preset", default="tiny")
+        parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+        parser.add_argument("--max-batch", type=int, default=8)
+        parser.add_argument("--steps", type=int, default=6, help="timed steps per batch size")
+        parser.add_argument("--out", required=True, help="where to write the profile JSON")
+        parser.add_argument("--name", default=None)
+        parser.add_argument("--gpu-type", default=None)
+        parser.add_argument("--price-per-hour", type=float, default=0.0)
+        parser.add_argument("--link-gbps", type=float, default=None)
+        parser.add_argument("--slo-ms", type=float, default=None, help="capacity K = largest batch within it")
+        parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+
+    def handle(self, *args, **options):
+        import torch
+
+        from workers.runtime.bench import profile_model
+        from workers.runtime.models import UnknownPresetError
+
+        if options["threads"]:
+            torch.set_num_threads(options["threads"])
+        try:
+            profile, raw = profile_model(
+                options["preset"],
+                device=options["device"],
+                max_batch=options["max_batch"],
+                steps=options["steps"],
+                name=options["name"],
+                gpu_type=options["gpu_type"],
+                price_per_hour=options["price_per_hour"],
+                link_gbps=options["link_gbps"],
+                slo_ms=options["slo_ms"],
+            )
+        except (UnknownPresetError, ValueError) as exc:
+            raise CommandError(str(exc)) from exc
+        Path(options["out"]).write_text(json.dumps(profile, indent=2) + "\n")
+        self.stdout.write(json.dumps({"profile": profile, "measured": raw}, indent=2))
+        self.stdout.write(self.style.SUCCESS(f"wrote {options['out']}"))

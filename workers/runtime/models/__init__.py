@@ -1,0 +1,60 @@
+"""Registry of streaming video models: preset name -> dotted path of the model class.
+
+A model class is built with `cls.from_preset(preset, device=..., weights_path=..., dtype=...)`.
+Plug another model in with `register_model("my-preset", "package.module.MyModel")`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from workers.runtime.models.base import (
+    GeneratedChunk,
+    SessionState,
+    StateManifestError,
+    StreamingVideoModel,
+)
+
+MODEL_REGISTRY: dict[str, str] = {
+    "tiny": "workers.runtime.models.causal_dit.CausalDiTModel",
+    "small": "workers.runtime.models.causal_dit.CausalDiTModel",
+    "wan-1.3b": "workers.runtime.models.causal_dit.CausalDiTModel",
+}
+
+
+class UnknownPresetError(ValueError):
+    """The requested model preset is not registered."""
+
+
+def register_model(preset: str, dotted_path: str) -> None:
+    MODEL_REGISTRY[preset] = dotted_path
+
+
+def model_class(preset: str) -> type[StreamingVideoModel]:
+    try:
+        dotted = MODEL_REGISTRY[preset]
+    except KeyError:
+        raise UnknownPresetError(
+            f"unknown model preset {preset!r}; available presets: {', '.join(sorted(MODEL_REGISTRY))}"
+        ) from None
+    module_name, _, attr = dotted.rpartition(".")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def build_model(preset: str, **kwargs: Any) -> StreamingVideoModel:
+    """Instantiate the model registered under `preset` (kwargs: device, weights_path, dtype)."""
+    return model_class(preset).from_preset(preset, **kwargs)  # type: ignore[attr-defined]
+
+
+__all__ = [
+    "MODEL_REGISTRY",
+    "GeneratedChunk",
+    "SessionState",
+    "StateManifestError",
+    "StreamingVideoModel",
+    "UnknownPresetError",
+    "build_model",
+    "model_class",
+    "register_model",
+]

@@ -1,0 +1,280 @@
+"""The contract every streaming video model implements.
+
+A streaming model generates a video chunk by chunk for many sessions at once. Everything a session
+needs to continue its stream lives in its *state region* (TurboServe §6.1): named tensors plus
+JSON-able metadata, kept apart from the shared weights, so the engine can offload a session to host
+memory or hand it to another worker by moving only that region.
+
+The manifest of a state region (what the migration transport sends ahead of the tensors):
+
+    {"model": <preset name>, "version": <int>,
+     "tensors": [{"name": str, "shape": [int, ...], "dtype": "float32", "checksum": int?}, ...],
+     "meta": {...JSON-able scalars: seed, chunk counters, prompt schedule, options...}}
+
+Tensors are listed in manifest order; a restore that does not match the model raises
+`StateManifestError` before anything is installed.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+STATE_FORMAT_VERSION = 1
+
+
+class StateManifestError(ValueError):
+    """A state region does not fit the model it is being installed into."""
+
+
+@dataclass
+class SessionState:
+    """One session's state region: named device tensors plus JSON-able metadata.
+
+    `meta` holds the scalars that drive generation (seed, next chunk index, frames written into the
+    KV ring, prompt schedule); the tensors hold the arrays (KV cache, prompt embeddings, latent
+    history). Both travel together; nothing about a session lives anywhere else in the model.
+    """
+
+    tensors: dict[str, torch.Tensor]
+    meta: dict[str, Any] = field(default_factory=dict)
+    # One contiguous byte buffer the named tensors are views of (TurboServe §6.1's registered
+    # state memory): offload and checkpoints copy it in one piece. None when the tensors were adopted
+    # from elsewhere as separate allocations (e.g. a transport's receive buffers).
+    region: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def nbytes(self) -> int:
+        if self.region is not None:
+            return self.region.numel()
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    @property
+    def next_chunk(self) -> int:
+        return int(self.meta["next_chunk"])
+
+
+@dataclass
+class GeneratedChunk:
+    """Decoded RGB frames of one chunk for one session: uint8 [frames, height, width, 3]."""
+
+    chunk_index: int
+    frames: torch.Tensor
+
+
+DTYPE_NAMES: dict[torch.dtype, str] = {
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float64: "float64",
+    torch.int64: "int64",
+    torch.int32: "int32",
+    torch.uint8: "uint8",
+}
+DTYPES_BY_NAME: dict[str, torch.dtype] = {name: dtype for dtype, name in DTYPE_NAMES.items()}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return DTYPE_NAMES[dtype]
+
+
+REGION_ALIGNMENT = 256  # bytes; every tensor view starts aligned for any dtype and for GPU copies
+
+Layout = list[tuple[str, tuple[int, ...], torch.dtype]]
+
+
+def region_offsets(layout: Layout) -> tuple[list[int], int]:
+    """Byte offset of each tensor of `layout` inside a flat region, and the region's total size."""
+    offsets, cursor = [], 0
+    for _, shape, dtype in layout:
+        cursor = -(-cursor // REGION_ALIGNMENT) * REGION_ALIGNMENT
+        offsets.append(cursor)
+        cursor += math.prod(shape) * dtype.itemsize
+    return offsets, cursor
+
+
+def carve_region(region: torch.Tensor, layout: Layout) -> dict[str, torch.Tensor]:
+    """Named tensor views of a flat uint8 `region` laid out by `region_offsets(layout)`."""
+    offsets, total = region_offsets(layout)
+    if region.dtype != torch.uint8 or region.dim() != 1 or region.numel() != total:
+        raise StateManifestError(
+            f"state region is {tuple(region.shape)}/{region.dtype}, expected ({total},)/uint8"
+        )
+    views = {}
+    for (name, shape, dtype), offset in zip(layout, offsets, strict=True):
+        nbytes = math.prod(shape) * dtype.itemsize
+        views[name] = region[offset : offset + nbytes].view(dtype).view(shape)
+    return views
+
+
+def allocate_region(
+    layout: Layout, device: torch.device | str, *, pin_memory: bool = False
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    _, total = region_offsets(layout)
+    region = torch.empty(total, dtype=torch.uint8, device=device, pin_memory=pin_memory)
+    return region, carve_region(region, layout)
+
+
+def manifest_layout(manifest: dict[str, Any]) -> Layout:
+    return [(e["name"], tuple(e["shape"]), DTYPES_BY_NAME[e["dtype"]]) for e in manifest["tensors"]]
+
+
+def tensor_checksum(tensor: torch.Tensor) -> int:
+    """Additive checksum over the raw bytes, computed where the tensor lives (no host round-trip).
+
+    Sums the bytes as int32 words into an int64 (plus any trailing bytes). It catches corruption and
+    truncation of a transfer cheaply on a GPU; it does not detect reordered words, which a
+    point-to-point copy of contiguous buffers cannot produce.
+    """
+    flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+    words = flat.numel() // 4
+    total = 0
+    if words:
+        total += int(flat[: words * 4].view(torch.int32).sum(dtype=torch.int64).item())
+    if flat.numel() % 4:
+        total += int(flat[words * 4 :].sum(dtype=torch.int64).item())
+    return total
+
+
+class StreamingVideoModel(abc.ABC):
+    """A streaming (chunk-by-chunk) video generator serving many sessions from one replica.
+
+    Contract:
+    - `create_state` builds a fresh state region on `self.device` for (prompt, seed, options).
+    - `set_prompt` schedules a prompt change taking effect at chunk `from_chunk` (and after).
+    - `generate` produces the next chunk of every state in the batch in one batched call, updating
+      each state in place; a state's chunk depends only on its own region (batching may change the
+      result by floating-point rounding only).
+    - `state_manifest`/`restore_state` expose a state as (manifest, tensors) and rebuild it,
+      validating the manifest against this model.
+    - `state_bytes_for` gives the size of a state region analytically, without allocating it.
+    """
+
+    preset: str
+    device: torch.device
+    width: int
+    height: int
+    fps: float
+    frames_per_chunk: int
+
+    @abc.abstractmethod
+    def create_state(
+        self, prompt: str, seed: int, options: dict[str, Any] | None = None, *, start_chunk: int = 0
+    ) -> SessionState: ...
+
+    @abc.abstractmethod
+    def set_prompt(self, state: SessionState, prompt: str, from_chunk: int) -> None: ...
+
+    @abc.abstractmethod
+    def generate(self, states: list[SessionState]) -> list[GeneratedChunk]: ...
+
+    @abc.abstractmethod
+    def expected_layout(self, meta: dict[str, Any]) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        """(name, shape, dtype) of every tensor of a state region with this metadata, in order."""
+
+    @abc.abstractmethod
+    def state_bytes_for(self, options: dict[str, Any] | None = None) -> int: ...
+
+    # -- shared implementation -----------------------------------------------------------------
+
+    def state_bytes(self, state: SessionState) -> int:
+        return state.nbytes
+
+    def state_manifest(self, state: SessionState, *, checksums: bool = False) -> dict[str, Any]:
+        entries = []
+        for name, tensor in state.tensors.items():
+            entry: dict[str, Any] = {
+                "name": name,
+                "shape": list(tensor.shape),
+                "dtype": dtype_name(tensor.dtype),
+            }
+            if checksums:
+                entry["checksum"] = tensor_checksum(tensor)
+            entries.append(entry)
+        return {
+            "model": self.preset,
+            "version": STATE_FORMAT_VERSION,
+            "tensors": entries,
+            "meta": json_copy(state.meta),
+        }
+
+    def validate_manifest(self, manifest: dict[str, Any]) -> None:
+        """Raise `StateManifestError` unless `manifest` describes a state region of this model."""
+        if not isinstance(manifest, dict):
+            raise StateManifestError("state manifest must be a dict")
+        for key in ("model", "version", "tensors", "meta"):
+            if key not in manifest:
+                raise StateManifestError(f"state manifest lacks {key!r}")
+        if manifest["model"] != self.preset:
+            raise StateManifestError(
+                f"state manifest is for model {manifest['model']!r}, this worker runs {self.preset!r}"
+            )
+        if manifest["version"] != STATE_FORMAT_VERSION:
+            raise StateManifestError(
+                f"state format version {manifest['version']} is not supported "
+                f"(expected {STATE_FORMAT_VERSION})"
+            )
+        try:
+            expected = self.expected_layout(manifest["meta"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateManifestError(f"state manifest meta is invalid: {exc}") from exc
+        got = [(e.get("name"), tuple(e.get("shape", ())), e.get("dtype")) for e in manifest["tensors"]]
+        want = [(name, shape, dtype_name(dtype)) for name, shape, dtype in expected]
+        if got != want:
+            raise StateManifestError(
+                f"state manifest tensors do not match model {self.preset!r}: got {got}, expected {want}"
+            )
+
+    def restore_state(
+        self,
+        manifest: dict[str, Any],
+        tensors: dict[str, torch.Tensor],
+        *,
+        verify_checksums: bool = True,
+        copy: bool = True,
+    ) -> SessionState:
+        """Rebuild a state region from (manifest, tensors), moving tensors to `self.device`.
+
+        Validates the manifest, then every tensor's name, shape, dtype and (when the manifest carries
+        one and `verify_checksums`) checksum; raises `StateManifestError` on any mismatch. With
+        `copy=False` tensors already on the device are adopted as they are (a transport that
+        allocated fresh receive buffers saves a device copy); otherwise the state never aliases the
+        caller's tensors.
+        """
+        self.validate_manifest(manifest)
+        names = [e["name"] for e in manifest["tensors"]]
+        if list(tensors) != names and sorted(tensors) != sorted(names):
+            raise StateManifestError(f"state tensors {sorted(tensors)} do not match manifest {names}")
+        for entry in manifest["tensors"]:
+            tensor = tensors[entry["name"]]
+            if tuple(tensor.shape) != tuple(entry["shape"]) or dtype_name(tensor.dtype) != entry["dtype"]:
+                raise StateManifestError(
+                    f"state tensor {entry['name']!r} is {tuple(tensor.shape)}/{dtype_name(tensor.dtype)}, "
+                    f"manifest says {tuple(entry['shape'])}/{entry['dtype']}"
+                )
+            if verify_checksums and "checksum" in entry:
+                actual = tensor_checksum(tensor)
+                if actual != entry["checksum"]:
+                    raise StateManifestError(
+                        f"state tensor {entry['name']!r} checksum {actual} != manifest {entry['checksum']}"
+                    )
+        if not copy and all(t.device == self.device for t in tensors.values()):
+            restored = {e["name"]: tensors[e["name"]] for e in manifest["tensors"]}
+            return SessionState(tensors=restored, meta=json_copy(manifest["meta"]))
+        region, restored = allocate_region(manifest_layout(manifest), self.device)
+        for name, view in restored.items():
+            view.copy_(tensors[name])
+        return SessionState(tensors=restored, meta=json_copy(manifest["meta"]), region=region)
+
+
+def json_copy(value: Any) -> Any:
+    """Deep copy of JSON-able metadata (lists/dicts/scalars), so states never share meta objects."""
+    if isinstance(value, dict):
+        return {str(k): json_copy(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_copy(v) for v in value]
+    return value

@@ -1,0 +1,688 @@
+"""Reference streaming model: a causal video diffusion transformer (Self-Forcing / LongLive style).
+
+Architecture (Wan2.1-shaped, scaled by preset):
+- A latent chunk is `frames_per_chunk` latent frames of `latent_channels × latent_height ×
+  latent_width`, patchified 1×p×p into tokens (Wan: 16×60×104, p=2 → 1,560 tokens per frame).
+- Transformer blocks with adaLN timestep modulation; self-attention over the chunk's own tokens plus
+  the session's rolling KV cache (block-causal: full attention inside the chunk, causal across
+  chunks); cross-attention to prompt embeddings; a GELU MLP. 3-D RoPE on (frame, row, column), with
+  the absolute latent frame index as the time position.
+- The KV cache keeps `sink_frames` attention-sink frames (the first frames of the stream) and a
+  ring buffer of the most recent `window_frames - sink_frames` frames (LongLive's frame sink + local
+  window). Keys are cached after RoPE, so slot order inside the ring does not matter to attention.
+- Each chunk is denoised in `denoising_steps` (4) flow-matching steps from noise, re-noising the x0
+  prediction between steps with fresh noise (Self-Forcing's few-step sampler); then one more pass at
+  t=0 over the clean chunk writes its keys/values into the cache.
+- A small text encoder built from code: a byte-level tokenizer with hashed word ids, a small
+  transformer, and a Linear-GELU-Linear projection to the model width. No downloads.
+- A small decoder from latents to RGB: per latent frame, conv layers over (frame, previous frame)
+  and a pixel shuffle that expands each latent frame to `temporal_upsample` video frames of
+  `spatial_upsample`× the latent resolution.
+
+Batching across sessions at different stream positions: every session keeps its own ring-buffer KV
+cache in its state region. For a batched step the per-block caches are stacked into one padded batch;
+sessions whose cache is not yet full get a boolean attention mask over the unwritten slots (when all
+sessions have the same number of valid slots the cache is sliced instead and no mask is used).
+Per-session RNG is counter-based: the noise of chunk c comes from a CPU `torch.Generator` seeded with
+splitmix64(seed, c), so it depends only on (seed, chunk index), never on the batch or the device.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workers.runtime.models.base import (
+    DTYPES_BY_NAME,
+    GeneratedChunk,
+    SessionState,
+    StreamingVideoModel,
+    allocate_region,
+    region_offsets,
+)
+
+TEXT_VOCAB = 259  # 256 bytes + pad/bos/eos
+WORD_BUCKETS = 1024
+PAD, BOS, EOS = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class CausalDiTConfig:
+    latent_channels: int
+    latent_height: int
+    latent_width: int
+    patch: int
+    frames_per_chunk: int
+    dim: int
+    heads: int
+    ffn_dim: int
+    blocks: int
+    window_frames: int
+    sink_frames: int
+    text_len: int
+    text_dim: int
+    text_heads: int
+    text_layers: int
+    decoder_dim: int
+    spatial_upsample: int
+    temporal_upsample: int
+    fps: float
+    dtype: str
+    denoising_steps: int = 4
+
+    def __post_init__(self) -> None:
+        if self.latent_height % self.patch or self.latent_width % self.patch:
+            raise ValueError("latent size must be a multiple of the patch size")
+        if self.dim % self.heads or (self.dim // self.heads) % 2:
+            raise ValueError("dim must split into heads of even size")
+        if self.window_frames - self.sink_frames < self.frames_per_chunk:
+            raise ValueError("the local KV window must hold at least one chunk")
+        if self.sink_frames < 0 or self.denoising_steps < 1:
+            raise ValueError("sink_frames >= 0 and denoising_steps >= 1 required")
+
+    @property
+    def tokens_per_frame(self) -> int:
+        return (self.latent_height // self.patch) * (self.latent_width // self.patch)
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.heads
+
+    @property
+    def width(self) -> int:
+        return self.latent_width * self.spatial_upsample
+
+    @property
+    def height(self) -> int:
+        return self.latent_height * self.spatial_upsample
+
+    @property
+    def video_frames_per_chunk(self) -> int:
+        return self.frames_per_chunk * self.temporal_upsample
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES_BY_NAME[self.dtype]
+
+    def state_layout(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        """The tensors of one session's state region, in manifest order."""
+        return [
+            (
+                "kv_cache",
+                (self.blocks, 2, self.window_frames, self.tokens_per_frame, self.dim),
+                self.torch_dtype,
+            ),
+            ("prompt_embeds", (self.text_len, self.dim), self.torch_dtype),
+            ("latent_history", (self.latent_channels, self.latent_height, self.latent_width), torch.float32),
+        ]
+
+    def state_bytes(self) -> int:
+        """Analytic size of a state region: its flat buffer, alignment padding included (checked
+        against real allocations in the tests)."""
+        return region_offsets(self.state_layout())[1]
+
+    def parameter_count(self) -> int:
+        d, f, td = self.dim, self.ffn_dim, self.text_dim
+        pdim = self.latent_channels * self.patch * self.patch
+        block = 8 * (d * d + d) + 4 * d + 2 * d + 6 * d + 2 * d * f + f + d
+        text_layer = 4 * (td * td + td) + 2 * td * 4 * td + 4 * td + td + 4 * td
+        text = (TEXT_VOCAB + WORD_BUCKETS + self.text_len) * td + self.text_layers * text_layer
+        text += 2 * td + td * d + d + d * d + d
+        dit = pdim * d + d + 256 * d + d + d * d + d + d * 6 * d + 6 * d + self.blocks * block
+        dit += 2 * d + d * pdim + pdim
+        c, dd, s, tu = self.latent_channels, self.decoder_dim, self.spatial_upsample, self.temporal_upsample
+        decoder = 2 * c * dd * 9 + dd + dd * dd * 9 + dd + dd * 3 * s * s * tu + 3 * s * s * tu
+        return text + dit + decoder
+
+
+PRESETS: dict[str, CausalDiTConfig] = {
+    # One CPU core: 4 frames of 64×64 per chunk in a few tens of milliseconds.
+    "tiny": CausalDiTConfig(
+        latent_channels=4, latent_height=8, latent_width=8, patch=2, frames_per_chunk=2,
+        dim=128, heads=4, ffn_dim=512, blocks=4, window_frames=8, sink_frames=2,
+        text_len=32, text_dim=64, text_heads=4, text_layers=1,
+        decoder_dim=32, spatial_upsample=8, temporal_upsample=2, fps=8.0, dtype="float32",
+    ),
+    # A few CPU cores or any GPU: 12 frames of 128×128 per chunk.
+    "small": CausalDiTConfig(
+        latent_channels=8, latent_height=16, latent_width=16, patch=2, frames_per_chunk=3,
+        dim=256, heads=4, ffn_dim=1024, blocks=6, window_frames=12, sink_frames=3,
+        text_len=64, text_dim=128, text_heads=4, text_layers=2,
+        decoder_dim=64, spatial_upsample=8, temporal_upsample=4, fps=16.0, dtype="float32",
+    ),
+    # Wan2.1-T2V-1.3B shapes (random weights): 30 blocks, width 1536, 12 heads, FFN 8960,
+    # 1,560 tokens per latent frame at 832×480, 3 latent frames (12 video frames) per chunk,
+    # KV window of 12 latent frames (3 sink + 9 local, LongLive) → ≈ 3.45 GB of state per session.
+    "wan-1.3b": CausalDiTConfig(
+        latent_channels=16, latent_height=60, latent_width=104, patch=2, frames_per_chunk=3,
+        dim=1536, heads=12, ffn_dim=8960, blocks=30, window_frames=12, sink_frames=3,
+        text_len=512, text_dim=512, text_heads=8, text_layers=2,
+        decoder_dim=128, spatial_upsample=8, temporal_upsample=4, fps=16.0, dtype="bfloat16",
+    ),
+}  # fmt: skip
+
+
+def splitmix64(*values: int) -> int:
+    """Counter-based seed mixing: a stable 63-bit seed from integers (no Python hash salt)."""
+    mask = (1 << 64) - 1
+    state = 0x9E3779B97F4A7C15
+    for value in values:
+        state = (state + (value & mask) + 0x9E3779B97F4A7C15) & mask
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        state = z ^ (z >> 31)
+    return state & ((1 << 63) - 1)
+
+
+def tokenize(prompt: str, text_len: int) -> tuple[list[int], list[int]]:
+    """Byte-level token ids plus a hashed id of the word each byte belongs to (crc32, stable)."""
+    data = prompt.encode("utf-8")[: text_len - 2]
+    ids = [BOS] + [b + 3 for b in data] + [EOS]
+    words = [0]
+    for word in data.split(b" "):
+        bucket = zlib.crc32(word.lower()) % (WORD_BUCKETS - 1) + 1
+        words.extend([bucket] * len(word))
+        words.append(0)  # the separating space (or EOS)
+    words = words[: len(ids)]
+    ids += [PAD] * (text_len - len(ids))
+    words += [0] * (text_len - len(words))
+    return ids, words
+
+
+# -- layers ----------------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+class TextBlock(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(
+            nn.Linear(dim, 4 * dim), nn.GELU(approximate="tanh"), nn.Linear(4 * dim, dim)
+        )
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, self.heads, d // self.heads).unbind(2)
+        attn = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=key_mask[:, None, None, :]
+        )
+        x = x + self.out(attn.transpose(1, 2).reshape(b, n, d))
+        return x + self.mlp(self.norm2(x))
+
+
+class TextEncoder(nn.Module):
+    def __init__(self, cfg: CausalDiTConfig) -> None:
+        super().__init__()
+        td = cfg.text_dim
+        self.text_len = cfg.text_len
+        self.byte_embed = nn.Embedding(TEXT_VOCAB, td)
+        self.word_embed = nn.Embedding(WORD_BUCKETS, td)
+        self.pos_embed = nn.Parameter(torch.zeros(cfg.text_len, td))
+        self.layers = nn.ModuleList(TextBlock(td, cfg.text_heads) for _ in range(cfg.text_layers))
+        self.norm = nn.LayerNorm(td)
+        # Wan's text_embedding: Linear → GELU → Linear into the DiT width.
+        self.proj = nn.Sequential(
+            nn.Linear(td, cfg.dim), nn.GELU(approximate="tanh"), nn.Linear(cfg.dim, cfg.dim)
+        )
+
+    def forward(self, ids: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+        x = self.byte_embed(ids) + self.word_embed(words) + self.pos_embed
+        key_mask = ids != PAD
+        for layer in self.layers:
+            x = layer(x, key_mask)
+        return self.proj(self.norm(x))
+
+
+class DiTBlock(nn.Module):
+    def __init__(self, cfg: CausalDiTConfig) -> None:
+        super().__init__()
+        d = cfg.dim
+        self.heads = cfg.heads
+        self.modulation = nn.Parameter(torch.zeros(1, 6, d))
+        self.norm1 = nn.LayerNorm(d, elementwise_affine=False, eps=1e-6)
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.norm_q, self.norm_k = RMSNorm(d), RMSNorm(d)
+        self.norm3 = nn.LayerNorm(d, eps=1e-6)
+        self.cq, self.ck, self.cv, self.co = (nn.Linear(d, d) for _ in range(4))
+        self.cnorm_q, self.cnorm_k = RMSNorm(d), RMSNorm(d)
+        self.norm2 = nn.LayerNorm(d, elementwise_affine=False, eps=1e-6)
+        self.ffn = nn.Sequential(
+            nn.Linear(d, cfg.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(cfg.ffn_dim, d)
+        )
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        e: torch.Tensor,
+        context: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        cache_k: torch.Tensor | None,
+        cache_v: torch.Tensor | None,
+        cache_mask: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One block over x [B, N, D]; returns (x, k, v) where k, v [B, N, D] are this chunk's
+        RoPE'd keys/values (what the cache pass writes into the ring)."""
+        b, n, d = x.shape
+        h, hd = self.heads, d // self.heads
+        mod = (self.modulation + e.view(b, 6, d)).chunk(6, dim=1)  # each [B, 1, D]
+        shift1, scale1, gate1, shift2, scale2, gate2 = mod
+        y = self.norm1(x) * (1 + scale1) + shift1
+        q = apply_rope(self.norm_q(self.q(y)).view(b, n, h, hd), rope)
+        k = apply_rope(self.norm_k(self.k(y)).view(b, n, h, hd), rope)
+        v = self.v(y).view(b, n, h, hd)
+        if cache_k is not None:
+            keys = torch.cat([cache_k.view(b, -1, h, hd), k], dim=1)
+            values = torch.cat([cache_v.view(b, -1, h, hd), v], dim=1)
+        else:
+            keys, values = k, v
+        mask = None
+        if cache_mask is not None:
+            chunk_ok = torch.ones(b, n, dtype=torch.bool, device=x.device)
+            mask = torch.cat([cache_mask, chunk_ok], dim=1)[:, None, None, :]
+        attn = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask
+        )
+        x = x + gate1 * self.o(attn.transpose(1, 2).reshape(b, n, d))
+        # Cross-attention to the prompt embeddings.
+        y = self.norm3(x)
+        cq = self.cnorm_q(self.cq(y)).view(b, n, h, hd)
+        ck = self.cnorm_k(self.ck(context)).view(b, -1, h, hd)
+        cv = self.cv(context).view(b, -1, h, hd)
+        cross = F.scaled_dot_product_attention(cq.transpose(1, 2), ck.transpose(1, 2), cv.transpose(1, 2))
+        x = x + self.co(cross.transpose(1, 2).reshape(b, n, d))
+        x = x + gate2 * self.ffn(self.norm2(x) * (1 + scale2) + shift2)
+        return x, k.reshape(b, n, d), v.reshape(b, n, d)
+
+
+def rope_axis_dims(head_dim: int) -> tuple[int, int, int]:
+    """Wan's split of a head between (time, height, width) rotary frequencies."""
+    hw = 2 * (head_dim // 6)
+    return head_dim - 2 * hw, hw, hw
+
+
+def rope_tables(
+    cfg: CausalDiTConfig, frame_positions: torch.Tensor, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables [B, N, 1, head_dim/2] for tokens of frames `frame_positions` [B, F] (absolute)."""
+    dt, dh, dw = rope_axis_dims(cfg.head_dim)
+    gh, gw = cfg.latent_height // cfg.patch, cfg.latent_width // cfg.patch
+
+    def freqs(dim: int) -> torch.Tensor:
+        return 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim))
+
+    b, f = frame_positions.shape
+    pos_t = frame_positions.to(device=device, dtype=torch.float64)[:, :, None, None]  # [B,F,1,1]
+    ang_t = (pos_t * freqs(dt)).expand(b, f, gh * gw, dt // 2)
+    rows = torch.arange(gh, device=device, dtype=torch.float64).repeat_interleave(gw)
+    cols = torch.arange(gw, device=device, dtype=torch.float64).repeat(gh)
+    ang_h = (rows[:, None] * freqs(dh)).expand(b, f, gh * gw, dh // 2)
+    ang_w = (cols[:, None] * freqs(dw)).expand(b, f, gh * gw, dw // 2)
+    angles = torch.cat([ang_t, ang_h, ang_w], dim=-1).reshape(b, f * gh * gw, 1, -1)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    cos, sin = rope
+    xf = x.float().unflatten(-1, (-1, 2))
+    x1, x2 = xf[..., 0], xf[..., 1]
+    out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
+    return out.to(x.dtype)
+
+
+def timestep_embedding(t: torch.Tensor, dim: int = 256) -> torch.Tensor:
+    half = dim // 2
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+    args = t.float()[:, None] * freqs[None]
+    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+
+
+class CausalDiT(nn.Module):
+    def __init__(self, cfg: CausalDiTConfig) -> None:
+        super().__init__()
+        d = cfg.dim
+        pdim = cfg.latent_channels * cfg.patch * cfg.patch
+        self.cfg = cfg
+        self.patch_embed = nn.Linear(pdim, d)
+        self.time_embed = nn.Sequential(nn.Linear(256, d), nn.SiLU(), nn.Linear(d, d))
+        self.time_proj = nn.Sequential(nn.SiLU(), nn.Linear(d, 6 * d))
+        self.blocks = nn.ModuleList(DiTBlock(cfg) for _ in range(cfg.blocks))
+        self.head_modulation = nn.Parameter(torch.zeros(1, 2, d))
+        self.head_norm = nn.LayerNorm(d, elementwise_affine=False, eps=1e-6)
+        self.head = nn.Linear(d, pdim)
+
+
+class LatentDecoder(nn.Module):
+    def __init__(self, cfg: CausalDiTConfig) -> None:
+        super().__init__()
+        c, dd = cfg.latent_channels, cfg.decoder_dim
+        self.s, self.tu = cfg.spatial_upsample, cfg.temporal_upsample
+        self.conv1 = nn.Conv2d(2 * c, dd, 3, padding=1)
+        self.conv2 = nn.Conv2d(dd, dd, 3, padding=1)
+        self.out = nn.Conv2d(dd, 3 * self.s * self.s * self.tu, 1)
+
+    def forward(self, latents: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+        """latents [B, F, C, h, w], previous [B, C, h, w] → uint8 frames [B, F*tu, H, W, 3]."""
+        b, f, c, h, w = latents.shape
+        prev = torch.cat([previous.unsqueeze(1), latents[:, :-1]], dim=1)
+        x = torch.cat([latents, prev], dim=2).reshape(b * f, 2 * c, h, w)
+        x = self.out(F.silu(self.conv2(F.silu(self.conv1(x)))))
+        x = x.view(b * f * self.tu, 3 * self.s * self.s, h, w)
+        rgb = torch.tanh(F.pixel_shuffle(x, self.s).float())  # [B*F*tu, 3, H, W]
+        rgb = ((rgb + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8)
+        return rgb.view(b, f * self.tu, 3, h * self.s, w * self.s).permute(0, 1, 3, 4, 2).contiguous()
+
+
+class CausalDiTNetwork(nn.Module):
+    def __init__(self, cfg: CausalDiTConfig) -> None:
+        super().__init__()
+        self.text = TextEncoder(cfg)
+        self.dit = CausalDiT(cfg)
+        self.decoder = LatentDecoder(cfg)
+
+
+# -- the model -------------------------------------------------------------------------------------
+
+
+class CausalDiTModel(StreamingVideoModel):
+    """`StreamingVideoModel` implementation around `CausalDiTNetwork` (see the module docstring)."""
+
+    def __init__(
+        self,
+        cfg: CausalDiTConfig,
+        *,
+        preset: str,
+        device: str | torch.device = "cpu",
+        weights_seed: int = 0,
+        weights_path: str | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.preset = preset
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            # Tensors report "cuda:N"; a bare "cuda" would never compare equal to their device.
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.dtype = cfg.torch_dtype
+        self.width, self.height, self.fps = cfg.width, cfg.height, cfg.fps
+        self.frames_per_chunk = cfg.video_frames_per_chunk
+        with torch.device("meta"):
+            net = CausalDiTNetwork(cfg)
+        net = net.to_empty(device=self.device)
+        if weights_path is not None:
+            from safetensors.torch import load_file
+
+            net.load_state_dict(load_file(weights_path, device=str(self.device)), strict=True)
+        else:
+            seeded_init(net, weights_seed)
+        self.net = net.to(self.dtype).eval().requires_grad_(False)
+        # Flow-matching sigmas for the few-step sampler, e.g. [1.0, 0.75, 0.5, 0.25] for 4 steps.
+        steps = cfg.denoising_steps
+        self.sigmas = [1.0 - i / steps for i in range(steps)]
+
+    @classmethod
+    def from_preset(
+        cls,
+        preset: str,
+        *,
+        device: str | torch.device = "cpu",
+        weights_path: str | None = None,
+        weights_seed: int = 0,
+        dtype: str | None = None,
+    ) -> CausalDiTModel:
+        if preset not in PRESETS:
+            from workers.runtime.models import UnknownPresetError
+
+            raise UnknownPresetError(
+                f"unknown causal-dit preset {preset!r}; available presets: {', '.join(sorted(PRESETS))}"
+            )
+        cfg = PRESETS[preset] if dtype is None else replace(PRESETS[preset], dtype=dtype)
+        return cls(cfg, preset=preset, device=device, weights_seed=weights_seed, weights_path=weights_path)
+
+    def save_weights(self, path: str) -> None:
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous().cpu() for k, v in self.net.state_dict().items()}, path)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "preset": self.preset,
+            "config": asdict(self.cfg),
+            "parameters": sum(p.numel() for p in self.net.parameters()),
+            "state_bytes": self.cfg.state_bytes(),
+            "width": self.width,
+            "height": self.height,
+            "fps": self.fps,
+            "frames_per_chunk": self.frames_per_chunk,
+            "device": str(self.device),
+        }
+
+    # -- state regions -------------------------------------------------------------------------
+
+    def expected_layout(self, meta: dict[str, Any]) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        for key in ("seed", "next_chunk", "frames_written", "prompt_schedule", "active_prompt"):
+            if key not in meta:
+                raise KeyError(f"meta lacks {key!r}")
+        if int(meta["next_chunk"]) < 0 or int(meta["frames_written"]) < 0:
+            raise ValueError("chunk and frame counters must be non-negative")
+        return self.cfg.state_layout()
+
+    def state_bytes_for(self, options: dict[str, Any] | None = None) -> int:
+        _check_options(options)
+        return self.cfg.state_bytes()
+
+    def create_state(
+        self, prompt: str, seed: int, options: dict[str, Any] | None = None, *, start_chunk: int = 0
+    ) -> SessionState:
+        _check_options(options)
+        region, tensors = allocate_region(self.cfg.state_layout(), self.device)
+        region.zero_()
+        tensors["prompt_embeds"].copy_(self.encode_prompt(prompt))
+        meta = {
+            "seed": int(seed),
+            "next_chunk": int(start_chunk),
+            "frames_written": 0,
+            "prompt_schedule": [[int(start_chunk), prompt]],
+            "active_prompt": prompt,
+            "options": dict(options or {}),
+        }
+        return SessionState(tensors=tensors, meta=meta, region=region)
+
+    def set_prompt(self, state: SessionState, prompt: str, from_chunk: int) -> None:
+        next_chunk = state.next_chunk
+        if from_chunk < next_chunk:
+            raise ValueError(f"chunk {from_chunk} was already generated (next chunk is {next_chunk})")
+        schedule = [entry for entry in state.meta["prompt_schedule"] if entry[0] < from_chunk]
+        # Entries that can no longer take effect (superseded before the next chunk) are dropped.
+        while len(schedule) > 1 and schedule[1][0] <= next_chunk:
+            schedule.pop(0)
+        schedule.append([int(from_chunk), prompt])
+        state.meta["prompt_schedule"] = schedule
+
+    @staticmethod
+    def prompt_for_chunk(state: SessionState, chunk_index: int) -> str:
+        prompt = state.meta["prompt_schedule"][0][1]
+        for start, text in state.meta["prompt_schedule"]:
+            if start <= chunk_index:
+                prompt = text
+        return prompt
+
+    @torch.inference_mode()
+    def encode_prompt(self, prompt: str) -> torch.Tensor:
+        # Always encoded alone (batch of one) so embeddings never depend on other sessions.
+        ids, words = tokenize(prompt, self.cfg.text_len)
+        ids_t = torch.tensor([ids], device=self.device)
+        words_t = torch.tensor([words], device=self.device)
+        return self.net.text(ids_t, words_t)[0].to(self.dtype)
+
+    # -- generation ----------------------------------------------------------------------------
+
+    def chunk_noise(self, state: SessionState, chunk_index: int) -> torch.Generator:
+        return torch.Generator(device="cpu").manual_seed(splitmix64(int(state.meta["seed"]), chunk_index))
+
+    @torch.inference_mode()
+    def generate(self, states: list[SessionState]) -> list[GeneratedChunk]:
+        if not states:
+            return []
+        cfg = self.cfg
+        fpc = cfg.frames_per_chunk
+        latent_shape = (fpc, cfg.latent_channels, cfg.latent_height, cfg.latent_width)
+        chunk_indices = [s.next_chunk for s in states]
+        for state, chunk in zip(states, chunk_indices, strict=True):
+            prompt = self.prompt_for_chunk(state, chunk)
+            if prompt != state.meta["active_prompt"]:
+                state.tensors["prompt_embeds"].copy_(self.encode_prompt(prompt))
+                state.meta["active_prompt"] = prompt
+        generators = [self.chunk_noise(s, c) for s, c in zip(states, chunk_indices, strict=True)]
+
+        # All of the chunk's noise (the initial latents, then one re-noise per later step) is drawn
+        # per session on CPU from its own generator — independent of batch and device — and moved to
+        # the device in one copy, so the denoising loop never waits on a host transfer.
+        draws = len(self.sigmas)
+        per_session = [
+            torch.stack([torch.randn(latent_shape, generator=g) for _ in range(draws)]) for g in generators
+        ]
+        noise_all = torch.stack(per_session, dim=1).to(self.device)  # [draws, B, F, C, h, w]
+
+        context = torch.stack([s.tensors["prompt_embeds"] for s in states])
+        frames_written = [int(s.meta["frames_written"]) for s in states]
+        positions = torch.tensor(
+            [[c * fpc + i for i in range(fpc)] for c in chunk_indices], dtype=torch.float64
+        )
+        rope = rope_tables(cfg, positions, self.device)
+        cache = self._gather_cache_plan(states, frames_written)
+
+        x = noise_all[0]
+        for step, sigma in enumerate(self.sigmas):
+            velocity = self._forward(x, sigma, context, rope, states, cache, write_slots=None)
+            x0 = x - sigma * velocity
+            if step + 1 < len(self.sigmas):
+                nxt = self.sigmas[step + 1]
+                x = (1.0 - nxt) * x0 + nxt * noise_all[step + 1]
+            else:
+                x = x0
+        # Cache pass: the clean chunk at t=0 writes its keys/values into each session's ring.
+        slots = torch.tensor([self._ring_slots(fw) for fw in frames_written]).to(self.device)
+        self._forward(x, 0.0, context, rope, states, cache, write_slots=slots)
+
+        previous = torch.stack([s.tensors["latent_history"] for s in states])
+        frames = self.net.decoder(x.to(self.dtype), previous.to(self.dtype))
+        results = []
+        for i, state in enumerate(states):
+            state.tensors["latent_history"].copy_(x[i, -1])
+            state.meta["frames_written"] = frames_written[i] + fpc
+            state.meta["next_chunk"] = chunk_indices[i] + 1
+            results.append(GeneratedChunk(chunk_index=chunk_indices[i], frames=frames[i]))
+        return results
+
+    def _ring_slots(self, frames_written: int) -> list[int]:
+        cfg = self.cfg
+        local = cfg.window_frames - cfg.sink_frames
+        slots = []
+        for i in range(cfg.frames_per_chunk):
+            f = frames_written + i
+            slots.append(f if f < cfg.sink_frames else cfg.sink_frames + (f - cfg.sink_frames) % local)
+        return slots
+
+    def _gather_cache_plan(
+        self, states: list[SessionState], frames_written: list[int]
+    ) -> tuple[int, torch.Tensor | None]:
+        """(number of cache slots to read, boolean key mask [B, slots*T] or None)."""
+        cfg = self.cfg
+        valid = [min(fw, cfg.window_frames) for fw in frames_written]
+        read = max(valid)
+        if read == 0 or len(set(valid)) == 1:
+            return read, None
+        tpf = cfg.tokens_per_frame
+        mask = torch.zeros(len(states), read * tpf, dtype=torch.bool)
+        for i, v in enumerate(valid):
+            mask[i, : v * tpf] = True
+        return read, mask.to(self.device)
+
+    def _forward(
+        self,
+        latents: torch.Tensor,
+        sigma: float,
+        context: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        states: list[SessionState],
+        cache: tuple[int, torch.Tensor | None],
+        write_slots: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Predict the flow velocity of `latents` [B, F, C, h, w] at noise level `sigma`."""
+        cfg, dit = self.cfg, self.net.dit
+        b, f, c, h, w = latents.shape
+        p = cfg.patch
+        tokens = (
+            latents.to(self.dtype)
+            .view(b, f, c, h // p, p, w // p, p)
+            .permute(0, 1, 3, 5, 2, 4, 6)
+            .reshape(b, f * (h // p) * (w // p), c * p * p)
+        )
+        t = torch.full((b,), sigma * 1000.0, device=self.device)
+        temb = dit.time_embed(timestep_embedding(t).to(self.dtype))
+        e = dit.time_proj(temb)
+        x = dit.patch_embed(tokens)
+        read, mask = cache
+        tpf = cfg.tokens_per_frame
+        for index, block in enumerate(dit.blocks):
+            cache_k = cache_v = None
+            if read:
+                if b == 1:
+                    region = states[0].tensors["kv_cache"][index, :, :read].unsqueeze(1)
+                else:
+                    region = torch.stack([s.tensors["kv_cache"][index, :, :read] for s in states], dim=1)
+                cache_k, cache_v = region[0], region[1]  # [B, read, T, D]
+            x, k, v = block(x, e, context, rope, cache_k, cache_v, mask)
+            if write_slots is not None:
+                kv = torch.stack([k, v], dim=1).view(b, 2, f, tpf, cfg.dim)
+                for i, state in enumerate(states):
+                    state.tensors["kv_cache"][index].index_copy_(1, write_slots[i], kv[i])
+        if write_slots is not None:
+            return latents  # the cache pass needs no prediction
+        shift, scale = (dit.head_modulation + temb.unsqueeze(1)).chunk(2, dim=1)
+        out = dit.head(dit.head_norm(x) * (1 + scale) + shift)
+        out = out.view(b, f, h // p, w // p, c, p, p).permute(0, 1, 4, 2, 5, 3, 6).reshape(b, f, c, h, w)
+        return out.float()
+
+
+def seeded_init(net: nn.Module, seed: int) -> None:
+    """Reproducible init: each parameter from its own generator seeded by (seed, crc32(name))."""
+    for name, param in net.named_parameters():
+        gen = torch.Generator(device=param.device).manual_seed(splitmix64(seed, zlib.crc32(name.encode())))
+        leaf = name.rsplit(".", 1)[-1]
+        with torch.no_grad():
+            if leaf == "bias":
+                param.zero_()
+            elif param.dim() == 1 and leaf == "weight":  # LayerNorm / RMSNorm gains
+                param.fill_(1.0)
+            elif "modulation" in name or name.endswith("pos_embed"):
+                param.normal_(0.0, 0.02, generator=gen)
+            else:
+                fan_in = param.shape[-1] if param.dim() == 2 else param[0].numel()
+                param.normal_(0.0, 1.0 / math.sqrt(fan_in), generator=gen)
+
+
+def _check_options(options: dict[str, Any] | None) -> None:
+    if options:
+        raise ValueError(f"causal-dit takes no per-session options yet, got {sorted(options)}")
