@@ -189,7 +189,10 @@ def run_compare(
     policies: Sequence[str] = DEFAULT_POLICIES,
     plot: str | None = None,
     progress: bool = False,
+    capacity: str = "slo",
 ) -> dict[str, Any]:
+    if capacity not in ("slo", "profile"):
+        raise CliError("capacity", f"{capacity!r} is not 'slo' or 'profile'")
     meta, events = load_trace(trace)
     config = build_config(
         profile=profile,
@@ -204,6 +207,12 @@ def run_compare(
             make_policy(p)
         except PolicyError as exc:
             raise CliError("policies", str(exc)) from exc
+    if capacity == "slo" and slo_ms is not None:
+        for spec in config.profiles:
+            try:
+                spec.capacity_for_slo(slo_ms)
+            except ValueError as exc:
+                raise CliError("slo-ms", str(exc)) from exc
     bar = _progress_bar(0, "compare", progress)
     try:
         out = compare_policies(
@@ -213,6 +222,7 @@ def run_compare(
             slo_ms=slo_ms,
             policies=policies,
             step=(lambda label: (bar.set_postfix_str(label), bar.update(1))) if bar else None,
+            capacity=capacity,
         )
     finally:
         if bar:

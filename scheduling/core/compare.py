@@ -8,6 +8,11 @@
 * **Worst latency at matched cost**: TurboServe runs its cheapest SLO-meeting configuration; each
   static policy gets the fixed budget whose cost is closest to TurboServe's cost; autoscaling
   ablations run the same configuration choice as TurboServe (adaptive table) and report what they get.
+
+K follows the SLO under test (``capacity="slo"``, the default): every profile's capacity becomes
+``capacity_for_slo(slo)``, the largest load whose chunk plus one stall still meets it. With a
+profile's default SLO that is the profile's own K; with a looser SLO, a static pool could otherwise
+run its GPUs above a K the autoscaler is held below. ``capacity="profile"`` keeps the profiles' K.
 """
 
 from __future__ import annotations
@@ -24,6 +29,16 @@ DEFAULT_POLICIES = ("turboserve", "base", "lag", "mag", "turboserve-no-migration
 DEFAULT_RHO_GRID = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4)
 
 Progress = Callable[[str], None]
+
+
+def config_for_slo(config: SimConfig, slo_ms: float) -> SimConfig:
+    """``config`` held to ``slo_ms``, with every GPU type's K the load that still meets it.
+
+    K is the load at which a GPU still meets the SLO (one stall included), so the scheduler's
+    capacity target follows the SLO under test: no policy may run GPUs hotter than K while the
+    autoscaler is held below it.
+    """
+    return replace(config, slo_ms=slo_ms, profiles=tuple(p.with_slo(slo_ms) for p in config.profiles))
 
 
 def _run(events: Sequence[Any], name: str, config: SimConfig, trace: str, **kwargs: Any) -> SimResult:
@@ -106,9 +121,16 @@ def compare_policies(
     reference: str = "turboserve",
     rho_grid: Sequence[float] = DEFAULT_RHO_GRID,
     step: Progress | None = None,
+    capacity: str = "slo",
 ) -> dict[str, Any]:
     slo = slo_ms if slo_ms is not None else config.profiles[0].default_slo_ms
-    config = replace(config, slo_ms=slo)
+    if capacity == "slo":
+        config = config_for_slo(config, slo)
+    elif capacity == "profile":
+        config = replace(config, slo_ms=slo)
+    else:
+        raise ValueError(f"capacity: {capacity!r} is not 'slo' or 'profile'")
+    profiles = tuple(config.profiles)
     duration = config.duration_s if config.duration_s is not None else (events[-1].t if events else 0.0)
     gpu_cost = config.profiles[0].price_per_hour * duration / 3600.0  # one static GPU over the trace
     names = [reference, *[p for p in policies if p != reference]]
@@ -168,7 +190,14 @@ def compare_policies(
             "latency_pct": _pct(lat, ref["worst_latency_at_matched_cost_ms"]),
             "cost_pct": _pct(cost, ref["cost_at_slo_usd"]),
         }
-    return {"trace": trace, "slo_ms": slo, "policies": out, "reduction_vs": reduction}
+    return {
+        "trace": trace,
+        "slo_ms": slo,
+        "capacity_mode": capacity,
+        "capacity": {p.name: round(p.capacity, 3) for p in profiles},
+        "policies": out,
+        "reduction_vs": reduction,
+    }
 
 
 def _parse_label(label: str, config: SimConfig) -> tuple[dict[str, Any], SimConfig]:

@@ -10,7 +10,7 @@ import bisect
 import itertools
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -84,8 +84,43 @@ class GpuTypeSpec:
         return self.latency_ms(self.capacity)
 
     @property
+    def stall_allowance_ms(self) -> float:
+        """The one-off stall a chunk may carry on top of ℓ: a resume copy or a migration's κ."""
+        return max(self.resume_ms(self.state_bytes), self.kappa_ms(self.state_bytes))
+
+    @property
     def default_slo_ms(self) -> float:
-        return self.slo_ms if self.slo_ms is not None else round(self.target_latency_ms * 1.1, 1)
+        """``slo_ms`` if set, else ℓ(K) plus one stall: K is then exactly the load that meets it."""
+        if self.slo_ms is not None:
+            return self.slo_ms
+        return round(self.target_latency_ms + self.stall_allowance_ms, 1)
+
+    def capacity_for_slo(self, slo_ms: float) -> float:
+        """K under a given SLO: the largest load whose chunk, one stall included, still meets it.
+
+        Inverts the (non-decreasing, piecewise-linear) latency curve. Raises ``ValueError`` when even
+        an empty GPU cannot meet the SLO. A curve that stays flat past its last point gives the
+        memory limit (or the last measured load when memory is unbounded in sessions).
+        """
+        budget = slo_ms - self.stall_allowance_ms
+        pts = self.latency_points
+        if pts[0][1] > budget:
+            raise ValueError(
+                f"{self.name}: an SLO of {slo_ms:g} ms is below one chunk on an empty GPU plus one stall "
+                f"({pts[0][1] + self.stall_allowance_ms:.1f} ms)"
+            )
+        for (x0, y0), (x1, y1) in itertools.pairwise(pts):
+            if y1 > budget:
+                return x0 + (budget - y0) * (x1 - x0) / (y1 - y0)
+        (x0, y0), (x1, y1) = pts[-2], pts[-1]
+        if y1 == y0:
+            limit = self.session_limit()
+            return float(limit) if math.isfinite(limit) else x1
+        return x1 + (budget - y1) * (x1 - x0) / (y1 - y0)
+
+    def with_slo(self, slo_ms: float) -> GpuTypeSpec:
+        """This spec with K derived from ``slo_ms`` (and the SLO recorded)."""
+        return replace(self, capacity=self.capacity_for_slo(slo_ms), slo_ms=slo_ms)
 
     def kappa_ms(self, state_bytes: int) -> float:
         """α–β migration cost (Hockney): κ = α + bytes / β, β the GPU↔GPU link bandwidth."""

@@ -314,7 +314,8 @@ def section_fig7(data: dict[str, Any], out: Path, summary: dict[str, Any]) -> st
         "cost is closest. Reductions are TurboServe's relative to the baseline (positive = TurboServe lower; "
         "– = the baseline never meets the SLO within the cluster, so it has no cost at that latency). "
         "T1–T3 run on the H20 profiles (16 GPUs, Cluster 1), T4–T6 on B300 (64 GPUs, Cluster 2); SLO = the "
-        "profile's default (1.1 × ℓ(K)).\n\n"
+        "profile's default, ℓ(K) plus one stall (the resume copy), so K is the load that meets it for every "
+        "policy (`compare_policies(capacity='slo')`).\n\n"
     )
     rows = []
     for _key, u in units.items():

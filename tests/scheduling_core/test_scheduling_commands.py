@@ -75,6 +75,39 @@ def test_simulate_compare_json_shape(tiny_trace):
     assert 1 <= data["policies"]["lag"]["budget_at_slo"] <= 4
 
 
+def test_simulate_compare_derives_k_from_the_slo_unless_told_otherwise(tiny_trace):
+    from scheduling.core.profiles import load_profile
+
+    spec = load_profile("h100-1.3b")
+
+    def compare(**kwargs):
+        out = io.StringIO()
+        call_command(
+            "simulate_compare",
+            trace=str(tiny_trace),
+            profile="h100-1.3b",
+            max_gpus=4,
+            policies="turboserve,lag",
+            json=True,
+            stdout=out,
+            **kwargs,
+        )
+        return json.loads(out.getvalue())
+
+    # The default SLO is the one the profile's own K meets: K is unchanged.
+    default = compare()
+    assert default["capacity_mode"] == "slo"
+    assert default["capacity"]["h100-1.3b"] == pytest.approx(spec.capacity, abs=1e-3)
+    # A looser SLO raises K to the load that still meets it; "profile" keeps the profile's K.
+    loose = compare(slo_ms=spec.default_slo_ms + 2 * 55.0)
+    assert loose["capacity"]["h100-1.3b"] == pytest.approx(spec.capacity + 2, abs=1e-3)
+    kept = compare(slo_ms=spec.default_slo_ms + 2 * 55.0, capacity="profile")
+    assert kept["capacity"]["h100-1.3b"] == pytest.approx(spec.capacity)
+    # An SLO no GPU can meet names the flag.
+    with pytest.raises(CommandError, match=r"--slo-ms.*empty GPU"):
+        compare(slo_ms=100.0)
+
+
 def test_bench_scheduler_json_and_bad_sizes():
     out = io.StringIO()
     call_command("bench_scheduler", gpus="2,4", events=50, json=True, stdout=out)

@@ -283,3 +283,31 @@ def test_cli_policy_options_reach_the_policy_and_bad_ones_name_the_flag(tmp_path
     with pytest.raises(CliError) as exc:
         run_simulate(trace=str(path), policy="turboserve", options=["novalue"])
     assert exc.value.flag == "option"
+
+
+def test_capacity_for_slo_inverts_the_curve_with_one_stall_included():
+    spec = GpuTypeSpec(
+        name="t",
+        gpu_type="t",
+        capacity=4.0,
+        latency_points=((0.0, 100.0), (2.0, 200.0), (4.0, 400.0)),
+        price_per_hour=1.0,
+        provisioning_delay_s=0.0,
+        memory_limit_sessions=16,
+        state_bytes=1 * GB,
+        link_gbps=100.0,
+        host_link_gbps=50.0,
+        migration_alpha_ms=5.0,
+    )
+    stall = spec.stall_allowance_ms
+    assert stall == pytest.approx(max(20.0, 5.0 + 10.0))  # the resume copy dominates κ here
+    # The default SLO is met exactly at K.
+    assert spec.default_slo_ms == pytest.approx(400.0 + stall)
+    assert spec.capacity_for_slo(spec.default_slo_ms) == pytest.approx(4.0)
+    # Inside a segment, on the first segment, and past the last point (extrapolated slope 100 ms/load).
+    assert spec.capacity_for_slo(300.0 + stall) == pytest.approx(3.0)
+    assert spec.capacity_for_slo(150.0 + stall) == pytest.approx(1.0)
+    assert spec.capacity_for_slo(600.0 + stall) == pytest.approx(6.0)
+    assert spec.with_slo(600.0 + stall).capacity == pytest.approx(6.0)
+    with pytest.raises(ValueError, match="empty GPU"):
+        spec.capacity_for_slo(100.0 + stall - 1.0)

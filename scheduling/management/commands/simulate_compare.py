@@ -23,6 +23,13 @@ class Command(BaseCommand):
         parser.add_argument(
             "--policies", default=",".join(DEFAULT_POLICIES), help="comma list; turboserve is the reference"
         )
+        parser.add_argument(
+            "--capacity",
+            choices=("slo", "profile"),
+            default="slo",
+            help="K per GPU: derived from the SLO (default; the load whose chunk plus one stall meets it) "
+            "or the profile's own",
+        )
         parser.add_argument("--json", action="store_true")
         parser.add_argument("--plot", default=None, help="write a comparison PNG here")
         parser.add_argument("--no-progress", action="store_true")
@@ -41,6 +48,7 @@ class Command(BaseCommand):
                 slo_ms=opts["slo_ms"],
                 policies=policies,
                 plot=opts["plot"],
+                capacity=opts["capacity"],
                 progress=not opts["no_progress"] and not opts["json"],
             )
         except CliError as exc:
