@@ -343,6 +343,9 @@ class Simulator:
             s.state = "suspended"
             s.since = self.now
             s.resident_before = True
+            # A stall still pending (a resume copy or κ whose chunk was never generated) does not
+            # carry over: the next resume pays its own copy, once.
+            s.stall_ms = 0.0
             self._touch_session(s)
         for m in d.migrations:
             s = self.sessions.get(m.session)

@@ -162,6 +162,28 @@ def test_resume_from_host_memory_adds_copy_time():
     assert result.worst_chunk_latency_ms == pytest.approx(500.0 + spec.resume_ms(spec.state_bytes))
 
 
+def test_a_resume_cut_short_by_idle_does_not_stack_its_copy_on_the_next_one():
+    # "a" resumes while "b" keeps the GPU mid-step, goes idle again before its first chunk, and
+    # resumes once more: that first chunk pays one copy, not two.
+    spec = flat_spec(k=4, ms=500.0, slope=100.0)  # ℓ(1) = 500 ms, ℓ(2) = 600 ms
+    events = trace(
+        (0.0, "a", "arrive"),
+        (0.0, "b", "arrive"),
+        (0.0, "a", "active"),
+        (0.0, "b", "active"),
+        (2.2, "a", "idle"),
+        (4.2, "a", "active"),
+        (4.25, "a", "idle"),
+        (6.2, "a", "active"),
+        (9.0, "a", "depart"),
+        (9.0, "b", "depart"),
+    )
+    result = simulate(
+        events, make_policy("lag"), SimConfig(profiles=[spec], initial_gpus=1, min_gpus=1, max_gpus=1)
+    )
+    assert result.worst_chunk_latency_ms == pytest.approx(600.0 + spec.resume_ms(spec.state_bytes))
+
+
 @pytest.mark.parametrize("name", BUILTIN_POLICIES)
 def test_every_builtin_policy_runs_and_is_deterministic(name):
     spec = flat_spec(k=3, mem=6, delay=5.0)
