@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+import pytest_asyncio
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
+from django.db import connections
 
 from sessions import consumers
 from sessions.routing import websocket_urlpatterns
@@ -18,6 +20,14 @@ from tests.factories import SessionFactory, UserFactory
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
 application = URLRouter(websocket_urlpatterns)
+
+
+@pytest_asyncio.fixture(autouse=True)
+async def _close_thread_connections():
+    # The ORM calls below run in asgiref's sync thread, which keeps its own connection open;
+    # close it so the test database can be dropped at the end of the run.
+    yield
+    await sync_to_async(connections.close_all)()
 
 
 async def connect(session, user):
