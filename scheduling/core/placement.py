@@ -9,12 +9,18 @@ Data structures keep one event's work near O((|U| + moves) · (types + log M)):
 * a lazy max-heap of ``(-latency, gpu)`` over eligible GPUs gives the bottleneck GPU.
 
 Stale heap entries are skipped by comparing against the current load.
+
+Rebalancing is judged on the cluster objective (bottleneck + η·Σκ): single moves off the bottleneck
+GPU, swaps when no single move helps (a bounded search over a few least-loaded partners per type),
+then the steps after the best prefix are undone and migrated sessions are sent home where a cheaper
+move gives the same loads (:meth:`PlacementWork.unwind`).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .types import GpuTypeSpec, Migration, Snapshot
@@ -307,20 +313,204 @@ class PlacementWork:
                     best = Move(sid, src, dst, kappa, gain)
         return best
 
+    def _movable(self, sid: str) -> bool:
+        """Whether rebalancing may move ``sid`` now (the ``min_residency_s`` rule of :meth:`best_move`)."""
+        s = self.snap.sessions[sid]
+        if s.state != "executing" or sid in self.origin:
+            return True
+        return self.snap.time - s.since >= self.min_residency_s
+
+    def _swap_sides(self, gid: str, below: float | None = None) -> dict[float, str]:
+        """Per distinct session load on ``gid`` (below ``below`` if given), the movable session with
+        the least state (smallest κ, least memory), ties by id."""
+        sessions = self.snap.sessions
+        out: dict[float, str] = {}
+        for sid in self.residents(gid):
+            s = sessions[sid]
+            if (below is not None and s.load >= below - _EPS) or not self._movable(sid):
+                continue
+            cur = out.get(s.load)
+            if cur is None or (s.state_bytes, sid) < (sessions[cur].state_bytes, cur):
+                out[s.load] = sid
+        return out
+
+    def _least_loaded_few(self, gpu_type: str, exclude: str, n: int) -> list[str]:
+        """Up to ``n`` least-loaded eligible GPUs of a type, ``exclude`` left out (lazy heap)."""
+        heap = self.by_type.get(gpu_type)
+        out: list[str] = []
+        popped: list[tuple[float, str]] = []
+        seen: set[str] = set()
+        while heap and len(out) < n:
+            entry = heapq.heappop(heap)
+            load, gid = entry
+            if gid not in self.eligible_set or abs(load - self.load[gid]) > _EPS or gid in seen:
+                continue  # stale or duplicate entry: drop it
+            seen.add(gid)
+            popped.append(entry)
+            if gid != exclude:
+                out.append(gid)
+        for entry in popped:
+            heapq.heappush(heap, entry)
+        return out
+
+    def best_swap(self, src: str) -> tuple[Move, Move] | None:
+        """Best exchange of a session on the bottleneck GPU ``src`` with a lighter one elsewhere.
+
+        A swap shifts load by the difference of the two sessions and leaves both GPUs' session
+        counts unchanged, so it still works when no single move helps: the load step of a move is
+        too coarse (the target would end above the current bottleneck) or the targets are full in
+        session count. Γ is Eq. 4 with both migrations: L − max(ℓ_src′ + κ_b, ℓ_dst′ + κ_a) −
+        η·(κ_a + κ_b), each moved session's next chunk carrying its own κ stall. Bounded: per type
+        the ``SWAP_PARTNERS`` least-loaded GPUs, and per GPU one session per distinct load. The
+        partner GPU may not end above K.
+        """
+        bottleneck = self.latency(src)
+        mine = self._swap_sides(src)
+        if not mine:
+            return None
+        sessions = self.snap.sessions
+        src_spec = self.spec[src]
+        best: tuple[float, Move, Move] | None = None
+        for t in self.type_order:
+            for dst in self._least_loaded_few(t, src, self.SWAP_PARTNERS):
+                dst_spec = self.spec[dst]
+                theirs = self._swap_sides(dst, below=max(mine))
+                for la, a in sorted(mine.items()):
+                    sa = sessions[a]
+                    for lb, b in sorted(theirs.items()):
+                        if lb >= la - _EPS:
+                            continue
+                        sb = sessions[b]
+                        if self.load[dst] - lb + la > dst_spec.capacity + _EPS:
+                            continue  # never push the partner above K (the K rule of assignment)
+                        if (
+                            self.bytes[src] - sa.state_bytes + sb.state_bytes > src_spec.bytes_limit()
+                            or self.bytes[dst] - sb.state_bytes + sa.state_bytes > dst_spec.bytes_limit()
+                        ):
+                            continue
+                        ka = self.kappa(a, src, dst)
+                        kb = self.kappa(b, dst, src)
+                        src_after = src_spec.latency_ms(self.load[src] - la + lb) + kb
+                        dst_after = dst_spec.latency_ms(self.load[dst] - lb + la) + ka
+                        gain = bottleneck - max(src_after, dst_after) - self.eta * (ka + kb)
+                        if best is None or gain > best[0] + _EPS:
+                            best = (gain, Move(a, src, dst, ka, gain), Move(b, dst, src, kb, gain))
+        return (best[1], best[2]) if best else None
+
+    SWAP_PARTNERS = 4
+
+    def _moved_cost(self, sid: str) -> float:
+        """κ this decision has committed ``sid`` to so far (0 if it is back where it started)."""
+        src = self.origin.get(sid)
+        dst = self.location.get(sid)
+        if src is None or dst is None or src == dst:
+            return 0.0
+        return self.kappa(sid, src, dst)
+
     def rebalance(self, max_moves: int | None = None) -> int:
-        """Repeat the best positive-gain move off the bottleneck GPU (Eq. 4) until none is left."""
+        """Min-max rebalancing (Eq. 4), judged on the cluster objective.
+
+        Repeat the best positive-gain move off the bottleneck GPU, or, when no single move has
+        positive gain, the best swap with a lighter session elsewhere. Γ is local to the GPUs a
+        step touches, which lets GPUs tied at the bottleneck be relieved one at a time — but if one
+        of them cannot be relieved, the κ spent on the others buys nothing. So the steps are logged
+        with the cluster objective (bottleneck + η·Σκ) after each, and the steps after the best
+        prefix are undone at the end. Returns the number of moves kept.
+        """
         limit = max_moves if max_moves is not None else 4 * len(self.eligible) + 16
-        moves = 0
-        while moves < limit:
+        log: list[tuple[str, str, str]] = []  # (session, from, to), in order
+        spent = 0.0
+        best_obj = self.bottleneck_ms()
+        best_len = 0
+        while len(log) < limit:
             src, _ = self.bottleneck()
             if src is None:
                 break
             move = self.best_move(src)
-            if move is None or move.gain_ms <= 0:
-                break
-            self.move(move.session, move.src, move.dst)
-            moves += 1
-        return moves
+            if move is not None and move.gain_ms > 0:
+                steps: tuple[Move, ...] = (move,)
+            else:
+                swap = self.best_swap(src) if len(log) + 2 <= limit else None
+                if swap is None or swap[0].gain_ms <= 0:
+                    break
+                steps = swap
+            for step in steps:
+                before = self._moved_cost(step.session)
+                self.move(step.session, step.src, step.dst)
+                spent += self._moved_cost(step.session) - before
+                log.append((step.session, step.src, step.dst))
+            objective = self.bottleneck_ms() + self.eta * spent
+            if objective < best_obj - _EPS:
+                best_obj, best_len = objective, len(log)
+        for sid, src, dst in reversed(log[best_len:]):
+            self.move(sid, dst, src)
+        return best_len - self.unwind(sid for sid, _, _ in log[:best_len])
+
+    def _within_k_rule(self, gid: str, old_load: float) -> bool:
+        """A step may not newly push ``gid`` above K (it may leave it as far above as it was)."""
+        new = self.load[gid]
+        return new <= self.spec[gid].capacity + _EPS or new <= old_load + _EPS
+
+    def unwind(self, moved: Iterable[str]) -> int:
+        """Send migrated sessions home where that does not cost more than the κ it saves.
+
+        Greedy rebalancing reaches its bottleneck through a chain of moves; some of them only made
+        room that a cheaper move would also have made. For each migrated session (in id order), try
+        moving it back to the GPU it started on, alone or in exchange for one session there that is
+        cheaper to move (assigned in this decision, so κ 0, or started there with less state); per
+        distinct load only the cheapest such partner. Keep the best change if the cluster objective,
+        bottleneck + η·Σκ, drops; never push a GPU newly above K. Returns how many went home.
+        """
+        sessions = self.snap.sessions
+        home = 0
+        for sid in sorted(set(moved)):
+            origin = self.origin.get(sid)
+            at = self.location.get(sid)
+            if origin is None or at is None or origin == at or origin not in self.eligible_set:
+                continue
+            base = self.bottleneck_ms()
+            saved = self.eta * self.kappa(sid, origin, at)
+            # Per distinct load, the partner that is cheapest to send instead: a session assigned in
+            # this decision (κ 0) or one still where it started, with the least state.
+            partners: dict[float, tuple[float, str | None]] = {-1.0: (0.0, None)}
+            for fid in self.residents(origin):
+                f = sessions[fid]
+                if (f.state == "executing" and f.gpu != origin) or not self._movable(fid):
+                    continue  # arrived here in this decision, or too recently placed to move
+                cost = self.eta * self.kappa(fid, origin, at)
+                if cost >= saved - _EPS:
+                    continue  # swapping it in saves nothing
+                cur = partners.get(f.load)
+                if cur is None or (cost, fid) < cur:  # type: ignore[operator]
+                    partners[f.load] = (cost, fid)
+            best: tuple[float, str | None] | None = None
+            for _, (cost, fid) in sorted(partners.items()):
+                if fid is not None:
+                    self.note_origin(fid)  # the trial below touches it: keep it a non-move if kept
+                load_o, load_d = self.load[origin], self.load[at]
+                self.remove(sid, at)
+                if fid is not None:
+                    self.remove(fid, origin)
+                ok = self.fits(origin, sid) and (fid is None or self.fits(at, fid))
+                self.add(sid, origin)
+                if fid is not None:
+                    self.add(fid, at)
+                if ok and self._within_k_rule(origin, load_o) and self._within_k_rule(at, load_d):
+                    delta = self.bottleneck_ms() - base - saved + cost
+                    if delta < -_EPS and (best is None or delta < best[0] - _EPS):
+                        best = (delta, fid)
+                if fid is not None:
+                    self.remove(fid, at)
+                    self.add(fid, origin)
+                self.remove(sid, origin)
+                self.add(sid, at)
+            if best is not None:
+                fid = best[1]
+                self.move(sid, at, origin)
+                if fid is not None:
+                    self.move(fid, origin, at)
+                home += 1
+        return home
 
     def relieve_overflow(self) -> int:
         """Move sessions off GPUs above K to GPUs with room below K (latency target first)."""

@@ -236,6 +236,8 @@ class TurboServePolicy(Policy):
                             work.add(sid, gid)
                             queue.remove(sid)
                     if self.migration:
+                        # The undrained GPUs may give room below K that GPUs above K must use first.
+                        work.relieve_overflow()
                         work.rebalance()
             elif direction < 0 and not queue and now - self.last_scale_out >= self.cooldown_s:
                 # Scale-in: consolidate, then drain; release only GPUs left empty (lines 4–6).

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from scheduling.core.policy import BUILTIN_POLICIES, make_policy
@@ -178,8 +178,32 @@ def test_memory_limit_binds_and_queue_only_when_full(name, data):
     check_invariants(snap, decision, placement, status, check_k=False)
 
 
+def _undrain_case() -> tuple[Snapshot, Event]:
+    """Found by Hypothesis: g0 above K with recently placed residents (no rebalancing move), g1
+    filled to K by the assignments, and g2 draining: the scale-out undrains g2, which then has room
+    below K that g0 must use."""
+    t = _spec("t0", 2, 3, 1.0)
+    sessions = [
+        SessionView("s00", 1, "executing", 1.0, "g0", 2 * GB, since=0.0),
+        SessionView("s01", 1, "suspended", 1.0, None, 2 * GB, since=1.0),
+        SessionView("s02", 1, "suspended", 1.0, None, 2 * GB, since=2.0),
+        SessionView("s03", 1, "executing", 1.0, "g0", 2 * GB, since=3.0),
+        SessionView("s04", 1, "executing", 1.0, "g0", 2 * GB, since=4.0),
+    ]
+    gpus = [
+        GpuView("g0", "t0", "ready", requested_at=0.0),
+        GpuView("g1", "t0", "ready", requested_at=1.0),
+        GpuView("g2", "t0", "draining", requested_at=2.0),
+    ]
+    snap = Snapshot.build(
+        time=0.0, sessions=sessions, gpus=gpus, gpu_types={"t0": t}, min_gpus=1, max_gpus=10
+    )
+    return snap, Event(time=0.0, kind="tick")
+
+
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=cluster(heterogeneous=False))
+@example(data=_undrain_case())
 def test_turboserve_exceeds_k_only_when_no_ready_gpu_has_room(data):
     snap, event = data
     decision = make_policy("turboserve").decide(snap, event)

@@ -217,6 +217,118 @@ def test_rebalance_respects_migration_cost():
     assert PlacementWork(snap, eta=1.0).rebalance() == 1
 
 
+def _snapshot(gpu_sessions: dict[str, list[tuple[str, float, float]]], *, k=4.0, mem=8, extra=()) -> Snapshot:
+    """GPUs of one type, each with (id, load, since) executing sessions; ``extra`` sessions as given."""
+    sessions = [
+        SessionView(sid, 1, "executing", load, gid, GB, since=since)
+        for gid, rows in gpu_sessions.items()
+        for sid, load, since in rows
+    ]
+    return Snapshot.build(
+        time=10.0,
+        sessions=[*sessions, *extra],
+        gpus=[GpuView(gid, "t", "ready") for gid in gpu_sessions],
+        gpu_types={"t": spec(k=k, mem=mem)},
+    )
+
+
+def test_rebalance_swaps_when_no_single_move_fits():
+    # g2 is full in session count, so no single move off g1 is possible; exchanging a 2.0 session
+    # for a 0.5 one still shifts 1.5 of load and lowers the bottleneck.
+    snap = _snapshot(
+        {
+            "g1": [("a1", 2.0, 0.0), ("a2", 2.0, 0.0), ("a3", 2.0, 0.0)],
+            "g2": [("b1", 0.5, 0.0), ("b2", 0.5, 0.0), ("b3", 0.5, 0.0)],
+        },
+        mem=3,
+    )
+    work = PlacementWork(snap, eta=0.5)
+    assert work.best_move("g1") is None
+    assert work.rebalance() == 2  # one swap = two migrations
+    assert (work.load["g1"], work.load["g2"]) == (4.5, 3.0)
+    assert work.count["g1"] == work.count["g2"] == 3
+    migrations, _ = work.migrations()
+    assert sorted((m.session, m.src, m.dst) for m in migrations) == [("a1", "g1", "g2"), ("b1", "g2", "g1")]
+
+
+def test_rebalance_does_not_pay_kappa_when_the_cluster_bottleneck_cannot_drop():
+    # g1 and g2 tie at the bottleneck; g2's sessions just arrived (min residency), so relieving g1
+    # alone leaves the cluster bottleneck where it was: the move would buy nothing for its κ.
+    old = [(f"a{i}", 1.0, 0.0) for i in range(5)]
+    recent = [(f"b{i}", 1.0, 9.5) for i in range(5)]
+    snap = _snapshot({"g1": old, "g2": recent, "g3": []})
+    work = PlacementWork(snap, eta=0.5, min_residency_s=2.0)
+    assert work.rebalance() == 0
+    assert (work.load["g1"], work.load["g2"], work.load["g3"]) == (5.0, 5.0, 0.0)
+    assert work.migrations() == ((), ())
+    # Once g2 may be relieved too, both moves lower the bottleneck and are kept.
+    work = PlacementWork(snap, eta=0.5, min_residency_s=0.0)
+    assert work.rebalance() >= 2
+    assert work.bottleneck_ms() < spec().latency_ms(5.0)
+
+
+def test_unwind_sends_a_migrated_session_home_in_exchange_for_a_fresh_one():
+    fresh = SessionView("f", 1, "queued", 1.0, None, GB)
+    snap = _snapshot(
+        {"g1": [("a0", 1.0, 0.0), ("a1", 1.0, 0.0), ("a2", 1.0, 0.0)], "g2": [("b0", 1.0, 0.0)]},
+        extra=(fresh,),
+    )
+    work = PlacementWork(snap, eta=0.5)
+    work.add("f", "g1")
+    work.move("a0", "g1", "g2")  # same loads as moving the fresh session, but it costs κ
+    assert work.unwind(["a0"]) == 1
+    assert work.location["a0"] == "g1" and work.location["f"] == "g2"
+    assert (work.load["g1"], work.load["g2"]) == (3.0, 2.0)
+    assert work.migrations() == ((), (("f", "g2"),))
+    # Going home alone would raise the bottleneck by more than the κ saved: kept.
+    work = PlacementWork(snap, eta=0.5)
+    work.move("a0", "g1", "g2")
+    assert work.unwind(["a0"]) == 0
+    assert work.location["a0"] == "g2"
+
+
+def test_unwind_prefers_sending_a_session_with_less_state_instead():
+    # a0 (5 GB) was moved off g1; moving a1 (1 GB, same load) instead gives the same loads for less κ.
+    sessions = [
+        SessionView("a0", 1, "executing", 1.0, "g1", 5 * GB),
+        SessionView("a1", 1, "executing", 1.0, "g1", 1 * GB),
+        SessionView("a2", 1, "executing", 1.0, "g1", 5 * GB),
+        SessionView("b0", 1, "executing", 1.0, "g2", GB),
+    ]
+    snap = Snapshot.build(
+        time=10.0,
+        sessions=sessions,
+        gpus=[GpuView("g1", "t", "ready"), GpuView("g2", "t", "ready")],
+        gpu_types={"t": spec()},
+    )
+    work = PlacementWork(snap, eta=0.5)
+    work.move("a0", "g1", "g2")
+    assert work.unwind(["a0"]) == 1
+    migrations, _ = work.migrations()
+    assert [(m.session, m.src, m.dst) for m in migrations] == [("a1", "g1", "g2")]
+
+
+def test_unwind_trials_leave_no_trace_in_the_decision():
+    # Neither going home nor exchanging with a1 helps; a1 was only tried, so it is no action at all.
+    sessions = [
+        SessionView("a0", 1, "executing", 1.0, "g1", 5 * GB),
+        SessionView("a1", 1, "executing", 2.0, "g1", 1 * GB),
+        SessionView("b0", 1, "executing", 1.0, "g2", GB),
+    ]
+    snap = Snapshot.build(
+        time=10.0,
+        sessions=sessions,
+        gpus=[GpuView("g1", "t", "ready"), GpuView("g2", "t", "ready")],
+        gpu_types={"t": spec()},
+    )
+    work = PlacementWork(snap, eta=0.5)
+    work.move("a0", "g1", "g2")
+    assert work.unwind(["a0"]) == 0
+    migrations, assigns = work.migrations()
+    assert [(m.session, m.src, m.dst) for m in migrations] == [("a0", "g1", "g2")]
+    assert assigns == ()
+
+
 def test_assignment_prefers_room_below_k_then_less_loaded():
     snap = _two_gpu_snapshot((3, 1))
     sessions = [*snap.sessions.values(), SessionView("new", 1, "suspended", 1.0, None, GB)]
