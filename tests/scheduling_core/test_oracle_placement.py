@@ -173,3 +173,24 @@ def test_a_bad_heuristic_shows_a_gap():
 
     report = placement_gap(everything_on_first_gpu_that_fits, n_instances=2, gpu_counts=(4,), seed=1)
     assert report["overall"]["mean_gap_pct"] > 10.0
+
+
+def test_the_heuristic_adapter_lets_earlier_placements_move():
+    # An earlier placement piled six sessions on g0; g1 is empty. The instance's placed sessions
+    # are not "just placed", so the controller rebalances them (moving three pays for κ many times).
+    from scheduling.core.types import GB, GpuTypeSpec
+
+    spec = GpuTypeSpec(
+        name="t",
+        gpu_type="t",
+        capacity=4.0,
+        latency_points=((0.0, 300.0), (8.0, 1100.0)),
+        price_per_hour=1.0,
+        provisioning_delay_s=30.0,
+        memory_limit_sessions=8,
+        state_bytes=1 * GB,
+    )
+    gpus = [OracleGpu("g0", spec), OracleGpu("g1", spec)]
+    sessions = [OracleSession(f"s{i}", 1.0, "g0", 1 * GB) for i in range(6)]
+    placement = turboserve_heuristic(sessions, gpus, spec_kappa)
+    assert sorted(placement.values()).count("g1") == 3

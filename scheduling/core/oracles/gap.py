@@ -37,6 +37,8 @@ from .placement import (
 Heuristic = Callable[..., Placement]
 
 SESSION_LOADS = (0.5, 1.0, 1.5, 2.0)
+# How long before the event the instance's placed sessions were placed (see turboserve_heuristic).
+RESIDENT_S = 60.0
 SESSION_LOAD_WEIGHTS = (0.2, 0.5, 0.2, 0.1)
 
 
@@ -106,8 +108,11 @@ def turboserve_heuristic(
     gpu_types = {}
     for g in gpus:
         gpu_types.setdefault(g.spec.name, g.spec)
+    # The placed sessions were placed by an earlier event (activity has drifted since), so they are
+    # not pinned by the controller's min-residency rule, which holds back only sessions placed
+    # seconds ago: the event is seen RESIDENT_S after they were placed (their ``since`` is 0).
     snapshot = Snapshot.build(
-        time=0.0,
+        time=RESIDENT_S,
         sessions=[
             SessionView(
                 id=s.id,
