@@ -175,9 +175,7 @@ def test_log_in_start_watch_steer_pause_resume_and_reconnect(
     # A network blip: the browser goes offline. Chromium may close the socket or leave it silent;
     # either way the page notices, retries with backoff and reconnects when the network is back.
     browser_context.set_offline(True)
-    expect(page.locator("#page-message")).to_contain_text(
-        "Live stream interrupted", timeout=20_000
-    )
+    expect(page.locator("#page-message")).to_contain_text("Live stream interrupted", timeout=20_000)
     expect(page.locator("#connection-state")).not_to_have_text("Live")
     browser_context.set_offline(False)
     expect(page.locator("#connection-state")).to_have_text("Live", timeout=20_000)
