@@ -170,17 +170,21 @@ def test_dotted_path_policy_loading():
         resolve_policy_class("nonsense")
 
 
-def _two_gpu_snapshot(loads: tuple[int, int], k: float = 4, mem: int = 8) -> Snapshot:
-    t = spec(k=k, mem=mem)
-    sessions = []
-    for g, n in zip(("g1", "g2"), loads, strict=True):
-        sessions += [SessionView(f"{g}s{i}", 1, "executing", 1.0, g, GB) for i in range(n)]
+def _on_two_gpus(sessions: list[SessionView], k: float = 4, mem: int = 8) -> Snapshot:
+    """``sessions`` on two ready GPUs g1 and g2 of one type, seen at t = 10 s."""
     return Snapshot.build(
         time=10.0,
         sessions=sessions,
         gpus=[GpuView("g1", "t", "ready"), GpuView("g2", "t", "ready")],
-        gpu_types={"t": t},
+        gpu_types={"t": spec(k=k, mem=mem)},
     )
+
+
+def _two_gpu_snapshot(loads: tuple[int, int], k: float = 4, mem: int = 8) -> Snapshot:
+    sessions = []
+    for g, n in zip(("g1", "g2"), loads, strict=True):
+        sessions += [SessionView(f"{g}s{i}", 1, "executing", 1.0, g, GB) for i in range(n)]
+    return _on_two_gpus(sessions, k=k, mem=mem)
 
 
 def test_rebalance_moves_off_the_bottleneck_only_while_gain_is_positive():
@@ -295,13 +299,7 @@ def test_unwind_prefers_sending_a_session_with_less_state_instead():
         SessionView("a2", 1, "executing", 1.0, "g1", 5 * GB),
         SessionView("b0", 1, "executing", 1.0, "g2", GB),
     ]
-    snap = Snapshot.build(
-        time=10.0,
-        sessions=sessions,
-        gpus=[GpuView("g1", "t", "ready"), GpuView("g2", "t", "ready")],
-        gpu_types={"t": spec()},
-    )
-    work = PlacementWork(snap, eta=0.5)
+    work = PlacementWork(_on_two_gpus(sessions), eta=0.5)
     work.move("a0", "g1", "g2")
     assert work.unwind(["a0"]) == 1
     migrations, _ = work.migrations()
@@ -315,13 +313,7 @@ def test_unwind_trials_leave_no_trace_in_the_decision():
         SessionView("a1", 1, "executing", 2.0, "g1", 1 * GB),
         SessionView("b0", 1, "executing", 1.0, "g2", GB),
     ]
-    snap = Snapshot.build(
-        time=10.0,
-        sessions=sessions,
-        gpus=[GpuView("g1", "t", "ready"), GpuView("g2", "t", "ready")],
-        gpu_types={"t": spec()},
-    )
-    work = PlacementWork(snap, eta=0.5)
+    work = PlacementWork(_on_two_gpus(sessions), eta=0.5)
     work.move("a0", "g1", "g2")
     assert work.unwind(["a0"]) == 0
     migrations, assigns = work.migrations()

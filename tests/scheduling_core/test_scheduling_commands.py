@@ -54,18 +54,24 @@ def test_simulate_bad_flags_name_themselves(tiny_trace):
         call_command("simulate", trace=str(tiny_trace), max_gpus=0, stdout=io.StringIO())
 
 
-def test_simulate_compare_json_shape(tiny_trace):
+def compare_json(trace, **kwargs) -> dict:
+    """``simulate_compare --json`` of turboserve vs lag on ``trace`` (h100-1.3b, 4 GPUs)."""
     out = io.StringIO()
     call_command(
         "simulate_compare",
-        trace=str(tiny_trace),
+        trace=str(trace),
         profile="h100-1.3b",
         max_gpus=4,
         policies="turboserve,lag",
         json=True,
         stdout=out,
+        **kwargs,
     )
-    data = json.loads(out.getvalue())
+    return json.loads(out.getvalue())
+
+
+def test_simulate_compare_json_shape(tiny_trace):
+    data = compare_json(tiny_trace)
     assert set(data) >= {"trace", "slo_ms", "policies", "reduction_vs"}
     assert set(data["policies"]) == {"turboserve", "lag"}
     for entry in data["policies"].values():
@@ -81,18 +87,7 @@ def test_simulate_compare_derives_k_from_the_slo_unless_told_otherwise(tiny_trac
     spec = load_profile("h100-1.3b")
 
     def compare(**kwargs):
-        out = io.StringIO()
-        call_command(
-            "simulate_compare",
-            trace=str(tiny_trace),
-            profile="h100-1.3b",
-            max_gpus=4,
-            policies="turboserve,lag",
-            json=True,
-            stdout=out,
-            **kwargs,
-        )
-        return json.loads(out.getvalue())
+        return compare_json(tiny_trace, **kwargs)
 
     # The default SLO is the one the profile's own K meets: K is unchanged.
     default = compare()
