@@ -286,15 +286,14 @@ class PlacementWork:
         seen: set[tuple[float, int, bool]] = set()
         best: Move | None = None
         sessions = self.snap.sessions
-        now = self.snap.time
         # Longest-resident first: among identical sessions move the one that has run there longest,
         # and leave a session that just arrived on this GPU alone for ``min_residency_s`` — each
         # extra move before its next chunk would stack another κ on that chunk.
         for sid in sorted(self.residents(src), key=lambda x: (sessions[x].since, x)):
+            if not self._movable(sid):
+                continue
             s = sessions[sid]
             fresh = s.state != "executing"  # assigned in this decision: moving it is free
-            if not fresh and sid not in self.origin and now - s.since < self.min_residency_s:
-                continue
             key = (s.load, s.state_bytes, fresh)
             if key in seen:
                 continue  # identical sessions give identical moves; take the first
@@ -314,7 +313,8 @@ class PlacementWork:
         return best
 
     def _movable(self, sid: str) -> bool:
-        """Whether rebalancing may move ``sid`` now (the ``min_residency_s`` rule of :meth:`best_move`)."""
+        """Whether rebalancing may move ``sid`` now: assigned or already moved in this decision, or
+        resident for at least ``min_residency_s``."""
         s = self.snap.sessions[sid]
         if s.state != "executing" or sid in self.origin:
             return True
