@@ -86,19 +86,55 @@ def autoscaler_for_slo(
     slo_ms: float,
     rho_grid: Sequence[float],
     step: Progress | None = None,
+    refine: int = 3,
 ) -> tuple[str, SimResult, list[dict[str, Any]]]:
+    """The cheapest (target utilisation, warm initial pool) whose worst chunk meets the SLO.
+
+    The warm pool at t = 0 decides whether a ramp that starts with the trace can be absorbed while
+    new GPUs boot. Stage 1 runs every target (the adaptive table, then each fixed ρ̂) with the
+    configured pool, max/4 and max/2. Stage 2 searches the pool as finely as a static policy's
+    budget for the ``refine`` targets whose stage-1 cost at the SLO was lowest: a binary search for
+    the smallest pool that meets the SLO between the largest stage-1 pool that missed it and the
+    smallest that met it (a much larger warm pool is not always safer: the controller releases what
+    it does not need before the ramp arrives). The cheapest SLO-meeting run of everything tried wins.
+    """
     tried: list[tuple[str, SimResult]] = []
-    # A configuration is (target utilisation, initial pool): the warm pool at t=0 decides whether a
-    # ramp that starts with the trace can be absorbed while new GPUs boot.
-    initials = sorted({config.initial_gpus, max(1, config.max_gpus // 4), max(1, config.max_gpus // 2)})
-    for initial in initials:
-        cfg = replace(config, initial_gpus=initial)
-        targets = [(f"rho={r:g}", {"rho_hat": r}) for r in rho_grid] if accepts_rho_hat(name) else []
-        for label, kwargs in [("adaptive", {}), *targets]:
-            result = _run(events, name, cfg, trace, **kwargs)
-            tried.append((f"{label},init={initial}", result))
+    targets: list[tuple[str, dict[str, Any]]] = [("adaptive", {})]
+    if accepts_rho_hat(name):
+        targets += [(f"rho={r:g}", {"rho_hat": r}) for r in rho_grid]
+    caches: dict[str, dict[int, SimResult]] = {label: {} for label, _ in targets}
+
+    def run(label: str, kwargs: dict[str, Any], initial: int) -> SimResult:
+        cache = caches[label]
+        if initial not in cache:
+            cache[initial] = _run(events, name, replace(config, initial_gpus=initial), trace, **kwargs)
+            tried.append((f"{label},init={initial}", cache[initial]))
             if step:
                 step(f"{name} {label} init={initial}")
+        return cache[initial]
+
+    initials = sorted({config.initial_gpus, max(1, config.max_gpus // 4), max(1, config.max_gpus // 2)})
+    for initial in initials:
+        for label, kwargs in targets:
+            run(label, kwargs, initial)
+
+    def best_cost(label: str) -> float:
+        costs = [r.gpu_cost_usd for r in caches[label].values() if _meets(r, slo_ms)]
+        return min(costs) if costs else math.inf
+
+    ranked = sorted(targets, key=lambda t: (best_cost(t[0]), t[0]))
+    for label, kwargs in ranked[: max(0, refine)]:
+        meeting = [i for i, r in caches[label].items() if _meets(r, slo_ms)]
+        if not meeting:
+            continue
+        hi = min(meeting)
+        lo = max([i for i in caches[label] if i < hi], default=0) + 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if _meets(run(label, kwargs, mid), slo_ms):
+                hi = mid
+            else:
+                lo = mid + 1
     valid = [(r.gpu_cost_usd, label, r) for label, r in tried if _meets(r, slo_ms)]
     if valid:
         _, label, best = min(valid, key=lambda x: (x[0], x[1]))

@@ -65,7 +65,12 @@ def _builtin() -> dict[str, Any]:
             autoscale=False, name="turboserve-no-autoscale", **kw
         ),
         "turboserve-paper": lambda **kw: TurboServePolicy(
-            headroom=False, cooldown_s=0.0, release_grace_s=0.0, name="turboserve-paper", **kw
+            headroom=False,
+            cooldown_s=0.0,
+            release_grace_s=0.0,
+            scale_in_window_s=0.0,
+            name="turboserve-paper",
+            **kw,
         ),
     }
 

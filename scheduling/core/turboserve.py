@@ -18,7 +18,11 @@ Beyond the paper, each switchable so its effect can be measured:
 * ``cooldown_s``: no scale-in until this long after the last scale-out (anti-flapping);
 * ``release_grace_s`` (default half the type's provisioning delay): a drained GPU, once empty, stays
   (paid, warm) this long before release, so a scale-out soon after a scale-in un-drains it instead
-  of waiting a whole provisioning delay for a new one (the ski-rental trade-off).
+  of waiting a whole provisioning delay for a new one (the ski-rental trade-off);
+* ``scale_in_window_s`` (default one provisioning delay of the type the pool would add): scale-in
+  releases only capacity that no decision in this trailing window needed — the scale-down
+  stabilisation window of Kubernetes' HPA, sized by the boot time. A dip shorter than one
+  provisioning delay keeps its GPUs: if the load came back, a replacement could not be ready in time.
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ class TurboServePolicy(Policy):
         delta: float = 0.1,
         min_residency_s: float = 2.0,
         release_grace_s: float | None = None,
+        scale_in_window_s: float | None = None,
         table: VolatilityTable | str | Path | None = None,
         rho_hat: float | None = None,
         name: str | None = None,
@@ -98,6 +103,11 @@ class TurboServePolicy(Policy):
         self.delta = delta
         self.min_residency_s = min_residency_s
         self.release_grace_s = release_grace_s
+        if scale_in_window_s is not None and not scale_in_window_s >= 0:
+            raise ValueError("scale_in_window_s must be >= 0")
+        self.scale_in_window_s = scale_in_window_s
+        # Sliding maximum of the capacity each decision needed: [second, needed], values decreasing.
+        self.needed_window: list[list[float]] = []
         self.drained_at: dict[str, float] = {}
         self.last_scale_out = -math.inf
         self.last_scale_in = -math.inf
@@ -116,6 +126,7 @@ class TurboServePolicy(Policy):
             "delta": self.delta,
             "min_residency_s": self.min_residency_s,
             "release_grace_s": self.release_grace_s,
+            "scale_in_window_s": self.scale_in_window_s,
             "levels": len(self.table.levels),
         }
 
@@ -125,6 +136,7 @@ class TurboServePolicy(Policy):
             "last_scale_out": None if math.isinf(self.last_scale_out) else self.last_scale_out,
             "last_scale_in": None if math.isinf(self.last_scale_in) else self.last_scale_in,
             "drained_at": dict(sorted(self.drained_at.items())),
+            "needed_window": [list(row) for row in self.needed_window],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -133,6 +145,23 @@ class TurboServePolicy(Policy):
         self.last_scale_out = -math.inf if out is None else float(out)
         self.last_scale_in = -math.inf if inn is None else float(inn)
         self.drained_at = {str(k): float(v) for k, v in state.get("drained_at", {}).items()}
+        self.needed_window = [[float(t), float(v)] for t, v in state.get("needed_window", [])]
+
+    def _needed_in_window(self, now: float, needed: float, window_s: float) -> float:
+        """Record ``needed`` and return the most capacity needed within the last ``window_s``.
+
+        A monotonic deque with one entry per whole second: O(1) amortised per decision and at most
+        ``window_s + 1`` entries, so the persisted state stays small at any event rate.
+        """
+        rows = self.needed_window
+        second = float(math.floor(now))
+        while rows and rows[-1][1] <= needed:
+            rows.pop()
+        if not rows or rows[-1][0] != second:
+            rows.append([second, needed])
+        while rows and rows[0][0] < second - window_s:
+            rows.pop(0)
+        return max(needed, rows[0][1]) if rows else needed
 
     # ------------------------------------------------------------------------------------------
     def decide(self, snapshot: Snapshot, event: Event) -> Decision:
@@ -200,6 +229,10 @@ class TurboServePolicy(Policy):
             horizon = snapshot.gpu_types[add_type].provisioning_delay_s if add_type else 0.0
             headroom = self.detector.expected_net_activations(now, horizon, self.headroom_z)
         needed = (n_req + headroom) / rho_hat
+        window = self.scale_in_window_s
+        if window is None:
+            window = snapshot.gpu_types[add_type].provisioning_delay_s if add_type else 0.0
+        needed_recently = self._needed_in_window(now, needed, window) if self.autoscale else needed
         budget = len(live)
 
         if self.autoscale:
@@ -241,7 +274,8 @@ class TurboServePolicy(Policy):
                         work.rebalance()
             elif direction < 0 and not queue and now - self.last_scale_out >= self.cooldown_s:
                 # Scale-in: consolidate, then drain; release only GPUs left empty (lines 4–6).
-                surplus = capacity_now - needed
+                # Only capacity no decision in the stabilisation window needed is surplus.
+                surplus = capacity_now - needed_recently
                 cancel = sorted(provisioning, key=lambda g: (-gpus[g].requested_at, g))
                 ready = sorted(
                     work.eligible,

@@ -2,7 +2,7 @@
 
 * :class:`WindowRhoPolicy` — TurboServe with ρ̂ fixed per time window (Tables 8–10 oracle replays);
 * :class:`RecordingTurboServe` — TurboServe that records the ρ̂ it used at each decision;
-* :class:`NoHeadroom`, :class:`NoCooldown`, :class:`NoExtensions` — TurboServe with one or all of the
+* :class:`NoHeadroom`, :class:`NoCooldown`, :class:`NoScaleInWindow`, :class:`NoExtensions` — TurboServe with one or all of the
   beyond-the-paper extensions switched off, as named policies so that the §7.1 comparison
   (``scheduling.core.compare``) can search their cheapest SLO-meeting configuration like any other.
   They are reachable by dotted path (``scheduling.reproduce.policies:NoHeadroom``).
@@ -80,15 +80,30 @@ class NoCooldown(TurboServePolicy):
         super().__init__(cooldown_s=0.0, name=self.name, **kwargs)
 
 
+class NoScaleInWindow(TurboServePolicy):
+    name = "turboserve-no-scale-in-window"
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(scale_in_window_s=0.0, name=self.name, **kwargs)
+
+
 class NoExtensions(TurboServePolicy):
-    """The paper's loop: no headroom, no cooldown, no release grace (= built-in ``turboserve-paper``)."""
+    """The paper's loop: no headroom, cooldown, release grace or scale-in window (= ``turboserve-paper``)."""
 
     name = "turboserve-paper"
 
     def __init__(self, **kwargs: Any):
-        super().__init__(headroom=False, cooldown_s=0.0, release_grace_s=0.0, name=self.name, **kwargs)
+        super().__init__(
+            headroom=False,
+            cooldown_s=0.0,
+            release_grace_s=0.0,
+            scale_in_window_s=0.0,
+            name=self.name,
+            **kwargs,
+        )
 
 
 NO_HEADROOM = "scheduling.reproduce.policies:NoHeadroom"
 NO_COOLDOWN = "scheduling.reproduce.policies:NoCooldown"
+NO_SCALE_IN_WINDOW = "scheduling.reproduce.policies:NoScaleInWindow"
 PAPER_LOOP = "turboserve-paper"

@@ -152,6 +152,7 @@ def _short(name: str) -> str:
     return {
         "scheduling.reproduce.policies:NoHeadroom": "turboserve-no-headroom",
         "scheduling.reproduce.policies:NoCooldown": "turboserve-no-cooldown",
+        "scheduling.reproduce.policies:NoScaleInWindow": "turboserve-no-scale-in-window",
     }.get(name, name)
 
 
@@ -504,9 +505,9 @@ def section_fig8(data: dict[str, Any], out: Path, summary: dict[str, Any]) -> st
         rows.append(r)
     md = head + (
         "Cost at matched latency (the same §7.1 search) of each variant, and its change relative to full TurboServe "
-        "(positive = the variant costs more). `turboserve-no-headroom`/`-no-cooldown` switch off one extension "
-        "(policies in `scheduling/reproduce/policies.py`, run by dotted path); `turboserve-paper` is the paper's loop "
-        "without headroom, cooldown and release grace.\n\n"
+        "(positive = the variant costs more). `turboserve-no-headroom`/`-no-cooldown`/`-no-scale-in-window` switch "
+        "off one extension (policies in `scheduling/reproduce/policies.py`, run by dotted path); `turboserve-paper` is "
+        "the paper's loop without headroom, cooldown, release grace and scale-in window.\n\n"
     )
     md += _table(["trace", "profile", "TurboServe $"] + [_short(n) for n in names], rows)
     s = summary["fig8"]

@@ -381,3 +381,30 @@ def test_sessions_assigned_in_the_same_decision_move_freely_onto_an_undrained_gp
     for _, gid in decision.assign:
         per_gpu[gid] = per_gpu.get(gid, 0) + 1
     assert max(per_gpu.values()) <= 2 and not decision.migrations
+
+
+def test_scale_in_waits_for_the_stabilisation_window():
+    # K = 4 on each of two GPUs, ρ̂ = 0.5: four active sessions need both; one needs only one.
+    t = spec(k=4, mem=8)
+    gpus = [GpuView("g1", "t", "ready"), GpuView("g2", "t", "ready")]
+    busy = [SessionView(f"s{i}", 1, "executing", 1.0, f"g{1 + i % 2}", GB) for i in range(4)]
+
+    def decide(policy, time, sessions):
+        snap = Snapshot.build(time=time, sessions=sessions, gpus=gpus, gpu_types={"t": t}, max_gpus=4)
+        return policy.decide(snap, Event(time, "tick"))
+
+    def policy(**kw):
+        return TurboServePolicy(rho_hat=0.5, headroom=False, cooldown_s=0.0, **kw)
+
+    held = policy()  # window = the type's provisioning delay (10 s here)
+    assert not decide(held, 100.0, busy).drain
+    assert not decide(held, 105.0, busy[:1]).drain  # the dip is younger than one provisioning delay
+    assert decide(held, 111.0, busy[:1]).drain  # no decision in the last 10 s needed the second GPU
+    state = json.loads(json.dumps(held.state_dict()))
+    assert len(state["needed_window"]) <= 11
+
+    eager = policy(scale_in_window_s=0.0)
+    assert not decide(eager, 100.0, busy).drain
+    assert decide(eager, 105.0, busy[:1]).drain
+    with pytest.raises(ValueError, match="scale_in_window_s"):
+        policy(scale_in_window_s=-1.0)

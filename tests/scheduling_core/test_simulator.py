@@ -333,3 +333,31 @@ def test_capacity_for_slo_inverts_the_curve_with_one_stall_included():
     assert spec.with_slo(600.0 + stall).capacity == pytest.approx(6.0)
     with pytest.raises(ValueError, match="empty GPU"):
         spec.capacity_for_slo(100.0 + stall - 1.0)
+
+
+def test_autoscaler_search_refines_the_warm_pool_between_the_coarse_ones():
+    from scheduling.core.compare import autoscaler_for_slo, config_for_slo
+    from scheduling.core.profiles import BUILTIN_PROFILES
+    from scheduling.core.simulator import SimConfig
+    from scheduling.core.traces import TraceEvent
+
+    # Twenty sessions active one second in, for a minute: the ramp beats any 30 s boot, so the
+    # warm pool at t = 0 decides the worst chunk. Coarse pools are 1, 4 (max/4) and 8 (max/2).
+    events = [TraceEvent(0.0, f"s{i:02d}", "arrive") for i in range(20)]
+    events += [TraceEvent(1.0, f"s{i:02d}", "active") for i in range(20)]
+    events += [TraceEvent(60.0, f"s{i:02d}", "depart") for i in range(20)]
+    spec = BUILTIN_PROFILES["h100-1.3b"]
+    config = config_for_slo(
+        SimConfig(profiles=[spec], initial_gpus=1, min_gpus=1, max_gpus=16, duration_s=60.0),
+        spec.default_slo_ms,
+    )
+    label, best, tried = autoscaler_for_slo(
+        events, "turboserve", config, "burst", spec.default_slo_ms, (0.9, 0.7)
+    )
+    pools = {row["config"].split("init=")[1] for row in tried}
+    assert {"1", "4", "8"} <= pools
+    assert "3" in pools  # 1 misses, 4 meets: the search tried the pool between them
+    meeting = [row for row in tried if row["worst_chunk_latency_ms"] <= spec.default_slo_ms + 1e-9]
+    assert meeting and best.gpu_cost_usd == min(row["gpu_cost_usd"] for row in meeting)
+    assert best.worst_chunk_latency_ms <= spec.default_slo_ms + 1e-9
+    assert label in {row["config"] for row in meeting}
