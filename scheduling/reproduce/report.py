@@ -758,7 +758,7 @@ def section_table2(data: dict[str, Any], out: Path, summary: dict[str, Any]) -> 
         "(the paper's 6.1 % is the mean of |+4.7|, |+8.3|, |−5.5|). Being *below* the oracle is possible: the oracle "
         "provisions each whole minute for its peak, while the online controller follows the load within the minute "
         "(and, unlike the oracle, may let latency rise above ℓ(K·ρ̂) — check the worst/SLO column). The extensions "
-        "(headroom, cooldown, release grace) buy worst-case latency with GPU time, so full TurboServe sits further "
+        "(headroom, cooldown, scale-in window, release grace) buy worst-case latency with GPU time, so full TurboServe sits further "
         "above this cost-only oracle than the paper's loop.\n"
     )
     plt = _pyplot()
