@@ -232,7 +232,11 @@ class TurboServePolicy(Policy):
         window = self.scale_in_window_s
         if window is None:
             window = snapshot.gpu_types[add_type].provisioning_delay_s if add_type else 0.0
-        needed_recently = self._needed_in_window(now, needed, window) if self.autoscale else needed
+        # The window holds the observed need (N_req/ρ̂), not the forecast: a forecast that did not
+        # materialise (a ramp that ended) must not keep its GPUs for another window.
+        needed_recently = needed
+        if self.autoscale:
+            needed_recently = max(needed, self._needed_in_window(now, n_req / rho_hat, window))
         budget = len(live)
 
         if self.autoscale:

@@ -408,3 +408,25 @@ def test_scale_in_waits_for_the_stabilisation_window():
     assert decide(eager, 105.0, busy[:1]).drain
     with pytest.raises(ValueError, match="scale_in_window_s"):
         policy(scale_in_window_s=-1.0)
+
+
+def test_the_scale_in_window_holds_observed_demand_not_a_forecast_that_did_not_come():
+    # K = 4 on each of two GPUs, ρ̂ = 0.5, delay 10 s. One activation at t = 0 makes the detector
+    # forecast 2 more within a delay: (1 + 2) / 0.5 = 6 > 4 keeps both GPUs. By t = 5 a quiet bin
+    # halves the drift: (1 + 1) / 0.5 = 4 fits on one GPU. The t = 0 forecast never materialised,
+    # so the window (which remembers N_req / ρ̂ = 2) must not hold the second GPU for it.
+    t = spec(k=4, mem=8)
+    gpus = [GpuView("g1", "t", "ready"), GpuView("g2", "t", "ready")]
+    one = [SessionView("s0", 1, "executing", 1.0, "g1", GB)]
+    policy = TurboServePolicy(rho_hat=0.5, headroom=True, headroom_z=0.0, cooldown_s=0.0)
+
+    def decide(time, event):
+        snap = Snapshot.build(time=time, sessions=one, gpus=gpus, gpu_types={"t": t}, max_gpus=4)
+        return policy.decide(snap, event)
+
+    first = decide(0.0, Event(0.0, "active", session="s0"))
+    assert first.signals.headroom == pytest.approx(2.0)
+    assert not first.drain
+    later = decide(5.0, Event(5.0, "tick"))
+    assert later.signals.headroom == pytest.approx(1.0)
+    assert list(later.drain) == ["g2"]
