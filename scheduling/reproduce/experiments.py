@@ -31,8 +31,8 @@ from scheduling.core.traces import TraceEvent, active_count_steps, trace_duratio
 from .policies import (
     NO_COOLDOWN,
     NO_HEADROOM,
-    NO_SCALE_IN_WINDOW,
     PAPER_LOOP,
+    WITH_SCALE_IN_WINDOW,
     RecordingTurboServe,
     WindowRhoPolicy,
 )
@@ -47,7 +47,7 @@ FIG7_PROFILES = {
     "T6": ("b300-1.3b", "b300-7b"),
 }
 CLUSTER_MAX = {"h20": 16, "b300": 64, "h100": 8, "paper": 16}
-EXTENSION_POLICIES = (NO_HEADROOM, NO_COOLDOWN, NO_SCALE_IN_WINDOW, PAPER_LOOP)
+EXTENSION_POLICIES = (NO_HEADROOM, NO_COOLDOWN, WITH_SCALE_IN_WINDOW, PAPER_LOOP)
 # The traces whose comparison also measures the beyond-the-paper extensions.
 EXTENSION_UNITS = {("T1", "h20-1.3b"), ("T2", "h20-1.3b"), ("T3", "h20-1.3b"), ("T4", "b300-1.3b")}
 SWEEP_DELAYS_S = (10.0, 30.0, 60.0, 120.0)

@@ -2,8 +2,9 @@
 
 * :class:`WindowRhoPolicy` — TurboServe with ρ̂ fixed per time window (Tables 8–10 oracle replays);
 * :class:`RecordingTurboServe` — TurboServe that records the ρ̂ it used at each decision;
-* :class:`NoHeadroom`, :class:`NoCooldown`, :class:`NoScaleInWindow`, :class:`NoExtensions` — TurboServe with one or all of the
-  beyond-the-paper extensions switched off, as named policies so that the §7.1 comparison
+* :class:`NoHeadroom`, :class:`NoCooldown`, :class:`NoExtensions` — TurboServe with one or all of the
+  beyond-the-paper extensions switched off, and :class:`WithScaleInWindow` with the opt-in scale-in
+  stabilisation window switched on, as named policies so that the §7.1 comparison
   (``scheduling.core.compare``) can search their cheapest SLO-meeting configuration like any other.
   They are reachable by dotted path (``scheduling.reproduce.policies:NoHeadroom``).
 """
@@ -80,11 +81,13 @@ class NoCooldown(TurboServePolicy):
         super().__init__(cooldown_s=0.0, name=self.name, **kwargs)
 
 
-class NoScaleInWindow(TurboServePolicy):
-    name = "turboserve-no-scale-in-window"
+class WithScaleInWindow(TurboServePolicy):
+    """TurboServe with the scale-in stabilisation window on (one provisioning delay; off by default)."""
+
+    name = "turboserve-scale-in-window"
 
     def __init__(self, **kwargs: Any):
-        super().__init__(scale_in_window_s=0.0, name=self.name, **kwargs)
+        super().__init__(scale_in_window_s=None, name=self.name, **kwargs)
 
 
 class NoExtensions(TurboServePolicy):
@@ -105,5 +108,5 @@ class NoExtensions(TurboServePolicy):
 
 NO_HEADROOM = "scheduling.reproduce.policies:NoHeadroom"
 NO_COOLDOWN = "scheduling.reproduce.policies:NoCooldown"
-NO_SCALE_IN_WINDOW = "scheduling.reproduce.policies:NoScaleInWindow"
+WITH_SCALE_IN_WINDOW = "scheduling.reproduce.policies:WithScaleInWindow"
 PAPER_LOOP = "turboserve-paper"

@@ -152,7 +152,7 @@ def _short(name: str) -> str:
     return {
         "scheduling.reproduce.policies:NoHeadroom": "turboserve-no-headroom",
         "scheduling.reproduce.policies:NoCooldown": "turboserve-no-cooldown",
-        "scheduling.reproduce.policies:NoScaleInWindow": "turboserve-no-scale-in-window",
+        "scheduling.reproduce.policies:WithScaleInWindow": "turboserve-scale-in-window",
     }.get(name, name)
 
 
@@ -505,9 +505,10 @@ def section_fig8(data: dict[str, Any], out: Path, summary: dict[str, Any]) -> st
         rows.append(r)
     md = head + (
         "Cost at matched latency (the same §7.1 search) of each variant, and its change relative to full TurboServe "
-        "(positive = the variant costs more). `turboserve-no-headroom`/`-no-cooldown`/`-no-scale-in-window` switch "
-        "off one extension (policies in `scheduling/reproduce/policies.py`, run by dotted path); `turboserve-paper` is "
-        "the paper's loop without headroom, cooldown, release grace and scale-in window.\n\n"
+        "(positive = the variant costs more). `turboserve-no-headroom`/`-no-cooldown` switch off one extension and "
+        "`turboserve-scale-in-window` switches on the opt-in scale-in stabilisation window (policies in "
+        "`scheduling/reproduce/policies.py`, run by dotted path); `turboserve-paper` is the paper's loop without "
+        "headroom, cooldown and release grace.\n\n"
     )
     md += _table(["trace", "profile", "TurboServe $"] + [_short(n) for n in names], rows)
     s = summary["fig8"]
@@ -758,7 +759,7 @@ def section_table2(data: dict[str, Any], out: Path, summary: dict[str, Any]) -> 
         "(the paper's 6.1 % is the mean of |+4.7|, |+8.3|, |−5.5|). Being *below* the oracle is possible: the oracle "
         "provisions each whole minute for its peak, while the online controller follows the load within the minute "
         "(and, unlike the oracle, may let latency rise above ℓ(K·ρ̂) — check the worst/SLO column). The extensions "
-        "(headroom, cooldown, scale-in window, release grace) buy worst-case latency with GPU time, so full TurboServe sits further "
+        "(headroom, cooldown, release grace) buy worst-case latency with GPU time, so full TurboServe sits further "
         "above this cost-only oracle than the paper's loop.\n"
     )
     plt = _pyplot()

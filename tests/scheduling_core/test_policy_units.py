@@ -396,14 +396,14 @@ def test_scale_in_waits_for_the_stabilisation_window():
     def policy(**kw):
         return TurboServePolicy(rho_hat=0.5, headroom=False, cooldown_s=0.0, **kw)
 
-    held = policy()  # window = the type's provisioning delay (10 s here)
+    held = policy(scale_in_window_s=None)  # window = the type's provisioning delay (10 s here)
     assert not decide(held, 100.0, busy).drain
     assert not decide(held, 105.0, busy[:1]).drain  # the dip is younger than one provisioning delay
     assert decide(held, 111.0, busy[:1]).drain  # no decision in the last 10 s needed the second GPU
     state = json.loads(json.dumps(held.state_dict()))
     assert len(state["needed_window"]) <= 11
 
-    eager = policy(scale_in_window_s=0.0)
+    eager = policy()  # the default: no window
     assert not decide(eager, 100.0, busy).drain
     assert decide(eager, 105.0, busy[:1]).drain
     with pytest.raises(ValueError, match="scale_in_window_s"):
@@ -418,7 +418,9 @@ def test_the_scale_in_window_holds_observed_demand_not_a_forecast_that_did_not_c
     t = spec(k=4, mem=8)
     gpus = [GpuView("g1", "t", "ready"), GpuView("g2", "t", "ready")]
     one = [SessionView("s0", 1, "executing", 1.0, "g1", GB)]
-    policy = TurboServePolicy(rho_hat=0.5, headroom=True, headroom_z=0.0, cooldown_s=0.0)
+    policy = TurboServePolicy(
+        rho_hat=0.5, headroom=True, headroom_z=0.0, cooldown_s=0.0, scale_in_window_s=None
+    )
 
     def decide(time, event):
         snap = Snapshot.build(time=time, sessions=one, gpus=gpus, gpu_types={"t": t}, max_gpus=4)
