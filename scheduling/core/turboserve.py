@@ -225,14 +225,12 @@ class TurboServePolicy(Policy):
         undrain: list[str] = []
         release: list[str] = []
         add_type = cheapest_type(snapshot.gpu_types, counts)
+        delay = snapshot.gpu_types[add_type].provisioning_delay_s if add_type else 0.0
         headroom = 0.0
         if self.headroom:
-            horizon = snapshot.gpu_types[add_type].provisioning_delay_s if add_type else 0.0
-            headroom = self.detector.expected_net_activations(now, horizon, self.headroom_z)
+            headroom = self.detector.expected_net_activations(now, delay, self.headroom_z)
         needed = (n_req + headroom) / rho_hat
-        window = self.scale_in_window_s
-        if window is None:
-            window = snapshot.gpu_types[add_type].provisioning_delay_s if add_type else 0.0
+        window = delay if self.scale_in_window_s is None else self.scale_in_window_s
         # The window holds the observed need (N_req/ρ̂), not the forecast: a forecast that did not
         # materialise (a ramp that ended) must not keep its GPUs for another window.
         needed_recently = needed
