@@ -428,6 +428,7 @@ async function loadModels() {
   const preferred = page.models.find((m) => m.name === "tiny") || page.models[0];
   if (preferred) select.value = preferred.name;
   renderResolutions();
+  $("start-submit").disabled = false;
 }
 
 function renderResolutions() {

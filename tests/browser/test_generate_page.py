@@ -68,6 +68,7 @@ def test_log_in_start_watch_steer_pause_resume_and_reconnect(
 
     # A bad request shows the API's field error next to the field.
     expect(page.locator("#start-model option")).not_to_have_count(0)
+    expect(page.get_by_role("button", name="Start")).to_be_enabled()
     page.get_by_label("Prompt", exact=True).fill("   ")
     page.get_by_role("button", name="Start").click()
     expect(page.locator("#start-prompt-error")).to_contain_text("must not be empty")
@@ -242,6 +243,7 @@ def test_generation_page_at_phone_width(browser_context, asgi_server, page_probl
     page_problems.watch(page)
     page.goto("/")
     expect(page.locator("#start-model option")).not_to_have_count(0)
+    expect(page.get_by_role("button", name="Start")).to_be_enabled()
     # Before a session is open, no empty session bar, latency panel or controls are shown.
     for hidden in ("#session-bar", "#latency", "#latency-spark", "#controls"):
         expect(page.locator(hidden)).to_be_hidden()

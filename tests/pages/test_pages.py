@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
 
 import pytest
@@ -66,6 +67,8 @@ def test_generation_page_renders_for_a_user(user_client):
     assert response.status_code == 200
     html = response.content.decode()
     assert 'id="video"' in html and "js/generate.js" in html
+    # Start stays disabled until the page's script has loaded the models and owns the submit.
+    assert re.search(r'<button[^>]*id="start-submit"[^>]*\bdisabled\b', html)
     # No staff links for ordinary users.
     assert 'href="/console/"' not in html
 
