@@ -10,6 +10,7 @@ import gc
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -95,11 +96,17 @@ def build_config(
     slo_ms: float | None = None,
     tick_s: float = 5.0,
     duration_s: float | None = None,
+    provisioning_delay_s: float | None = None,
 ) -> SimConfig:
     try:
         profiles = load_profiles(profile)
     except ProfileError as exc:
         raise CliError("profile", str(exc)) from exc
+    if provisioning_delay_s is not None:
+        # What-if for a faster (pre-staged) or slower scale-out: every GPU type's request → ready time.
+        if not (provisioning_delay_s >= 0 and math.isfinite(provisioning_delay_s)):
+            raise CliError("provisioning-delay-s", "must be a number >= 0")
+        profiles = [replace(p, provisioning_delay_s=float(provisioning_delay_s)) for p in profiles]
     if max_gpus < 1:
         raise CliError("max-gpus", "must be >= 1")
     if min_gpus < 0 or min_gpus > max_gpus:
@@ -135,6 +142,7 @@ def run_simulate(
     plot: str | None = None,
     progress: bool = False,
     options: Sequence[str] = (),
+    provisioning_delay_s: float | None = None,
 ) -> dict[str, Any]:
     """Simulate one policy on one trace. Static policies run ``budget`` GPUs (default --max-gpus)."""
     meta, events = load_trace(trace)
@@ -146,6 +154,7 @@ def run_simulate(
         slo_ms=slo_ms,
         tick_s=tick_s,
         duration_s=meta.get("duration_s"),
+        provisioning_delay_s=provisioning_delay_s,
     )
     pol = _make(policy, parse_options(options))
     if is_static(policy):
@@ -163,6 +172,7 @@ def run_simulate(
         if bar:
             bar.close()
     out = result.to_json()
+    out["provisioning_delay_s"] = {p.name: p.provisioning_delay_s for p in config.profiles}
     if plot:
         from .plots import plot_timeline
 
@@ -190,6 +200,7 @@ def run_compare(
     plot: str | None = None,
     progress: bool = False,
     capacity: str = "slo",
+    provisioning_delay_s: float | None = None,
 ) -> dict[str, Any]:
     if capacity not in ("slo", "profile"):
         raise CliError("capacity", f"{capacity!r} is not 'slo' or 'profile'")
@@ -201,6 +212,7 @@ def run_compare(
         initial_gpus=initial_gpus,
         slo_ms=slo_ms,
         duration_s=meta.get("duration_s"),
+        provisioning_delay_s=provisioning_delay_s,
     )
     for p in policies:
         try:
@@ -229,6 +241,7 @@ def run_compare(
             bar.close()
     out["profile"] = profile
     out["max_gpus"] = max_gpus
+    out["provisioning_delay_s"] = {p.name: p.provisioning_delay_s for p in config.profiles}
     if plot:
         from .plots import plot_comparison
 

@@ -54,6 +54,42 @@ def test_simulate_bad_flags_name_themselves(tiny_trace):
         call_command("simulate", trace=str(tiny_trace), max_gpus=0, stdout=io.StringIO())
 
 
+def test_provisioning_delay_flag_replaces_the_boot_time(tmp_path):
+    # Twelve sessions become active on one warm GPU (K = 8 on h100-1.3b): the scale-out's GPU must boot.
+    events = [TraceEvent(0.0, f"s{i}", "arrive") for i in range(12)]
+    events += [TraceEvent(1.0, f"s{i}", "active") for i in range(12)]
+    events += [TraceEvent(60.0, f"s{i}", "depart") for i in range(12)]
+    trace = tmp_path / "burst.jsonl"
+    write_trace(trace, events, meta={"name": "burst", "duration_s": 60.0})
+
+    def run(**kwargs) -> dict:
+        out = io.StringIO()
+        call_command(
+            "simulate",
+            trace=str(trace),
+            policy="turboserve",
+            profile="h100-1.3b",
+            max_gpus=4,
+            initial_gpus=1,
+            json=True,
+            stdout=out,
+            **kwargs,
+        )
+        return json.loads(out.getvalue())
+
+    booted, instant = run(), run(provisioning_delay_s=0.0)
+    assert booted["provisioning_delay_s"] == {"h100-1.3b": 30.0}
+    assert instant["provisioning_delay_s"] == {"h100-1.3b": 0.0}
+    # With a 30 s boot all twelve share the warm GPU until the new one is ready; with instant attach
+    # they are spread at once, so the worst chunk is lower.
+    assert instant["worst_chunk_latency_ms"] < booted["worst_chunk_latency_ms"]
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(CommandError, match="--provisioning-delay-s"):
+            call_command("simulate", trace=str(trace), provisioning_delay_s=bad, stdout=io.StringIO())
+        with pytest.raises(CommandError, match="--provisioning-delay-s"):
+            call_command("simulate_compare", trace=str(trace), provisioning_delay_s=bad, stdout=io.StringIO())
+
+
 def compare_json(trace, **kwargs) -> dict:
     """``simulate_compare --json`` of turboserve vs lag on ``trace`` (h100-1.3b, 4 GPUs)."""
     out = io.StringIO()

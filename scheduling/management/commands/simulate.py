@@ -30,6 +30,12 @@ class Command(BaseCommand):
             "--slo-ms", type=float, default=None, help="per-chunk latency SLO (default: profile's)"
         )
         parser.add_argument("--tick-s", type=float, default=5.0, help="periodic tick interval")
+        parser.add_argument(
+            "--provisioning-delay-s",
+            type=float,
+            default=None,
+            help="replace every GPU type's provisioning delay (request → ready), e.g. 0 for instant attach",
+        )
         parser.add_argument("--json", action="store_true", help="print one JSON object")
         parser.add_argument("--plot", default=None, help="write a timeline PNG here")
         parser.add_argument("--progress", action="store_true", help="show a progress bar")
@@ -55,6 +61,7 @@ class Command(BaseCommand):
                 plot=opts["plot"],
                 progress=opts["progress"],
                 options=opts["option"],
+                provisioning_delay_s=opts["provisioning_delay_s"],
             )
         except CliError as exc:
             raise CommandError(str(exc)) from exc

@@ -30,6 +30,12 @@ class Command(BaseCommand):
             help="K per GPU: derived from the SLO (default; the load whose chunk plus one stall meets it) "
             "or the profile's own",
         )
+        parser.add_argument(
+            "--provisioning-delay-s",
+            type=float,
+            default=None,
+            help="replace every GPU type's provisioning delay (request → ready), e.g. 0 for instant attach",
+        )
         parser.add_argument("--json", action="store_true")
         parser.add_argument("--plot", default=None, help="write a comparison PNG here")
         parser.add_argument("--no-progress", action="store_true")
@@ -49,6 +55,7 @@ class Command(BaseCommand):
                 policies=policies,
                 plot=opts["plot"],
                 capacity=opts["capacity"],
+                provisioning_delay_s=opts["provisioning_delay_s"],
                 progress=not opts["no_progress"] and not opts["json"],
             )
         except CliError as exc:
