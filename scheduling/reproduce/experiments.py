@@ -52,6 +52,11 @@ EXTENSION_POLICIES = (NO_HEADROOM, NO_COOLDOWN, WITH_SCALE_IN_WINDOW, PAPER_LOOP
 EXTENSION_UNITS = {("T1", "h20-1.3b"), ("T2", "h20-1.3b"), ("T3", "h20-1.3b"), ("T4", "b300-1.3b")}
 SWEEP_DELAYS_S = (10.0, 30.0, 60.0, 120.0)
 SWEEP_POLICIES = ("turboserve", "base", "lag", "mag")
+# The whole Fig. 7 grid again with the provisioning delay replaced: 0 s is instant attach (the bound a
+# pre-staged pool approaches, TurboServe §6.2), 10 s a warm node that only starts the worker and loads
+# the model from local disk. The profiles' own delays (30 s / 45 s) are the fig7 experiment itself.
+# Same policies as fig7 (with the ablations), so Fig. 8 can be read at each delay too.
+FIG7_DELAYS_S = (0.0, 10.0)
 
 
 @dataclass(frozen=True)
@@ -444,7 +449,7 @@ def run_unit(unit: Unit) -> tuple[str, dict[str, Any]]:
 # The plan
 
 
-EXPERIMENTS = ("fig4", "fig7", "fig9", "table2", "table6", "tables8_10", "sweep")
+EXPERIMENTS = ("fig4", "fig7", "fig7delay", "fig9", "table2", "table6", "tables8_10", "sweep")
 
 
 def plan(*, quick: bool, seed: int, experiments: Sequence[str] = EXPERIMENTS) -> list[Unit]:
@@ -471,6 +476,25 @@ def plan(*, quick: bool, seed: int, experiments: Sequence[str] = EXPERIMENTS) ->
                     weight,
                 )
             )
+    if "fig7delay" in experiments:
+        pairs = [("T1", "h20-1.3b")] if quick else [(t, p) for t, ps in FIG7_PROFILES.items() for p in ps]
+        for trace, profile in pairs:
+            for d in (0.0,) if quick else FIG7_DELAYS_S:
+                units.append(
+                    Unit(
+                        f"fig7delay/{trace}/{profile}/{d:g}",
+                        "fig7",
+                        {
+                            **base,
+                            "trace": trace,
+                            "profile": profile,
+                            "delay_s": d,
+                            "policies": list(DEFAULT_POLICIES),
+                            "rho_grid": rho_grid,
+                        },
+                        {"T4": 6, "T5": 12, "T6": 10}.get(trace, 1),
+                    )
+                )
     if "fig9" in experiments:
         sizes = [4, 16] if quick else [4, 16, 64, 256, 1024]
         units.append(
