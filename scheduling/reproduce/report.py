@@ -1183,7 +1183,8 @@ def section_fig7_delay(data: dict[str, Any], out: Path, summary: dict[str, Any])
         return md + "Not run (`--experiments fig7delay`).\n"
     md += (
         "Every Fig. 7 unit (T1–T6 × both profiles, same traces, SLOs, clusters and §7.1 protocol) rerun with only "
-        "the provisioning delay of the GPU type replaced (`fig7delay` experiment; turboserve vs base/lag/mag). "
+        "the provisioning delay of the GPU type replaced (`fig7delay` experiment: turboserve, base, lag, mag and the two "
+        "Fig. 8 ablations). "
         "0 s is instant attach — the limit that TurboServe's pre-staged pool (§6.2: images and checkpoints already "
         "on the node) approaches; 10 s is a warm node that only starts the worker and loads the model from local "
         "disk. The static baselines do not depend on the delay (their pool is there from t = 0); only TurboServe's "
