@@ -1187,7 +1187,7 @@ def section_fig7_delay(data: dict[str, Any], out: Path, summary: dict[str, Any])
         "Fig. 8 ablations). "
         "0 s is instant attach — the limit that TurboServe's pre-staged pool (§6.2: images and checkpoints already "
         "on the node) approaches; 10 s is a warm node that only starts the worker and loads the model from local "
-        "disk. The static baselines do not depend on the delay (their pool is there from t = 0); only TurboServe's "
+        "disk. The static baselines do not depend on the delay (their pool is there from t = 0); only the autoscalers' "
         "figures move.\n\n"
     )
     rows = []
