@@ -1204,7 +1204,7 @@ def section_fig7_delay(data: dict[str, Any], out: Path, summary: dict[str, Any])
                 len(s["baseline_wins"]),
             ]
         )
-    rows.append(["paper (production traces)", 12, 12, "37.5 %", "37.5 %", "37.2 %", "49.0 %", 0])
+    rows.append(["paper (production traces)", "–", "–", "37.5 %", "37.5 %", "37.2 %", "49.0 %", 0])
     md += _table(
         [
             "provisioning delay",
