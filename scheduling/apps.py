@@ -5,3 +5,11 @@ class SchedulingConfig(AppConfig):
     name = "scheduling"
     verbose_name = "Scheduling"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Imported here, not at module level: receivers import models, which the app registry
+        # loads only after every AppConfig is imported (Django's documented place for signals).
+        from scheduling.receivers import session_event_received
+        from sessions.signals import session_event_committed
+
+        session_event_committed.connect(session_event_received, dispatch_uid="scheduling.session_event")

@@ -8,6 +8,8 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
+from scheduling.core.types import EventKind
+
 
 class SchedulerConfig(models.Model):
     """Operator-tunable knobs of the live scheduler (one row, id=1)."""
@@ -51,15 +53,20 @@ class SchedulerConfig(models.Model):
 class SchedulerDecision(models.Model):
     """One run of the closed-loop scheduler (TurboServe Algorithm 1) with its inputs and outputs."""
 
-    class Trigger(models.TextChoices):
-        ARRIVE = "arrive"
-        ACTIVE = "active"
-        IDLE = "idle"
-        DEPART = "depart"
-        PROMPT = "prompt"
-        TICK = "tick"
-        WORKER = "worker", "worker lifecycle"
-        MANUAL = "manual"
+    # The platform's event vocabulary (scheduling.core.types.EventKind), one member per trigger.
+    Trigger = models.TextChoices(
+        "Trigger",
+        [
+            (
+                kind.name,
+                (
+                    kind.value,
+                    "worker lifecycle" if kind is EventKind.WORKER else kind.name.replace("_", " ").title(),
+                ),
+            )
+            for kind in EventKind
+        ],
+    )
 
     trigger = models.CharField(max_length=16, choices=Trigger.choices)
     session = models.ForeignKey(

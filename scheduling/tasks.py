@@ -7,24 +7,25 @@ import logging
 from celery import shared_task
 from django.db import close_old_connections
 
+from gpu.provisioners.registry import get_provisioner
+from scheduling.live.enqueue import SCHEDULER_EVENT, SCHEDULER_TICK, WORKER_RELEASE
+from scheduling.live.liveness import workers_check
+from scheduling.live.run import scheduler_run
+from scheduling.live.scaling import release
+
 logger = logging.getLogger(__name__)
 
 
-@shared_task(name="scheduling.tasks.scheduler_event", time_limit=60, soft_time_limit=50, ignore_result=True)
+@shared_task(name=SCHEDULER_EVENT, time_limit=60, soft_time_limit=50, ignore_result=True)
 def scheduler_event(*, trigger: str, session_id: str | None = None, was_active: bool = False) -> list[int]:
     """A session event committed: decide at once (TurboServe is event-driven)."""
-    from scheduling.live import scheduler_run
-
     close_old_connections()
     return scheduler_run(trigger=trigger, session_id=session_id, was_active=was_active)
 
 
-@shared_task(name="scheduling.tasks.scheduler_tick", time_limit=60, soft_time_limit=50, ignore_result=True)
+@shared_task(name=SCHEDULER_TICK, time_limit=60, soft_time_limit=50, ignore_result=True)
 def scheduler_tick() -> dict:
     """Beat: lost workers and stuck provisioning first, then rebalance/autoscale on fresh state."""
-    from gpu.provisioners.registry import get_provisioner
-    from scheduling.live import scheduler_run, workers_check
-
     close_old_connections()
     reconcile = {}
     try:
@@ -48,10 +49,8 @@ def audit_maintenance() -> dict:
     return {"ledger_rows": ledger_accrue(), "rollups": chunk_rollup(), "pruned": chunk_records_prune()}
 
 
-@shared_task(name="scheduling.tasks.worker_release", time_limit=120, soft_time_limit=110, ignore_result=True)
+@shared_task(name=WORKER_RELEASE, time_limit=120, soft_time_limit=110, ignore_result=True)
 def worker_release(*, worker_id: int, action_id: int | None = None) -> None:
     """Scale-in: stop a drained worker's process/pod (graceful first) and mark it released."""
-    from scheduling.live import release
-
     close_old_connections()
     release(worker_id=worker_id, action_id=action_id)

@@ -91,7 +91,7 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     @action(detail=True, methods=["post"], permission_classes=[permissions.IsAdminUser])
     def migrate(self, request, pk=None):
         """Staff: move an executing session to another worker now (at its next chunk boundary)."""
-        from scheduling.live import MigrationRefused, migration_request
+        from scheduling.live.operator import MigrationRefused, migration_request
 
         session = self.get_object()
         data = MigrateSerializer(data=request.data)

@@ -10,6 +10,8 @@ from django.contrib.postgres.indexes import BrinIndex
 from django.db import models
 from django.db.models import Q
 
+from scheduling.core.types import EventKind
+
 
 class GenerationSession(models.Model):
     """A user's long-lived streaming generation session.
@@ -146,15 +148,26 @@ class SessionEvent(models.Model):
     """A lifecycle event: the workload detector's input and the source of trace export."""
 
     class Kind(models.TextChoices):
-        ARRIVE = "arrive"
-        ACTIVE = "active"
-        IDLE = "idle"
-        DEPART = "depart"
-        PROMPT = "prompt"
+        # What the user did: the platform's event vocabulary (each one wakes the scheduler).
+        ARRIVE = EventKind.ARRIVE.value
+        ACTIVE = EventKind.ACTIVE.value
+        IDLE = EventKind.IDLE.value
+        DEPART = EventKind.DEPART.value
+        PROMPT = EventKind.PROMPT.value
+        # What the platform did to the session: one kind per lifecycle transition (sessions.lifecycle).
+        PLACE = "place", "placed on a worker"
         RESTART = "restart", "restarted from checkpoint"
+        SUSPEND = "suspend", "suspended to host memory"
+        QUEUE = "queue", "queued for GPU memory"
+        MIGRATE = "migrate", "migration started"
+        MIGRATED = "migrated", "migration completed"
+        MIGRATE_FAILED = "migrate_failed", "migration failed"
+        HANDOFF = "handoff", "parked state handed to another host"
+        REQUEUE = "requeue", "placement refused by the worker"
+        RECOVER = "recover", "worker lost"
 
     session = models.ForeignKey(GenerationSession, on_delete=models.CASCADE, related_name="events")
-    kind = models.CharField(max_length=8, choices=Kind.choices)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
     at = models.DateTimeField(db_index=True)
     detail = models.JSONField(default=dict, blank=True)
 

@@ -1,8 +1,8 @@
-"""Writes to sessions: every change of a session goes through one of these functions.
+"""What users do to their sessions: create, prompt, pause, resume, terminate.
 
-Each records the session event the scheduler and trace export read, and hands side effects
-(scheduler trigger, status broadcast) to ``transaction.on_commit`` so nothing is announced
-that did not commit.
+Each records the session event the scheduler and trace export read; ``sessions.lifecycle``
+announces it after commit (status to the clients, ``session_event_committed`` to the scheduler),
+so nothing is announced that did not commit. Status changes are ``sessions.lifecycle`` transitions.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from sessions import lifecycle
+from sessions.lifecycle import event_record
 from sessions.models import GenerationSession, Prompt, SessionEvent
 from workers.catalog import PRESETS, parse_resolution
 
@@ -100,19 +102,6 @@ def session_spec_build(
     )
 
 
-def _record_event(session: GenerationSession, kind: str, *, at=None, **detail) -> SessionEvent:
-    event = SessionEvent.objects.create(session=session, kind=kind, at=at or timezone.now(), detail=detail)
-    transaction.on_commit(lambda: _announce(event.pk))
-    return event
-
-
-def _announce(event_id: int) -> None:
-    """After commit: wake the scheduler and tell connected clients (wired by the scheduling app)."""
-    from scheduling.hooks import session_event_committed
-
-    session_event_committed(event_id)
-
-
 @transaction.atomic
 def session_create(*, owner, spec: SessionSpec) -> GenerationSession:
     """A new session: it arrives and, since its user is typing into it, becomes active at once."""
@@ -126,12 +115,11 @@ def session_create(*, owner, spec: SessionSpec) -> GenerationSession:
         frames_per_chunk=spec.frames_per_chunk,
         load=spec.load,
         seed=spec.seed,
-        status=Status.QUEUED,
         activity=Activity.ACTIVE,
         last_active_at=now,
     )
     Prompt.objects.create(session=session, text=spec.prompt, from_chunk=0)
-    _record_event(
+    event_record(
         session,
         SessionEvent.Kind.ARRIVE,
         at=now,
@@ -139,7 +127,7 @@ def session_create(*, owner, spec: SessionSpec) -> GenerationSession:
         model=spec.model_name,
         resolution=session.resolution,
     )
-    _record_event(session, SessionEvent.Kind.ACTIVE, at=now)
+    event_record(session, SessionEvent.Kind.ACTIVE, at=now)
     return session
 
 
@@ -155,7 +143,7 @@ def session_prompt_add(*, session: GenerationSession, text: str) -> Prompt:
     if session.is_terminated:
         raise ValidationError({"text": "the session is terminated; start a new session"})
     prompt = Prompt.objects.create(session=session, text=text, from_chunk=session.chunks_generated)
-    _record_event(session, SessionEvent.Kind.PROMPT, prompt_id=prompt.pk, from_chunk=prompt.from_chunk)
+    event_record(session, SessionEvent.Kind.PROMPT, prompt_id=prompt.pk, from_chunk=prompt.from_chunk)
     return prompt
 
 
@@ -168,7 +156,7 @@ def session_pause(*, session: GenerationSession) -> GenerationSession:
     if session.activity != Activity.IDLE:
         session.activity = Activity.IDLE
         session.save(update_fields=["activity"])
-        _record_event(session, SessionEvent.Kind.IDLE)
+        event_record(session, SessionEvent.Kind.IDLE)
     return session
 
 
@@ -182,7 +170,7 @@ def session_resume(*, session: GenerationSession) -> GenerationSession:
         session.activity = Activity.ACTIVE
         session.last_active_at = timezone.now()
         session.save(update_fields=["activity", "last_active_at"])
-        _record_event(session, SessionEvent.Kind.ACTIVE)
+        event_record(session, SessionEvent.Kind.ACTIVE)
     return session
 
 
@@ -193,28 +181,8 @@ def session_terminate(*, session: GenerationSession, reason: str = "user") -> Ge
     The depart event names the workers that held its state so the scheduler can tell them to free it.
     """
     session = _locked(session)
-    if session.is_terminated:
-        return session
-    held_by = sorted({w.name for w in (session.worker, session.host_worker) if w is not None})
-    session.status = Status.TERMINATED
-    session.activity = Activity.IDLE
-    session.worker = None
-    session.host_worker = None
-    session.state_location = GenerationSession.StateLocation.NONE
-    session.queue_position = None
-    session.terminated_at = timezone.now()
-    session.save(
-        update_fields=[
-            "status",
-            "activity",
-            "worker",
-            "host_worker",
-            "state_location",
-            "queue_position",
-            "terminated_at",
-        ]
-    )
-    _record_event(session, SessionEvent.Kind.DEPART, reason=reason, held_by=held_by)
+    if not session.is_terminated:
+        lifecycle.session_end(session=session, reason=reason)
     return session
 
 

@@ -1,8 +1,9 @@
 """The worker daemon's side-effect sink: PostgreSQL writes on a thread beside the hot loop.
 
-Chunk records are buffered and written in batches (COPY into a temporary table, then one
-INSERT … ON CONFLICT DO NOTHING), with session progress updated in the same transaction. Command
-answers, migration results and heartbeats go through the control plane's services, so the
+This is the ``Reporter`` seam's control-plane side, and the only module of ``workers`` that imports
+the control plane. Chunk records are buffered and written in batches (COPY into a temporary table,
+then one INSERT … ON CONFLICT DO NOTHING), with session progress updated in the same transaction.
+Command answers, migration results and heartbeats go through the control plane's services, so the
 daemon never holds session logic of its own.
 """
 
@@ -17,6 +18,9 @@ from typing import Any
 
 from django.db import close_old_connections, connection
 
+from gpu.services import worker_heartbeat
+from scheduling.live.answers import command_answered, migration_completed, migration_failed
+from sessions.ingest import chunk_records_ingest
 from workers.daemon import Reporter
 
 logger = logging.getLogger("workers.reporting")
@@ -42,25 +46,17 @@ class DjangoReporter(Reporter, threading.Thread):
             self.rows.append(row)
 
     def answer(self, command: dict, status: str, reason: str = "", result: dict | None = None) -> None:
-        from scheduling.live import command_answered
-
         self.tasks.put(
             lambda: command_answered(command=command, status=status, reason=reason, result=result or {})
         )
 
     def migration_sent(self, command: dict, report: dict) -> None:
-        from scheduling.live import migration_completed
-
         self.tasks.put(lambda: migration_completed(command=command, report=report))
 
     def migration_failed(self, command: dict, error: str) -> None:
-        from scheduling.live import migration_failed
-
         self.tasks.put(lambda: migration_failed(command=command, error=error))
 
     def heartbeat(self, telemetry: dict, resident: list[str], parked: list[str]) -> None:
-        from gpu.services import worker_heartbeat
-
         self.tasks.put(lambda: worker_heartbeat(worker_id=self.worker_id, telemetry=telemetry))
 
     def close(self) -> None:
@@ -100,6 +96,4 @@ class DjangoReporter(Reporter, threading.Thread):
             rows, self.rows = self.rows, []
         if not rows:
             return 0
-        from sessions.ingest import chunk_records_ingest
-
         return chunk_records_ingest(rows=rows, worker_id=self.worker_id)

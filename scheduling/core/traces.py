@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-EVENT_KINDS = ("arrive", "active", "idle", "depart")
+from scheduling.core.types import TRACE_EVENT_KINDS
+
+EVENT_KINDS = tuple(kind.value for kind in TRACE_EVENT_KINDS)
 _BASE_FIELDS = frozenset({"t", "session", "event"})
 _ARRIVE_FIELDS = frozenset({"load", "model", "resolution"})
 

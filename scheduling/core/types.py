@@ -11,12 +11,43 @@ import itertools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
 SESSION_STATES = ("executing", "suspended", "queued")
 GPU_STATUSES = ("provisioning", "ready", "draining", "released", "failed")
-EVENT_KINDS = ("arrive", "active", "idle", "depart", "tick", "gpu_ready", "gpu_failed")
+
+
+class EventKind(StrEnum):
+    """The one event vocabulary of the platform.
+
+    The core's ``Event.kind``, ``SessionEvent.Kind`` (what happened to a session) and
+    ``SchedulerDecision.Trigger`` (what started a decision) all use these members.
+    """
+
+    # What a user does (TurboServe §5.1: arrival, the activity indicator α, departure) …
+    ARRIVE = "arrive"
+    ACTIVE = "active"
+    IDLE = "idle"
+    DEPART = "depart"
+    PROMPT = "prompt"
+    # … and what the cluster does.
+    TICK = "tick"
+    GPU_READY = "gpu_ready"
+    GPU_FAILED = "gpu_failed"
+    WORKER = "worker"
+    MANUAL = "manual"
+
+
+# What a user does to a session: recorded as session events, each a scheduler trigger.
+SESSION_EVENT_KINDS = (EventKind.ARRIVE, EventKind.ACTIVE, EventKind.IDLE, EventKind.DEPART, EventKind.PROMPT)
+# What a workload trace records (a prompt switch does not change the load).
+TRACE_EVENT_KINDS = (EventKind.ARRIVE, EventKind.ACTIVE, EventKind.IDLE, EventKind.DEPART)
+# What a policy tells apart; any other trigger is decided as a tick.
+POLICY_EVENT_KINDS = frozenset(
+    (*TRACE_EVENT_KINDS, EventKind.TICK, EventKind.GPU_READY, EventKind.GPU_FAILED)
+)
 
 GB = 1_000_000_000
 
@@ -187,11 +218,16 @@ class GpuView:
 @dataclass(frozen=True)
 class Event:
     time: float
-    kind: str
+    kind: EventKind
     session: str | None = None
     gpu: str | None = None
     # For idle/depart: whether this ended an active period (the detector counts net activations).
     was_active: bool = False
+
+    def __post_init__(self) -> None:
+        # A plain string from a trace becomes a member; an unknown kind is a ValueError here, not a
+        # silently ignored event inside a policy.
+        object.__setattr__(self, "kind", EventKind(self.kind))
 
 
 @dataclass(frozen=True)

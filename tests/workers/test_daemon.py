@@ -11,7 +11,7 @@ import redis
 import torch
 from django.conf import settings
 
-from scheduling.live import _Outbox
+from scheduling.live.outbox import Outbox
 from scheduling.models import WorkerCommand
 from sessions.models import ChunkRecord
 from tests.e2e.conftest import wait_for
@@ -50,7 +50,7 @@ def daemon(tmp_path):
 
 
 def send(daemon, kind, session=None, **payload):
-    outbox = _Outbox()
+    outbox = Outbox()
     body = outbox.command(daemon.worker, kind, session=session, **payload)
     outbox.send()
     return body
@@ -99,7 +99,7 @@ def test_commands_are_idempotent_and_stale_epochs_are_refused(daemon):
     start = send(daemon, "start", session=session, epoch=2, seed=1, prompts=[[0, "rain"]])
     steps_until(daemon, lambda: answered(start))
     # The same command delivered twice (a redelivery after a restart) is applied once.
-    outbox = _Outbox()
+    outbox = Outbox()
     outbox.commands.append((daemon.worker.name, start))
     outbox.send()
     daemon.step()

@@ -51,7 +51,7 @@ class Command(BaseCommand):
         import torch
 
         from gpu.services import TransitionError, worker_register
-        from scheduling.live import default_gpu_type, gpu_profiles
+        from scheduling.live.profiles import default_gpu_type, gpu_profiles
         from workers.daemon import WorkerDaemon
         from workers.reporting import DjangoReporter
         from workers.runtime.engine import ChunkEngine
@@ -118,9 +118,9 @@ class Command(BaseCommand):
             capacity,
             listener.address,
         )
-        from scheduling.live import trigger_scheduler
+        from scheduling.live.enqueue import scheduler_trigger
 
-        trigger_scheduler("gpu_ready")
+        scheduler_trigger("gpu_ready")
         daemon.run()
         self._deregister(worker.pk)
         logger.info("worker.stopped worker=%s", name)
@@ -129,10 +129,11 @@ class Command(BaseCommand):
         """SIGTERM: sessions were checkpointed by the daemon; hand them back to the scheduler."""
         from gpu.models import GpuWorker
         from gpu.services import TransitionError, worker_release
-        from scheduling.live import sessions_recover, trigger_scheduler
+        from scheduling.live.enqueue import scheduler_trigger
+        from scheduling.live.liveness import sessions_recover
 
         worker = GpuWorker.objects.get(pk=worker_id)
         sessions_recover(worker=worker)
         with contextlib.suppress(TransitionError):
             worker_release(worker=worker)
-        trigger_scheduler("worker")
+        scheduler_trigger("worker")

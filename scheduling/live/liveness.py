@@ -1,0 +1,101 @@
+"""Lost workers and overdue answers: detect them, and continue their sessions elsewhere.
+
+Run by the beat tick before each periodic decision (``scheduling.tasks.scheduler_tick``) and by a
+worker that restarts under the same name (its old sessions' states are gone).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from gpu import services as gpu_services
+from gpu.models import GpuWorker
+from scheduling.live.answers import migration_failed
+from scheduling.live.outbox import Outbox
+from scheduling.live.state import checkpoint_file
+from scheduling.models import Migration, WorkerCommand
+from sessions import lifecycle
+from sessions.models import GenerationSession
+
+logger = logging.getLogger("scheduling.live")
+
+Status = GenerationSession.Status
+
+
+def workers_check(*, now: datetime | None = None) -> list[str]:
+    """Declare workers whose heartbeat stopped dead, and re-place their sessions. Returns their names."""
+    now = now or timezone.now()
+    timeout = timedelta(seconds=settings.STREAMSERVE["HEARTBEAT_TIMEOUT_S"])
+    stale = list(
+        GpuWorker.objects.filter(
+            status__in=[GpuWorker.Status.READY, GpuWorker.Status.DRAINING], last_heartbeat__lt=now - timeout
+        )
+    )
+    lost = []
+    for worker in stale:
+        try:
+            gpu_services.worker_fail(worker=worker, at=now)
+        except gpu_services.TransitionError:
+            continue
+        lost.append(worker.name)
+        logger.error("worker.lost worker=%s last_heartbeat=%s", worker.name, worker.last_heartbeat)
+        sessions_recover(worker=worker)
+    # Workers ended by someone else (the provisioner saw the process or pod die, a release raced a
+    # placement) may still be named by sessions: re-place those too.
+    ended = (
+        GpuWorker.objects.filter(status__in=[GpuWorker.Status.FAILED, GpuWorker.Status.RELEASED])
+        .filter(Q(sessions__isnull=False) | Q(parked_sessions__isnull=False))
+        .distinct()
+    )
+    for worker in ended:
+        if sessions_recover(worker=worker):
+            lost.append(worker.name)
+    commands_expire(now=now)
+    return lost
+
+
+def commands_expire(*, now: datetime) -> None:
+    """Commands nobody answered in time time out; migrations nobody finished fail (§6.1: the
+    session stays where it was)."""
+    command_deadline = now - timedelta(seconds=settings.STREAMSERVE["COMMAND_TIMEOUT_S"])
+    WorkerCommand.objects.filter(status=WorkerCommand.Status.SENT, created_at__lt=command_deadline).update(
+        status=WorkerCommand.Status.TIMED_OUT
+    )
+    migration_deadline = now - timedelta(seconds=2 * settings.STREAMSERVE["MIGRATION_TIMEOUT_S"] + 5)
+    for migration in Migration.objects.filter(
+        outcome=Migration.Outcome.PENDING, started_at__lt=migration_deadline
+    ):
+        migration_failed(
+            command={"migration": migration.pk, "session": str(migration.session_id)},
+            error="no answer from the source before the deadline",
+        )
+
+
+@transaction.atomic
+def sessions_recover(*, worker: GpuWorker) -> int:
+    """A worker died: its sessions continue elsewhere from a checkpoint (or from the start)."""
+    affected = GenerationSession.objects.select_for_update(no_key=True).filter(
+        Q(worker=worker) | Q(host_worker=worker), ~Q(status=Status.TERMINATED)
+    )
+    count = 0
+    outbox = Outbox()
+    for session in affected:
+        for migration in Migration.objects.filter(
+            session=session, outcome=Migration.Outcome.PENDING
+        ).select_related("target"):
+            migration.outcome, migration.error = Migration.Outcome.FAILED, f"worker {worker.name} lost"
+            migration.finished_at = timezone.now()
+            migration.save(update_fields=["outcome", "error", "finished_at"])
+            if migration.target.is_live and migration.target_id != worker.pk:
+                # A copy the target may have installed is never activated: free it.
+                outbox.command(migration.target, "stop", session=session, epoch=migration.epoch)
+        has_checkpoint = checkpoint_file(str(session.pk)).exists()
+        count += lifecycle.session_recover(session=session, lost=worker, has_checkpoint=has_checkpoint)
+    transaction.on_commit(outbox.send)
+    return count

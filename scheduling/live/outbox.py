@@ -1,0 +1,80 @@
+"""Worker commands: a row per command inside the decision's transaction, sent after it commits.
+
+The row is the audit record and the answer's target (``answers.command_answered``); the send goes
+to the worker's durable Redis stream (``workers.channel``), so a command is never announced for a
+change that rolled back, and a worker that restarts re-reads its backlog.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.utils import timezone
+
+from gpu.models import GpuWorker
+from scheduling.models import SchedulerDecision, WorkerCommand
+from sessions.models import GenerationSession
+from workers.channel import new_command, send_command
+
+logger = logging.getLogger("scheduling.live")
+
+# One scheduler decision at a time cluster-wide (runs and operator moves take it).
+LOCK_KEY = "ss:scheduler:lock"
+
+
+@cache
+def redis_client() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL)
+
+
+def scheduler_lock():
+    return redis_client().lock(LOCK_KEY, timeout=60, blocking_timeout=30)
+
+
+@dataclass
+class Outbox:
+    """Commands prepared inside the transaction, sent after it commits; then slow follow-ups
+    (provisioner calls) that must never run inside the transaction."""
+
+    commands: list[tuple[str, dict]] = field(default_factory=list)
+    after: list[Callable[[], None]] = field(default_factory=list)
+
+    def command(
+        self,
+        worker: GpuWorker,
+        kind: str,
+        *,
+        session: GenerationSession | None = None,
+        decision: SchedulerDecision | None = None,
+        epoch: int = 0,
+        **payload: Any,
+    ) -> dict:
+        body = new_command(kind, session=str(session.pk) if session else None, epoch=epoch, **payload)
+        WorkerCommand.objects.create(
+            id=body["id"],
+            worker=worker,
+            session=session,
+            decision=decision,
+            kind=kind,
+            epoch=epoch,
+            payload=body,
+            created_at=timezone.now(),
+        )
+        self.commands.append((worker.name, body))
+        return body
+
+    def send(self) -> None:
+        client = redis_client()
+        for worker_name, body in self.commands:
+            send_command(client, worker_name, body)
+        for action in self.after:
+            try:
+                action()
+            except Exception:
+                logger.exception("post-decision action failed")

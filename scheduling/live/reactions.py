@@ -1,0 +1,43 @@
+"""What a committed session event asks of the workers that hold the session."""
+
+from __future__ import annotations
+
+from gpu.models import GpuWorker
+from scheduling.live.outbox import Outbox
+from scheduling.models import Migration
+from sessions.models import GenerationSession, Prompt
+
+Status = GenerationSession.Status
+
+
+def prompt_forward(*, session_id: str, prompt_id: int) -> None:
+    """A new prompt goes to whoever holds the session (both ends while it migrates)."""
+    session = GenerationSession.objects.select_related("worker", "host_worker").get(pk=session_id)
+    prompt = Prompt.objects.get(pk=prompt_id)
+    outbox = Outbox()
+    holders = [w for w in (session.worker, session.host_worker) if w is not None]
+    if session.status == Status.MIGRATING:
+        pending = Migration.objects.filter(session=session, outcome=Migration.Outcome.PENDING).select_related(
+            "target"
+        )
+        holders += [m.target for m in pending]
+    for worker in {w.pk: w for w in holders}.values():
+        outbox.command(
+            worker,
+            "prompt",
+            session=session,
+            epoch=session.epoch,
+            text=prompt.text,
+            from_chunk=prompt.from_chunk,
+            prompt_id=prompt.pk,
+        )
+    outbox.send()
+
+
+def session_stop(*, session_id: str, held_by: list[str]) -> None:
+    """After a depart: the workers that held the session free its state."""
+    outbox = Outbox()
+    session = GenerationSession.objects.filter(pk=session_id).first()
+    for worker in GpuWorker.objects.filter(name__in=held_by, status__in=GpuWorker.LIVE_STATUSES):
+        outbox.command(worker, "stop", session=session)
+    outbox.send()

@@ -1,0 +1,209 @@
+"""One closed-loop decision on live state: snapshot from PostgreSQL → ``scheduling.core`` → apply.
+
+``scheduler_run`` is what the Celery tasks call, one run at a time cluster-wide (a Redis lock). It
+builds the same ``Snapshot`` the simulator builds, asks the same policy object (its internal state
+persisted between runs), records the decision with its inputs, applies it (``apply``) in the same
+transaction, and sends the commands after commit (``outbox``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from gpu.models import GpuWorker
+from scheduling.core.policy import make_policy
+from scheduling.core.types import (
+    POLICY_EVENT_KINDS,
+    Event,
+    EventKind,
+    GpuTypeSpec,
+    GpuView,
+    SessionView,
+    Snapshot,
+)
+from scheduling.live.apply import Pool, decision_apply
+from scheduling.live.outbox import Outbox, scheduler_lock
+from scheduling.live.profiles import default_gpu_type, gpu_profiles
+from scheduling.models import SchedulerConfig, SchedulerDecision, SchedulerState, WorkerCommand
+from sessions.models import GenerationSession
+
+logger = logging.getLogger("scheduling.live")
+
+Status = GenerationSession.Status
+
+
+def scheduler_run(*, trigger: str, session_id: str | None = None, was_active: bool = False) -> list[int]:
+    """One closed-loop decision per served model pool; returns the ids of the decisions recorded."""
+    trigger = EventKind(trigger)
+    with scheduler_lock():
+        decisions = []
+        for preset in settings.STREAMSERVE["SERVED_MODELS"]:
+            decision = _run_pool(preset=preset, trigger=trigger, session_id=session_id, was_active=was_active)
+            if decision is not None:
+                decisions.append(decision)
+        return decisions
+
+
+def _session_view(session: GenerationSession, spec: GpuTypeSpec, now: float, placed_at: dict) -> SessionView:
+    """``since`` is when the session entered its current state: its last placement on a GPU (which
+    the policy's minimum-residency rule reads) or, waiting, its activation (queue order)."""
+    if session.status in (Status.EXECUTING, Status.MIGRATING):
+        state, gpu = "executing", session.worker.name
+        entered = placed_at.get(session.pk) or session.last_active_at or session.created_at
+    elif session.status == Status.SUSPENDED:
+        state, gpu = "suspended", None
+        entered = session.last_active_at or session.created_at
+    else:
+        state, gpu = "queued", None
+        entered = session.last_active_at or session.created_at
+    return SessionView(
+        id=str(session.pk),
+        alpha=int(session.activity == GenerationSession.Activity.ACTIVE),
+        state=state,
+        load=session.load,
+        gpu=gpu,
+        state_bytes=int(spec.state_bytes * session.load),
+        since=min(entered.timestamp(), now),
+    )
+
+
+def _pool_locked(preset: str) -> Pool:
+    return Pool(
+        preset=preset,
+        workers={
+            w.name: w
+            # FOR NO KEY UPDATE: chunk-record inserts (FK checks take KEY SHARE) never wait on it.
+            # Rows are locked in primary-key order, like every other multi-row locker, so no deadlock.
+            for w in GpuWorker.objects.select_for_update(no_key=True)
+            .filter(model_preset=preset, status__in=GpuWorker.LIVE_STATUSES)
+            .order_by("pk")
+        },
+        sessions={
+            str(s.pk): s
+            for s in GenerationSession.objects.select_for_update(of=("self",), no_key=True)
+            .select_related("worker", "host_worker")
+            .filter(model_name=preset)
+            .exclude(status=Status.TERMINATED)
+            .order_by("pk")
+        },
+    )
+
+
+def _snapshot(pool: Pool, config: SchedulerConfig, clock: float) -> Snapshot:
+    profiles = gpu_profiles()
+    spec = profiles[default_gpu_type()]
+    placed_at = dict(
+        WorkerCommand.objects.filter(
+            session_id__in=[
+                s.pk for s in pool.sessions.values() if s.status in (Status.EXECUTING, Status.MIGRATING)
+            ],
+            kind__in=["start", "resume", "activate"],
+        )
+        .values("session_id")
+        .annotate(last=Max("created_at"))
+        .values_list("session_id", "last")
+    )
+    views = [
+        _session_view(s, profiles.get(s.worker.gpu_type, spec) if s.worker else spec, clock, placed_at)
+        for s in pool.sessions.values()
+    ]
+    return Snapshot.build(
+        time=clock,
+        sessions=views,
+        gpus=[
+            GpuView(
+                id=w.name,
+                gpu_type=w.gpu_type if w.gpu_type in profiles else default_gpu_type(),
+                status=w.status,
+                ready_at=w.ready_at.timestamp() if w.ready_at else None,
+                requested_at=w.requested_at.timestamp(),
+            )
+            for w in pool.workers.values()
+        ],
+        gpu_types=profiles,
+        min_gpus=config.min_gpus,
+        max_gpus=config.max_gpus,
+    )
+
+
+def _run_pool(*, preset: str, trigger: EventKind, session_id: str | None, was_active: bool) -> int | None:
+    started = time.perf_counter()
+    outbox = Outbox()
+    with transaction.atomic():
+        config = SchedulerConfig.load()
+        now = timezone.now()
+        clock = now.timestamp()
+        pool = _pool_locked(preset)
+        if session_id is not None and session_id not in pool.sessions and trigger != EventKind.DEPART:
+            session_id = None
+        snapshot = _snapshot(pool, config, clock)
+        kind = trigger if trigger in POLICY_EVENT_KINDS else EventKind.TICK
+        event = Event(time=clock, kind=kind, session=session_id, was_active=was_active)
+        state_row, _ = SchedulerState.objects.select_for_update(no_key=True).get_or_create(
+            policy=f"{config.policy}@{preset}"
+        )
+        options: dict[str, Any] = {"cooldown_s": config.scale_in_cooldown_s}
+        if config.target_utilization is not None:
+            options["rho_hat"] = config.target_utilization
+        policy = make_policy(config.policy, **options)
+        if state_row.state:
+            policy.load_state_dict(state_row.state)
+        decision = policy.decide(snapshot, event)
+        state_row.state = policy.state_dict()
+        state_row.save(update_fields=["state", "updated_at"])
+        record = SchedulerDecision.objects.create(
+            trigger=trigger,
+            session=pool.sessions.get(session_id) if session_id else None,
+            decided_at=now,
+            policy=config.policy,
+            active_sessions=sum(v.alpha for v in snapshot.sessions.values()),
+            budget=len(pool.workers),
+            rho_max=decision.signals.rho_max,
+            volatility=decision.signals.volatility,
+            volatility_level=decision.signals.volatility_level,
+            lambda_weight=decision.signals.lam,
+            rho_hat=decision.signals.rho_hat,
+            target_budget=decision.target_budget,
+            duration_ms=0.0,
+            inputs={
+                "preset": preset,
+                "event": {"kind": kind, "session": session_id},
+                "sessions": len(snapshot.sessions),
+                "pending": list(snapshot.pending),
+                "gpus": {
+                    g: {"status": v.status, "load": snapshot.gpu_load[g]} for g, v in snapshot.gpus.items()
+                },
+            },
+            outputs=decision.to_json(),
+        )
+        applied = decision_apply(decision=decision, record=record, pool=pool, config=config, outbox=outbox)
+        changed = applied.placements
+        acted = changed or decision.add_gpus or decision.drain or decision.undrain or decision.release
+        if kind == EventKind.TICK and not acted and not outbox.commands and not applied.queue:
+            # Periodic ticks that change nothing are not history: keep the table to real decisions.
+            record.delete()
+            transaction.on_commit(outbox.send)
+            return None
+        record.placements_changed = changed
+        record.duration_ms = (time.perf_counter() - started) * 1000.0
+        record.save(update_fields=["placements_changed", "duration_ms"])
+        transaction.on_commit(outbox.send)
+    logger.info(
+        "scheduler.decision id=%s preset=%s trigger=%s sessions=%d gpus=%d target=%d changed=%d ms=%.2f",
+        record.pk,
+        preset,
+        trigger,
+        len(pool.sessions),
+        len(pool.workers),
+        decision.target_budget,
+        changed,
+        record.duration_ms,
+    )
+    return record.pk

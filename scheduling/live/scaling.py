@@ -1,0 +1,98 @@
+"""Growing and shrinking the pool: scaling records inside the decision, provisioner calls outside.
+
+Scale-out is recorded in the decision's transaction and the provisioner is asked right after commit,
+still under the scheduler lock, so the next decision already sees the new workers as provisioning.
+Scale-in drains the (empty) worker in the transaction; a Celery task stops its process, which may
+take a grace period, outside the transaction and the lock.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.utils import timezone
+
+from gpu import services as gpu_services
+from gpu.models import GpuWorker
+from gpu.provisioners.registry import get_provisioner
+from scheduling.live.enqueue import worker_release_enqueue
+from scheduling.live.outbox import Outbox
+from scheduling.live.profiles import gpu_profiles
+from scheduling.models import ScalingAction, SchedulerDecision
+
+logger = logging.getLogger("scheduling.live")
+
+
+def scale_out(
+    *, decision: SchedulerDecision, preset: str, gpu_type: str, count: int, budget: int, outbox: Outbox
+) -> ScalingAction:
+    action = ScalingAction.objects.create(
+        decision=decision,
+        created_at=timezone.now(),
+        direction="out",
+        from_budget=budget,
+        to_budget=budget + count,
+        gpu_type=gpu_type,
+        reason=f"ρ_max={decision.rho_max:.2f} vs ρ̂={decision.rho_hat:.2f}; target {decision.target_budget}",
+    )
+    outbox.after.append(lambda: provision(action_id=action.pk, preset=preset, gpu_type=gpu_type, count=count))
+    return action
+
+
+def provision(*, action_id: int, preset: str, gpu_type: str, count: int) -> None:
+    """Ask the provisioner for ``count`` workers; the action records what it answered."""
+    action = ScalingAction.objects.get(pk=action_id)
+    try:
+        spec = gpu_profiles()[gpu_type]
+        result = get_provisioner().request(
+            count=count,
+            gpu_type=gpu_type,
+            preset=preset,
+            capacity=max(1, int(spec.capacity)),
+            price_per_hour=spec.price_per_hour,
+        )
+    except Exception as exc:
+        logger.exception("scale-out failed")
+        action.outcome, action.provisioner_result = "failed", {"error": str(exc)}
+        action.save(update_fields=["outcome", "provisioner_result"])
+        return
+    action.provisioner_result = result.as_dict()
+    action.outcome = "requested" if result.ok else "failed"
+    action.save(update_fields=["outcome", "provisioner_result"])
+    action.workers.set(result.worker_ids)
+
+
+def scale_in(*, decision: SchedulerDecision, worker: GpuWorker, budget: int, outbox: Outbox) -> ScalingAction:
+    action = ScalingAction.objects.create(
+        decision=decision,
+        created_at=timezone.now(),
+        direction="in",
+        from_budget=budget,
+        to_budget=budget - 1,
+        gpu_type=worker.gpu_type,
+        reason=f"consolidated; ρ_max={decision.rho_max:.2f} vs ρ̂={decision.rho_hat:.2f}",
+    )
+    action.workers.set([worker.pk])
+    if worker.status == GpuWorker.Status.READY:
+        gpu_services.worker_drain(worker=worker)
+    outbox.after.append(lambda: worker_release_enqueue(worker_id=worker.pk, action_id=action.pk))
+    return action
+
+
+def release(*, worker_id: int, action_id: int | None) -> None:
+    """Stop a drained worker: the daemon is asked to exit by itself first (a hand-started worker
+    has no process to stop), then the provisioner stops its process or pod."""
+    worker = GpuWorker.objects.get(pk=worker_id)
+    action = ScalingAction.objects.filter(pk=action_id).first()
+    outbox = Outbox()
+    outbox.command(worker, "shutdown")
+    outbox.send()
+    try:
+        result = get_provisioner(worker.provider).release(worker)
+        outcome, details = ("succeeded" if result.ok else "failed"), result.as_dict()
+    except Exception as exc:
+        logger.exception("scale-in failed worker=%s", worker.name)
+        outcome, details = "failed", {"error": str(exc)}
+    if action is not None:
+        action.outcome, action.provisioner_result = outcome, details
+        action.save(update_fields=["outcome", "provisioner_result"])

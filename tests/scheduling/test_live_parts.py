@@ -1,0 +1,179 @@
+"""Each part of the live loop, called directly against the real database and Redis."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+from django.utils import timezone
+
+from gpu.models import GpuWorker
+from scheduling.live.answers import command_answered, migration_completed, migration_failed
+from scheduling.live.liveness import sessions_recover, workers_check
+from scheduling.live.operator import MigrationRefused, migration_request
+from scheduling.live.run import scheduler_run
+from scheduling.models import Migration, SchedulerDecision, WorkerCommand
+from sessions import lifecycle
+from sessions.models import GenerationSession, SessionEvent
+from tests.factories import GpuWorkerFactory, SessionFactory
+from workers.channel import stream_key
+
+pytestmark = pytest.mark.django_db(transaction=False)
+
+Status = GenerationSession.Status
+
+
+@pytest.fixture
+def client():
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    yield client
+
+
+def worker(**kwargs) -> GpuWorker:
+    kwargs.setdefault("gpu_type", "cpu")
+    kwargs.setdefault("last_heartbeat", timezone.now())
+    return GpuWorkerFactory(**kwargs)
+
+
+def commands(worker: GpuWorker, kind: str | None = None):
+    rows = WorkerCommand.objects.filter(worker=worker)
+    return rows.filter(kind=kind) if kind else rows
+
+
+def test_a_run_places_an_active_session_and_sends_its_start_after_commit(
+    client, django_capture_on_commit_callbacks
+):
+    ready = worker()
+    client.delete(stream_key(ready.name))
+    session = SessionFactory(activity="active", last_active_at=timezone.now())
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        decisions = scheduler_run(trigger="active", session_id=str(session.pk))
+    session.refresh_from_db()
+    assert (session.status, session.worker_id, session.epoch) == (Status.EXECUTING, ready.pk, 1)
+    decision = SchedulerDecision.objects.get(pk=decisions[0])
+    assert decision.trigger == "active" and decision.placements_changed == 1
+    start = commands(ready, "start").get()
+    assert start.decision_id == decision.pk and start.payload["epoch"] == 1
+    assert session.events.filter(kind=SessionEvent.Kind.PLACE).exists()
+    # Nothing reached the worker's stream inside the transaction; the outbox sends it after commit.
+    assert client.xlen(stream_key(ready.name)) == 0
+    outbox_send = callbacks[-1]
+    outbox_send()
+    sent = [json.loads(fields[b"json"]) for _, fields in client.xrange(stream_key(ready.name))]
+    assert [c["kind"] for c in sent] == ["start"] and sent[0]["id"] == str(start.pk)
+
+
+def test_a_tick_that_changes_nothing_is_not_recorded():
+    worker()
+    assert scheduler_run(trigger="tick") == []
+    assert not SchedulerDecision.objects.exists()
+
+
+def test_a_refused_start_puts_the_session_back_in_the_queue():
+    ready = worker()
+    session = SessionFactory(activity="active", last_active_at=timezone.now())
+    scheduler_run(trigger="active", session_id=str(session.pk))
+    start = commands(ready, "start").get()
+    # An answer for an older epoch changes nothing but its command row.
+    command_answered(command={**start.payload, "epoch": 0}, status="failed", reason="old", result={})
+    assert GenerationSession.objects.get(pk=session.pk).status == Status.EXECUTING
+    start.status = WorkerCommand.Status.SENT
+    start.save()
+    command_answered(command=start.payload, status="failed", reason="out of memory", result={})
+    session.refresh_from_db()
+    assert (session.status, session.worker_id, session.state_location) == (Status.QUEUED, None, "none")
+    assert session.events.filter(kind=SessionEvent.Kind.REQUEUE).get().detail["reason"] == "out of memory"
+    assert WorkerCommand.objects.get(pk=start.pk).status == "failed"
+
+
+def _migrating(source: GpuWorker, target: GpuWorker):
+    session = SessionFactory()
+    lifecycle.session_place(session=session, worker=source)
+    migration = migration_request(session_id=str(session.pk), target_name=target.name)
+    return GenerationSession.objects.get(pk=session.pk), migration
+
+
+def test_an_operator_migration_then_the_flip_and_activation():
+    source, target = worker(), worker()
+    session, migration = _migrating(source, target)
+    assert session.status == Status.MIGRATING
+    out = commands(source, "migrate_out").get().payload
+    assert commands(target, "migrate_in").get().payload["migration"] == migration.pk
+    migration_completed(command=out, report={"bytes": 1234})
+    session.refresh_from_db()
+    migration.refresh_from_db()
+    assert (session.status, session.worker_id, session.epoch) == (Status.EXECUTING, target.pk, 2)
+    assert (migration.outcome, migration.state_bytes) == ("succeeded", 1234)
+    assert commands(target, "activate").get().payload["epoch"] == 2
+
+
+def test_a_flip_after_the_session_changed_is_aborted_and_the_copy_freed():
+    source, target = worker(), worker()
+    session, migration = _migrating(source, target)
+    out = commands(source, "migrate_out").get().payload
+    lifecycle.session_end(session=session, reason="user")
+    migration_completed(command=out, report={})
+    migration.refresh_from_db()
+    assert migration.outcome == "aborted"
+    assert commands(target, "stop").get().payload["epoch"] == 2
+    assert not commands(target, "activate").exists()
+
+
+def test_a_failed_migration_leaves_the_session_on_its_source():
+    source, target = worker(), worker()
+    session, migration = _migrating(source, target)
+    migration_failed(command={"migration": migration.pk, "session": str(session.pk)}, error="peer reset")
+    session.refresh_from_db()
+    assert (session.status, session.worker_id, session.epoch) == (Status.EXECUTING, source.pk, 1)
+    assert Migration.objects.get(pk=migration.pk).outcome == "failed"
+    assert commands(target, "stop").exists()
+    # A second report of the same failure changes nothing.
+    migration_failed(command={"migration": migration.pk, "session": str(session.pk)}, error="again")
+    assert session.events.filter(kind=SessionEvent.Kind.MIGRATE_FAILED).count() == 1
+
+
+def test_operator_requests_that_cannot_happen_are_refused():
+    source = worker()
+    session = SessionFactory()
+    with pytest.raises(MigrationRefused, match="only executing"):
+        migration_request(session_id=str(session.pk), target_name=source.name)
+    lifecycle.session_place(session=session, worker=source)
+    with pytest.raises(MigrationRefused, match="already runs"):
+        migration_request(session_id=str(session.pk), target_name=source.name)
+    with pytest.raises(MigrationRefused, match="not a ready worker"):
+        migration_request(session_id=str(session.pk), target_name="nobody")
+
+
+def test_a_silent_worker_is_declared_lost_and_its_sessions_recovered(tmp_path, settings):
+    settings.STREAMSERVE = {**settings.STREAMSERVE, "CHECKPOINT_DIR": str(tmp_path)}
+    silent = worker(last_heartbeat=timezone.now() - timedelta(minutes=5))
+    alive = worker()
+    running, parked = SessionFactory(activity="active"), SessionFactory(activity="idle")
+    lifecycle.session_place(session=running, worker=silent)
+    lifecycle.session_place(session=parked, worker=silent)
+    lifecycle.session_suspend(session=parked)
+    Path(tmp_path, f"{running.pk}.safetensors").write_bytes(b"checkpoint")
+    assert workers_check() == [silent.name]
+    running.refresh_from_db()
+    parked.refresh_from_db()
+    assert GpuWorker.objects.get(pk=silent.pk).status == GpuWorker.Status.FAILED
+    assert GpuWorker.objects.get(pk=alive.pk).status == GpuWorker.Status.READY
+    assert (running.status, running.state_location, running.worker_id) == (Status.QUEUED, "checkpoint", None)
+    assert (parked.status, parked.state_location, parked.host_worker_id) == (Status.SUSPENDED, "none", None)
+    assert sessions_recover(worker=silent) == 0  # nothing left on it
+
+
+def test_overdue_commands_time_out_and_overdue_migrations_fail():
+    source, target = worker(), worker()
+    session, migration = _migrating(source, target)
+    long_ago = timezone.now() - timedelta(hours=1)
+    WorkerCommand.objects.update(created_at=long_ago)
+    Migration.objects.update(started_at=long_ago)
+    workers_check()
+    assert set(commands(source).values_list("status", flat=True)) == {"timed_out"}
+    assert Migration.objects.get(pk=migration.pk).outcome == "failed"
+    assert GenerationSession.objects.get(pk=session.pk).status == Status.EXECUTING
