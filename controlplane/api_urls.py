@@ -9,6 +9,7 @@ from scheduling.api import (
     ScalingActionViewSet,
     SchedulerConfigView,
     SchedulerDecisionViewSet,
+    SessionMigrateView,
 )
 from sessions.api import LatencyAuditView, ModelCatalogView, SessionViewSet
 
@@ -24,5 +25,7 @@ urlpatterns = [
     path("scheduler/config/", SchedulerConfigView.as_view(), name="scheduler-config"),
     path("audit/cost/", CostAuditView.as_view(), name="audit-cost"),
     path("audit/latency/", LatencyAuditView.as_view(), name="audit-latency"),
+    # The operator's request lives with the scheduler; the URL stays under the session it moves.
+    path("sessions/<uuid:pk>/migrate/", SessionMigrateView.as_view(), name="session-migrate"),
     *router.urls,
 ]

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import django_filters
-from rest_framework import generics, permissions, serializers, viewsets
+from django.shortcuts import get_object_or_404
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
+from rest_framework import generics, permissions, serializers, status, viewsets
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
 
+from scheduling.live.operator import MigrationRefused, migration_request
 from scheduling.models import Migration, ScalingAction, SchedulerConfig, SchedulerDecision
+from sessions.models import GenerationSession
 
 
 class SchedulerDecisionSerializer(serializers.ModelSerializer):
@@ -194,3 +201,30 @@ class SchedulerConfigView(generics.RetrieveUpdateAPIView):
 
     def get_object(self):
         return SchedulerConfig.load()
+
+
+class MigrateSerializer(serializers.Serializer):
+    target = serializers.CharField(help_text="name of a ready worker")
+
+
+class SessionMigrateView(generics.GenericAPIView):
+    """Staff: move an executing session to another worker now (at its next chunk boundary)."""
+
+    permission_classes = [permissions.IsAdminUser]
+    serializer_class = MigrateSerializer
+    queryset = GenerationSession.objects.all()
+
+    @extend_schema(request=MigrateSerializer, responses={202: OpenApiTypes.OBJECT}, tags=["sessions"])
+    def post(self, request, pk):
+        session = get_object_or_404(GenerationSession, pk=pk)
+        data = MigrateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        try:
+            migration = migration_request(
+                session_id=str(session.pk), target_name=data.validated_data["target"]
+            )
+        except MigrationRefused as exc:
+            raise ValidationError({"target": str(exc)}) from exc
+        return Response(
+            {"migration": migration.pk, "epoch": migration.epoch}, status=status.HTTP_202_ACCEPTED
+        )

@@ -8,7 +8,7 @@ import io
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import mixins, permissions, serializers, status, viewsets
+from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -25,10 +25,6 @@ from sessions.serializers import (
     SessionSerializer,
 )
 from workers.catalog import PRESETS
-
-
-class MigrateSerializer(serializers.Serializer):
-    target = serializers.CharField(help_text="name of a ready worker")
 
 
 class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -86,27 +82,6 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     def terminate(self, request, pk=None):
         """End the session (idempotent)."""
         return Response(SessionSerializer(services.session_terminate(session=self.get_object())).data)
-
-    @extend_schema(request=MigrateSerializer, responses={202: OpenApiTypes.OBJECT})
-    @action(detail=True, methods=["post"], permission_classes=[permissions.IsAdminUser])
-    def migrate(self, request, pk=None):
-        """Staff: move an executing session to another worker now (at its next chunk boundary)."""
-        from scheduling.live.operator import MigrationRefused, migration_request
-
-        session = self.get_object()
-        data = MigrateSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        try:
-            migration = migration_request(
-                session_id=str(session.pk), target_name=data.validated_data["target"]
-            )
-        except MigrationRefused as exc:
-            from rest_framework.exceptions import ValidationError
-
-            raise ValidationError({"target": str(exc)}) from exc
-        return Response(
-            {"migration": migration.pk, "epoch": migration.epoch}, status=status.HTTP_202_ACCEPTED
-        )
 
     @extend_schema(responses=ChunkRecordSerializer(many=True))
     @action(detail=True, methods=["get"])

@@ -93,3 +93,21 @@ def test_scheduler_config_update_and_validation(staff_api):
     assert bad.status_code == 400 and "max_gpus" in bad.json()
     bad = staff_api.patch("/api/scheduler/config/", {"target_utilization": 1.5}, format="json")
     assert bad.status_code == 400 and "target_utilization" in bad.json()
+
+
+def test_session_migrate_endpoint(staff_api, user_api):
+    source = GpuWorkerFactory(gpu_type="cpu")
+    target = GpuWorkerFactory(gpu_type="cpu")
+    session = SessionFactory(status="executing", worker=source, state_location="worker", epoch=3)
+    url = f"/api/sessions/{session.pk}/migrate/"
+    assert user_api.post(url, {"target": target.name}, format="json").status_code == 403
+    refused = staff_api.post(url, {"target": "nobody"}, format="json")
+    assert refused.status_code == 400 and "not a ready worker" in str(refused.json()["target"])
+    assert staff_api.post(url, {}, format="json").json()["target"]  # the field is required
+    missing = staff_api.post(
+        "/api/sessions/00000000-0000-0000-0000-000000000000/migrate/", {"target": target.name}, format="json"
+    )
+    assert missing.status_code == 404
+    accepted = staff_api.post(url, {"target": target.name}, format="json")
+    assert accepted.status_code == 202 and accepted.json()["epoch"] == 4
+    assert Migration.objects.get(pk=accepted.json()["migration"]).target_id == target.pk
