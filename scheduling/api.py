@@ -10,6 +10,7 @@ from rest_framework import generics, permissions, serializers, status, viewsets
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
+from scheduling.core.policy import PolicyError, resolve_policy_class
 from scheduling.live.operator import MigrationRefused, migration_request
 from scheduling.models import Migration, ScalingAction, SchedulerConfig, SchedulerDecision
 from sessions.models import GenerationSession
@@ -103,8 +104,6 @@ class SchedulerConfigSerializer(serializers.ModelSerializer):
         return value
 
     def validate_policy(self, value):
-        from scheduling.core.policy import PolicyError, resolve_policy_class
-
         try:
             resolve_policy_class(value)
         except (PolicyError, ImportError, AttributeError, ValueError) as exc:

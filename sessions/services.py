@@ -12,13 +12,24 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import Count, F, Func, IntegerField, Max, Min, Sum, Value
+from django.db.models import FloatField as _Float
+from django.db.models.functions import Coalesce, Trunc
 from django.utils import timezone
 
 from sessions import lifecycle
 from sessions.lifecycle import event_record
-from sessions.models import GenerationSession, Prompt, SessionEvent
+from sessions.models import (
+    LATENCY_BUCKETS_MS,
+    ChunkLatencyRollup,
+    ChunkRecord,
+    GenerationSession,
+    Prompt,
+    SessionEvent,
+)
 from workers.catalog import PRESETS, parse_resolution
 
 Status = GenerationSession.Status
@@ -199,13 +210,6 @@ def chunk_rollup(*, until: datetime | None = None, since: datetime | None = None
     records written late by a worker's batcher are folded in; rows are upserted. Only closed minutes
     (before ``until``, floored to the minute) are rolled up. Returns the number of rollup rows written.
     """
-    from django.contrib.postgres.fields import ArrayField
-    from django.db.models import Count, F, Func, IntegerField, Max, Min, Sum, Value
-    from django.db.models import FloatField as _Float
-    from django.db.models.functions import Coalesce, Trunc
-
-    from sessions.models import LATENCY_BUCKETS_MS, ChunkLatencyRollup, ChunkRecord
-
     until = (until or timezone.now()).replace(second=0, microsecond=0)
     if since is None:
         newest = ChunkLatencyRollup.objects.aggregate(m=Max("minute"))["m"]
@@ -270,10 +274,6 @@ def chunk_records_prune(*, now: datetime | None = None, batch_size: int = 10_000
 
     Retention: ``CHUNK_RETENTION_DAYS`` (default 14) of raw rows; rollups are kept indefinitely.
     """
-    from django.db.models import Max
-
-    from sessions.models import ChunkLatencyRollup, ChunkRecord
-
     now = now or timezone.now()
     cutoff = now - timedelta(days=settings.STREAMSERVE["CHUNK_RETENTION_DAYS"])
     newest_rollup = ChunkLatencyRollup.objects.aggregate(m=Max("minute"))["m"]
@@ -297,8 +297,6 @@ def chunk_deliveries_record(*, deliveries: list[tuple[str, int, float]]) -> int:
     A chunk record may not be written yet (the worker batches them); such deliveries are simply not
     matched, and the record keeps a NULL delivery latency. Returns the rows updated.
     """
-    from django.db import connection
-
     if not deliveries:
         return 0
     placeholders = ", ".join(["(%s::uuid, %s::integer, %s::double precision)"] * len(deliveries))
