@@ -1,0 +1,95 @@
+"""The layering the project declares (pyproject ``[tool.importlinter]``) holds, and would catch a break.
+
+Also: no function-level import of the project's own apps without a comment that gives a reason
+(an import cycle is not one: it means the layering is wrong).
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+APPS = ("controlplane", "sessions", "scheduling", "gpu", "workers")
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+def lint_imports(cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache"], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_every_contract_holds():
+    result = lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "contract"),
+    [
+        ("gpu/services.py", "import sessions.models", "gpu knows nothing of sessions or the scheduler"),
+        ("scheduling/core/placement.py", "import django.db", "scheduling.core is pure Python"),
+        ("workers/runtime/engine.py", "import scheduling.models", "workers.runtime is pure PyTorch"),
+        ("workers/daemon.py", "import sessions.models", "the worker daemon reaches the control plane"),
+        ("sessions/services.py", "import scheduling.live.run", "events flow one way"),
+    ],
+)
+def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, contract):
+    # A copy of the packages and the contracts, with one forbidden import added.
+    for app in APPS:
+        shutil.copytree(ROOT / app, tmp_path / app, ignore=shutil.ignore_patterns("__pycache__", "*.json"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    target = tmp_path / module
+    target.write_text(target.read_text() + f"\n{line}  # noqa\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0
+    broken = result.stdout.split("Broken contracts", 1)[1]
+    importer = module.removesuffix(".py").replace("/", ".")
+    assert contract in broken and importer in broken
+
+
+def _function_level_imports(path: Path):
+    source = path.read_text()
+    lines = source.splitlines()
+    tree = ast.parse(source)
+    for func in ast.walk(tree):
+        if not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        body = list(ast.walk(func))
+        imports = [n for n in body if isinstance(n, ast.Import | ast.ImportFrom)]
+        for node in imports:
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            if any(name.split(".")[0] in APPS for name in names):
+                yield node.lineno, lines
+
+
+def _reason_above(lineno: int, lines: list[str]) -> str | None:
+    """The comment block right above the import (or its block of imports), if any."""
+    i = lineno - 2
+    while i >= 0 and lines[i].strip().startswith(("from ", "import ")):
+        i -= 1
+    comment = []
+    while i >= 0 and lines[i].strip().startswith("#"):
+        comment.append(lines[i].strip())
+        i -= 1
+    return " ".join(reversed(comment)) or None
+
+
+def test_no_function_level_import_of_the_project_without_a_reason():
+    offenders = []
+    for app in APPS:
+        for path in sorted((ROOT / app).rglob("*.py")):
+            if "migrations" in path.parts:
+                continue
+            for lineno, lines in _function_level_imports(path):
+                reason = _reason_above(lineno, lines)
+                if reason is None or "cycle" in reason.lower() or "circular" in reason.lower():
+                    offenders.append(f"{path.relative_to(ROOT)}:{lineno}")
+    assert offenders == [], "function-level imports of the project without a reason: " + ", ".join(offenders)
