@@ -208,8 +208,25 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_TIME_LIMIT = 60
 CELERY_TASK_SOFT_TIME_LIMIT = 50
 CELERY_TASK_DEFAULT_QUEUE = "default"
-CELERY_TASK_ROUTES = {"scheduling.tasks.*": {"queue": "scheduler"}}
+# The apps' periodic maintenance runs on the scheduler's workers, as it did before it was split by app.
+CELERY_TASK_ROUTES = {
+    "scheduling.tasks.*": {"queue": "scheduler"},
+    "gpu.tasks.*": {"queue": "scheduler"},
+    "sessions.tasks.*": {"queue": "scheduler"},
+}
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# The periodic tasks, declared once: name → task and period. They are rows of the DatabaseScheduler,
+# seeded by the scheduling migrations and ensured by `scheduling.services.beat_schedule_install`
+# (runplatform), so operators change periods in the admin. Not CELERY_BEAT_SCHEDULE: the
+# DatabaseScheduler writes that over the admin's edits at every start. The tick detects lost workers
+# within a few heartbeats and rebalances/autoscales on fresh state; each app keeps its audit data:
+# gpu its cost ledger, sessions its per-minute chunk rollups and the retention of raw chunk records.
+PERIODIC_TASKS = {
+    "scheduler tick": {"task": "scheduling.tasks.scheduler_tick", "every_s": 2},
+    "cost ledger": {"task": "gpu.tasks.ledger_accrue", "every_s": 60},
+    "chunk rollups": {"task": "sessions.tasks.chunk_rollup", "every_s": 60},
+    "chunk retention": {"task": "sessions.tasks.chunk_records_prune", "every_s": 60},
+}
 CELERY_TIMEZONE = "UTC"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False

@@ -11,5 +11,5 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/", include("controlplane.api_urls")),
     path("", include("sessions.urls")),
+    path("", include("scheduling.urls")),  # the operator console and /metrics
 ]
-urlpatterns += [path("metrics", include("gpu.metrics"))]  # Prometheus exposition (gpu/metrics.py)

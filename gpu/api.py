@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import django_filters
+from django.db.models import Count, Q
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import permissions, serializers, viewsets
@@ -11,10 +12,10 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.api import AUDIT_PARAMETERS, csv_cell, csv_response
 from controlplane.timerange import parse_time_range
 from gpu import selectors, services
 from gpu.models import GpuWorker
-from sessions.api import AUDIT_PARAMETERS, _fmt, csv_response
 
 
 class GpuWorkerSerializer(serializers.ModelSerializer):
@@ -67,8 +68,6 @@ class GpuWorkerViewSet(viewsets.ReadOnlyModelViewSet):
     ordering = ["name"]
 
     def get_queryset(self):
-        from django.db.models import Count, Q
-
         return GpuWorker.objects.annotate(
             resident_sessions=Count("sessions", filter=Q(sessions__status__in=["executing", "migrating"]))
         )
@@ -100,7 +99,7 @@ class CostAuditView(APIView):
             for bucket in report["buckets"]:
                 for gpu_type, figures in sorted(bucket["by_gpu_type"].items()):
                     rows.append(
-                        [_fmt(bucket["start"]), gpu_type, figures["gpu_seconds"], figures["cost_usd"]]
+                        [csv_cell(bucket["start"]), gpu_type, figures["gpu_seconds"], figures["cost_usd"]]
                     )
             return csv_response("cost.csv", ["bucket_start", "gpu_type", "gpu_seconds", "cost_usd"], rows)
         return Response(report)

@@ -2,29 +2,25 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import transaction
+from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
-# Periodic tasks: (name, task, seconds). The tick detects lost workers within a few heartbeats,
-# reconciles the provisioner and rebalances/autoscales on fresh state.
-BEAT_SCHEDULE = (
-    ("scheduler tick", "scheduling.tasks.scheduler_tick", 2),
-    ("audit maintenance", "scheduling.tasks.audit_maintenance", 60),
-)
+from scheduling.live.enqueue import SCHEDULER_TICK
 
 
 @transaction.atomic
 def beat_schedule_install(*, tick_s: float | None = None) -> None:
-    """Make sure the beat rows exist (django-celery-beat); operators edit their periods in the admin.
+    """Make sure the rows of ``settings.PERIODIC_TASKS`` exist; operators edit their periods in the admin.
 
     ``tick_s`` overrides the tick period (tests and demos use a faster tick).
     """
-    from django_celery_beat.models import IntervalSchedule, PeriodicTask
-
-    for name, task, seconds in BEAT_SCHEDULE:
-        every = int(tick_s) if (tick_s and task.endswith("scheduler_tick")) else seconds
+    for name, entry in settings.PERIODIC_TASKS.items():
+        is_tick = entry["task"] == SCHEDULER_TICK
+        every = int(tick_s) if (tick_s and is_tick) else entry["every_s"]
         interval, _ = IntervalSchedule.objects.get_or_create(every=every, period=IntervalSchedule.SECONDS)
         periodic, created = PeriodicTask.objects.get_or_create(
-            name=name, defaults={"task": task, "interval": interval}
+            name=name, defaults={"task": entry["task"], "interval": interval}
         )
         if tick_s and not created and periodic.interval_id != interval.pk:
             periodic.interval = interval

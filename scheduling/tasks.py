@@ -37,18 +37,6 @@ def scheduler_tick() -> dict:
     return {"lost": lost, "reconcile": reconcile, "decisions": decisions}
 
 
-@shared_task(
-    name="scheduling.tasks.audit_maintenance", time_limit=300, soft_time_limit=280, ignore_result=True
-)
-def audit_maintenance() -> dict:
-    """Beat: cost ledger for closed minutes, chunk rollups, and raw-record retention."""
-    from gpu.services import ledger_accrue
-    from sessions.services import chunk_records_prune, chunk_rollup
-
-    close_old_connections()
-    return {"ledger_rows": ledger_accrue(), "rollups": chunk_rollup(), "pruned": chunk_records_prune()}
-
-
 @shared_task(name=WORKER_RELEASE, time_limit=120, soft_time_limit=110, ignore_result=True)
 def worker_release(*, worker_id: int, action_id: int | None = None) -> None:
     """Scale-in: stop a drained worker's process/pod (graceful first) and mark it released."""

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import io
-
-from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, status, viewsets
@@ -13,6 +9,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.api import AUDIT_PARAMETERS, csv_cell, csv_response
 from controlplane.timerange import parse_time_range
 from sessions import selectors, services
 from sessions.filters import ChunkRecordFilter, SessionFilter
@@ -120,32 +117,6 @@ class ModelCatalogView(APIView):
         )
 
 
-AUDIT_PARAMETERS = [
-    OpenApiParameter("start", OpenApiTypes.DATETIME, description="ISO-8601; default: end − 1 h"),
-    OpenApiParameter("end", OpenApiTypes.DATETIME, description="ISO-8601; default: now"),
-    OpenApiParameter("bucket", OpenApiTypes.STR, enum=["minute", "hour", "day"]),
-    OpenApiParameter("format", OpenApiTypes.STR, enum=["json", "csv"]),
-]
-
-
-def csv_response(filename: str, header: list[str], rows: list[list]) -> HttpResponse:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(header)
-    writer.writerows(rows)
-    response = HttpResponse(buffer.getvalue(), content_type="text/csv; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="{filename}"'
-    return response
-
-
-def _fmt(value) -> str:
-    if value is None:
-        return ""
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    return str(value)
-
-
 class LatencyAuditView(APIView):
     """Per-chunk generation latency over a time range, bucketed: count, p50, p95, p99, max, SLO pass rate."""
 
@@ -180,6 +151,6 @@ class LatencyAuditView(APIView):
         report = selectors.latency_buckets(time_range=time_range, slo_ms=slo, source=source)
         if request.query_params.get("format") == "csv":
             header = ["bucket_start", "count", "p50_ms", "p95_ms", "p99_ms", "max_ms", "slo_passed"]
-            rows = [[_fmt(b["start"]), *(_fmt(b[k]) for k in header[1:])] for b in report["buckets"]]
+            rows = [[csv_cell(b["start"]), *(csv_cell(b[k]) for k in header[1:])] for b in report["buckets"]]
             return csv_response("latency.csv", header, rows)
         return Response(report)

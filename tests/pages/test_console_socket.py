@@ -8,8 +8,8 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
 from django.core.cache import cache
 
-from sessions.console import snapshot_cache_key
-from sessions.console_consumers import FORBIDDEN, ConsoleConsumer
+from scheduling.console import snapshot_cache_key
+from scheduling.consumers import FORBIDDEN, ConsoleConsumer
 from tests.factories import GpuWorkerFactory, SessionFactory, StaffFactory, UserFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -12,8 +12,8 @@ from django.contrib.contenttypes.models import ContentType
 from django.utils import timezone
 
 from gpu.models import GpuWorker
+from scheduling.console import cluster_snapshot
 from scheduling.models import Migration, ScalingAction, SchedulerConfig, SchedulerDecision
-from sessions.console import cluster_snapshot
 from sessions.models import ChunkRecord, GenerationSession, SessionEvent
 from tests.factories import ChunkRecordFactory, GpuWorkerFactory, SessionFactory
 

@@ -9,8 +9,8 @@ import pytest
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu import metrics
 from gpu.models import GpuWorker
+from scheduling import metrics
 from scheduling.models import Migration, ScalingAction, SchedulerDecision
 from sessions.models import GenerationSession
 from tests.factories import ChunkRecordFactory, GpuWorkerFactory, SessionFactory, UserFactory

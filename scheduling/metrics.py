@@ -1,5 +1,8 @@
 """Prometheus metrics at ``/metrics``, read from PostgreSQL on each scrape.
 
+A cluster view, so it lives with the scheduler: one collector joins the GPU pool, the sessions and
+the scheduling history in one scrape.
+
 Every figure is derived from the audit plane's rows, not from in-process instruments: the web,
 Celery and worker processes all write to PostgreSQL, so one custom collector in any web process
 gives the whole cluster's view, identical whichever replica Prometheus scrapes. The scrape is kept
@@ -37,7 +40,6 @@ from typing import Any
 from django.db import DatabaseError
 from django.db.models import Count, Max, Q, Sum
 from django.http import HttpRequest, HttpResponse
-from django.urls import path
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -46,8 +48,10 @@ from prometheus_client.registry import Collector
 
 from gpu.models import GpuWorker
 from gpu.provisioners.base import setting
+from scheduling.models import Migration, ScalingAction, SchedulerDecision
+from sessions.models import ChunkRecord, GenerationSession
 
-logger = logging.getLogger("gpu.metrics")
+logger = logging.getLogger(__name__)
 
 # Per-chunk latency buckets (seconds): dense around the ~1 s per-chunk SLO (TurboServe §7).
 CHUNK_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
@@ -181,8 +185,6 @@ class StreamServeCollector(Collector):
     """Reads the cluster's state from PostgreSQL on each scrape (see the module docstring)."""
 
     def __init__(self, *, window_s: float | None = None) -> None:
-        from scheduling.models import Migration, ScalingAction, SchedulerDecision
-
         self.window_s = float(window_s if window_s is not None else setting("METRICS_WINDOW_S", float, 300.0))
         self.migrations = OutcomeCounter(
             Migration, labels=("outcome",), outcome="outcome", pending_value=Migration.Outcome.PENDING
@@ -199,9 +201,6 @@ class StreamServeCollector(Collector):
         return iter(())  # collected on scrape only: never touch the database at registration
 
     def collect(self) -> Iterator:
-        from scheduling.models import Migration, ScalingAction, SchedulerDecision
-        from sessions.models import ChunkRecord, GenerationSession
-
         began = time.perf_counter()
         now = timezone.now()
         since = now - timedelta(seconds=self.window_s)
@@ -446,7 +445,3 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         logger.error("metrics.scrape_failed error=%r", str(exc))
         return HttpResponse(f"database unavailable: {exc}\n", status=503, content_type="text/plain")
     return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)
-
-
-# Included by controlplane/urls.py as path("metrics", include("gpu.metrics")).
-urlpatterns = [path("", metrics_view, name="metrics")]

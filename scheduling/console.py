@@ -17,13 +17,15 @@ from typing import Any
 
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
+from django.core.cache import cache
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count, Max, Q, Sum
 from django.utils import timezone
 
 from gpu import services as gpu_services
 from gpu.models import GpuWorker
+from scheduling.api import SchedulerConfigSerializer
 from scheduling.models import Migration, ScalingAction, SchedulerConfig, SchedulerDecision
 from sessions import services as session_services
 from sessions.models import ChunkRecord, GenerationSession
@@ -283,8 +285,6 @@ def cluster_snapshot(*, now=None, include_timeline: bool = True) -> dict[str, An
 
 def snapshot_cache_key() -> str:
     # Keyed by database too: a development server and a test run on one machine share Redis.
-    from django.db import connection
-
     return f"console:snapshot:{connection.settings_dict['NAME']}"
 
 
@@ -294,8 +294,6 @@ def shared_snapshot(*, max_age_s: float, fresh: bool = False) -> dict[str, Any]:
     ``fresh`` (after an operator's action) computes a new one and shares it, so the next periodic
     pushes do not show the cluster as it was before the action.
     """
-    from django.core.cache import cache
-
     key = snapshot_cache_key()
     snapshot = None if fresh else cache.get(key)
     if snapshot is None:
@@ -347,8 +345,6 @@ def console_config_update(*, user, changes: dict[str, Any]) -> SchedulerConfig:
 
     Raises ``django.core.exceptions.ValidationError`` with per-field messages on bad input.
     """
-    from scheduling.api import SchedulerConfigSerializer
-
     unknown = sorted(set(changes) - set(CONFIG_FIELDS))
     if unknown:
         raise ValidationError({name: "cannot be changed from the console" for name in unknown})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 
 from channels.db import database_sync_to_async
@@ -17,7 +18,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 
-from sessions.console import shared_snapshot
+from scheduling.console import shared_snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +57,6 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
 
     @classmethod
     async def encode_json(cls, content):
-        import json
-
         return json.dumps(content, cls=DjangoJSONEncoder)
 
     async def _push_once(self, *, fresh: bool = False):

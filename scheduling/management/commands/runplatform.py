@@ -14,6 +14,9 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from gpu.provisioners.registry import get_provisioner
+from scheduling.services import beat_schedule_install
+
 
 class Command(BaseCommand):
     help = "Run the web app, the scheduler (Celery worker + beat) and the demo; Ctrl-C stops everything."
@@ -28,8 +31,6 @@ class Command(BaseCommand):
 
         if not 0 < port < 65536:
             raise CommandError(f"--port must be between 1 and 65535, got {port}")
-        from scheduling.services import beat_schedule_install
-
         beat_schedule_install()
         if not no_demo_user:
             call_command("create_demo_user", stdout=self.stdout)
@@ -59,8 +60,6 @@ class Command(BaseCommand):
             manager.loop()
         finally:
             # The platform owns the workers the local provisioner started: release them with it.
-            from gpu.provisioners.registry import get_provisioner
-
             if settings.STREAMSERVE["PROVISIONER"] == "local":
                 get_provisioner().release_all()
         sys.exit(manager.returncode)

@@ -1,0 +1,24 @@
+"""Celery entry points of the sessions app: the audit plane's periodic rollups and retention (beat)."""
+
+from __future__ import annotations
+
+from celery import shared_task
+from django.db import close_old_connections
+
+from sessions import services
+
+
+@shared_task(name="sessions.tasks.chunk_rollup", time_limit=300, soft_time_limit=280, ignore_result=True)
+def chunk_rollup() -> int:
+    """Beat: per-minute, per-worker latency rollups of closed minutes; returns the rollup rows written."""
+    close_old_connections()
+    return services.chunk_rollup()
+
+
+@shared_task(
+    name="sessions.tasks.chunk_records_prune", time_limit=300, soft_time_limit=280, ignore_result=True
+)
+def chunk_records_prune() -> int:
+    """Beat: delete raw chunk records past retention whose minute is rolled up; returns the rows deleted."""
+    close_old_connections()
+    return services.chunk_records_prune()
