@@ -4,11 +4,13 @@ out, URLs, frames, the activation arithmetic."""
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 from io import BytesIO
 
 import pytest
+from django.core.management import call_command
 from PIL import Image
 
 from controlplane import bench
@@ -79,6 +81,15 @@ def test_emit_prints_the_text_and_nothing_when_it_is_empty():
     bench.emit({"a": 1}, json_mode=False, out=None, text=lambda r: f"a = {r['a']}", write=printed.append)
     bench.emit({"a": 1}, json_mode=False, out=None, text=lambda r: "", write=printed.append)
     assert printed == ["a = 1"]
+
+
+def test_a_command_prints_one_json_line_and_writes_the_same_report_to_out(tmp_path):
+    out, printed = tmp_path / "bench.json", io.StringIO()
+    call_command("bench_scheduler", gpus="2", events=20, json=True, out=str(out), stdout=printed)
+    (line,) = printed.getvalue().splitlines()
+    report = json.loads(line)
+    assert report == json.loads(out.read_text())
+    assert [row["gpus"] for row in report["sizes"]] == [2] and report["machine"]["cores_logical"] >= 1
 
 
 def test_redis_url_with_db_keeps_server_and_credentials():
