@@ -2,6 +2,7 @@
 
 Entry points: ``types.Snapshot.build`` / ``types.Event`` / ``types.Decision``,
 ``policy.make_policy`` (built-in names or ``module.path:ClassName``), ``profiles.load_profile``,
-``simulator.simulate``, ``compare.compare_policies``, ``bench.bench_scheduler``,
-``profiling.profile_volatility_table``; traces in ``traces`` and ``generators``; oracles in ``oracles``.
+``simulator.simulate``, ``compare.compare_policies``, ``profiling.profile_volatility_table``; traces
+in ``traces`` and ``generators``; oracles in ``oracles``. The decision-time benchmark lives apart, in
+``scheduling.benchmarks.scheduler``.
 """

@@ -1,12 +1,11 @@
 """Pure functions behind the management commands (``simulate``, ``simulate_compare``,
-``bench_scheduler``, ``profile_volatility``). Commands parse flags, call one of these, and print.
+``profile_volatility``). Commands parse flags, call one of these, and print.
 
 Errors about a flag raise :class:`CliError` naming it; commands turn that into ``CommandError``.
 """
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 from collections.abc import Sequence
@@ -267,53 +266,6 @@ def format_compare(comparison: dict[str, Any]) -> str:
 
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}"
-
-
-def parse_gpu_sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError as exc:
-        raise CliError("gpus", f"expected comma-separated integers, got {text!r}") from exc
-    if not sizes or any(s < 1 for s in sizes):
-        raise CliError("gpus", "sizes must be positive integers")
-    return sizes
-
-
-def run_bench(
-    *, gpus: str = "4,16,64,256,1024", events: int = 2000, profile: str = "b300-1.3b", progress: bool = False
-) -> dict[str, Any]:
-    from .bench import bench_scheduler
-    from .profiles import BUILTIN_PROFILES
-
-    sizes = parse_gpu_sizes(gpus)
-    if events < 10:
-        raise CliError("events", "must be >= 10")
-    if profile not in BUILTIN_PROFILES:
-        raise CliError("profile", f"unknown built-in profile {profile!r}")
-    bar = _progress_bar(len(sizes), "bench", progress)
-    gc.collect()
-    try:
-        return bench_scheduler(
-            sizes, profile=profile, events_per_size=events, progress=bar.update if bar else None
-        )
-    finally:
-        if bar:
-            bar.close()
-
-
-def format_bench(report: dict[str, Any]) -> str:
-    lines = [f"decision time per event, policy {report['policy']}, profile {report['profile']}"]
-    lines.append(
-        f"  {'GPUs':>6} {'sessions':>9} {'active':>7} {'mean ms':>9} {'p99 ms':>9} {'max ms':>9}"
-        f" {'cpu p99':>9} {'cpu max':>9}"
-    )
-    for r in report["sizes"]:
-        lines.append(
-            f"  {r['gpus']:>6} {r['live_sessions']:>9} {r['active_sessions']:>7} "
-            f"{r['mean_ms']:>9.4f} {r['p99_ms']:>9.4f} {r['max_ms']:>9.4f}"
-            f" {r['cpu_p99_ms']:>9.4f} {r['cpu_max_ms']:>9.4f}"
-        )
-    return "\n".join(lines)
 
 
 def run_profile_volatility(

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from scheduling.benchmarks.scheduler import bench_scheduler
 from scheduling.core.compare import (
     DEFAULT_POLICIES,
     DEFAULT_RHO_GRID,
@@ -244,8 +245,6 @@ def fig7_compare(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def fig9_bench(p: dict[str, Any]) -> dict[str, Any]:
-    from scheduling.core.bench import bench_scheduler
-
     return bench_scheduler(
         p["sizes"], profile=p.get("profile", "b300-1.3b"), events_per_size=p["events"], seed=p["seed"]
     )

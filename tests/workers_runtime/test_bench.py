@@ -1,16 +1,16 @@
-"""The bench and profile functions produce well-formed figures (no timing is asserted)."""
+"""workers.benchmarks.runtime: bench and profile functions give well-formed figures (no timing asserted)."""
 
 from __future__ import annotations
 
 import pytest
 
 from scheduling.core.profiles import profile_from_json
-from workers.runtime import bench
+from workers.benchmarks import runtime
 from workers.runtime.models.causal_dit import PRESETS
 
 
 def test_profile_loads_in_the_scheduler_and_is_monotone():
-    profile, raw = bench.profile_model("tiny", max_batch=3, steps=1)
+    profile, raw = runtime.profile_model("tiny", max_batch=3, steps=1)
     spec = profile_from_json(profile)
     assert spec.state_bytes == PRESETS["tiny"].state_bytes()
     assert [load for load, _ in profile["latency_ms"]] == [1, 2, 3]
@@ -24,12 +24,12 @@ def test_profile_loads_in_the_scheduler_and_is_monotone():
 
 def test_profile_needs_two_points():
     with pytest.raises(ValueError, match="max-batch"):
-        bench.profile_model("tiny", max_batch=1)
+        runtime.profile_model("tiny", max_batch=1)
 
 
 def test_run_bench_reports_every_section(tiny_model, monkeypatch):
-    monkeypatch.setattr(bench, "build_model", lambda preset, device="cpu": tiny_model)
-    report = bench.run_bench(
+    monkeypatch.setattr(runtime, "build_model", lambda preset, device="cpu": tiny_model)
+    report = runtime.run_bench(
         "tiny", batches=(1, 2), steps=1, offload_repeats=1, offload_presets=("tiny",), migration=False
     )
     assert [row["batch"] for row in report["coalescing"]] == [1, 2]
@@ -40,6 +40,6 @@ def test_run_bench_reports_every_section(tiny_model, monkeypatch):
     projection = report["wan_1_3b_projection"]
     assert projection["state_bytes"] == PRESETS["wan-1.3b"].state_bytes()
     assert projection["migration_ms_nvlink"] == pytest.approx(
-        projection["state_bytes"] / (bench.NVLINK_GBPS * 1e9) * 1000, abs=0.1
+        projection["state_bytes"] / (runtime.NVLINK_GBPS * 1e9) * 1000, abs=0.1
     )
-    assert "coalescing" in bench.format_bench(report)
+    assert "coalescing" in runtime.format_bench(report)

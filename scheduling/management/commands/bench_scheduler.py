@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.core.cli import CliError, format_bench, run_bench
+from controlplane import bench
+from scheduling.benchmarks.scheduler import format_bench, run_bench
+from scheduling.core.cli import CliError
 
 
 class Command(BaseCommand):
@@ -16,13 +16,20 @@ class Command(BaseCommand):
         parser.add_argument("--gpus", default="4,16,64,256,1024", help="comma list of cluster sizes")
         parser.add_argument("--events", type=int, default=2000, help="measured events per size")
         parser.add_argument("--profile", default="b300-1.3b", help="built-in profile (sets K)")
-        parser.add_argument("--json", action="store_true")
+        bench.add_seed_argument(parser)
+        bench.add_report_arguments(parser)
 
     def handle(self, *args, **opts):
         try:
             report = run_bench(
-                gpus=opts["gpus"], events=opts["events"], profile=opts["profile"], progress=not opts["json"]
+                gpus=opts["gpus"],
+                events=opts["events"],
+                profile=opts["profile"],
+                seed=opts["seed"],
+                progress=not opts["json"],
             )
         except CliError as exc:
             raise CommandError(str(exc)) from exc
-        self.stdout.write(json.dumps(report) if opts["json"] else format_bench(report))
+        bench.emit(
+            report, json_mode=opts["json"], out=opts["out"], text=format_bench, write=self.stdout.write
+        )

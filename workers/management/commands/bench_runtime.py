@@ -1,10 +1,13 @@
-"""Runtime benchmark: coalescing, offload/resume, state sizes, wan-1.3b projections, migration."""
+"""``manage.py bench_runtime``: coalescing, offload/resume, state sizes, wan-1.3b projections, migration."""
 
 from __future__ import annotations
 
-import json
-
+import torch
 from django.core.management.base import BaseCommand, CommandError
+
+from controlplane import bench
+from workers.benchmarks.runtime import format_bench, run_bench
+from workers.runtime.models import UnknownPresetError
 
 
 class Command(BaseCommand):
@@ -23,15 +26,9 @@ class Command(BaseCommand):
             "--no-migration", action="store_true", help="skip the transport's migration bench"
         )
         parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-        parser.add_argument("--json", action="store_true", help="print the JSON report only")
-        parser.add_argument("--out", default=None, help="also write the JSON report here")
+        bench.add_report_arguments(parser)
 
     def handle(self, *args, **options):
-        import torch
-
-        from workers.runtime.bench import format_bench, run_bench
-        from workers.runtime.models import UnknownPresetError
-
         torch.set_num_threads(options["threads"])
         try:
             batches = tuple(int(b) for b in options["batches"].split(",") if b.strip())
@@ -52,8 +49,6 @@ class Command(BaseCommand):
             )
         except (UnknownPresetError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
-        text = json.dumps(report, indent=2, default=str)
-        if options["out"]:
-            with open(options["out"], "w") as handle:
-                handle.write(text + "\n")
-        self.stdout.write(text if options["json"] else format_bench(report))
+        bench.emit(
+            report, json_mode=options["json"], out=options["out"], text=format_bench, write=self.stdout.write
+        )

@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 from django.core.management.base import BaseCommand, CommandError
+
+from workers.benchmarks.runtime import profile_model
+from workers.runtime.models import UnknownPresetError
 
 
 class Command(BaseCommand):
@@ -25,11 +29,6 @@ class Command(BaseCommand):
         parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
 
     def handle(self, *args, **options):
-        import torch
-
-        from workers.runtime.bench import profile_model
-        from workers.runtime.models import UnknownPresetError
-
         if options["threads"]:
             torch.set_num_threads(options["threads"])
         try:

@@ -1,6 +1,6 @@
 """Migration benchmark: state transfer between two worker processes vs raw loopback TCP.
 
-    python -m workers.runtime.transport.bench --json [--sizes-mb 1 16 64 256] [--device cpu] [--repeats 5]
+    python -m workers.benchmarks.migration [--json] [--out PATH] [--sizes-mb 1 16 64 256] [--device cpu] [--repeats 5]
 
 A target process runs a ``MigrationListener`` and a plain socket server; the calling process is the
 source. For each size it times (median of ``repeats``):
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import multiprocessing as mp
 import os
 import socket
@@ -28,8 +27,10 @@ from typing import Any
 
 import torch
 
-from .migration import MigrationListener, MigrationSender, send_state
-from .pair import backend_for_device
+from controlplane import bench
+from workers.runtime.transport.migration import MigrationListener, MigrationSender, send_state
+from workers.runtime.transport.pair import backend_for_device
+from workers.runtime.transport.wire import dtype_from_name
 
 _TIMEOUT_S = 120.0
 _KV_TENSORS = 8
@@ -104,8 +105,6 @@ def _target_main(device: str, commands: Any, replies: Any) -> None:
 
 
 def _empty_region(manifest: dict, device: str) -> dict[str, torch.Tensor]:
-    from .wire import dtype_from_name
-
     return {
         e["name"]: torch.empty(e["shape"], dtype=dtype_from_name(e["dtype"]), device=device)
         for e in manifest["tensors"]
@@ -179,12 +178,13 @@ def bench_migration(
                 ),
             }
             timings: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
-            for run in variants.values():
-                run()  # warm-up: connection setup, first-touch of the preallocated buffers
-            # Round-robin, so that load from other processes on a shared box hits every variant alike.
-            for _ in range(repeats):
+            # Round-robin, so that load from other processes on a shared box hits every variant alike;
+            # the warm-up round sets connections up and first-touches the preallocated buffers.
+            for _, measured in bench.rounds(repeats, warmup=1):
                 for name, run in variants.items():
-                    timings[name].append(run())
+                    timing = run()
+                    if measured:
+                        timings[name].append(timing)
             row: dict[str, Any] = {"nbytes": nbytes, "n_tensors": len(tensors)}
             for name, samples in timings.items():
                 seconds = statistics.median(s["seconds"] for s in samples)
@@ -220,39 +220,35 @@ def bench_migration(
     }
 
 
-def _print_table(report: dict[str, Any]) -> None:
+def format_table(report: dict[str, Any]) -> str:
     if "skipped" in report:
-        print(f"skipped: {report['skipped']}")
-        return
-    print(
-        f"backend={report['backend']} device={report['device']} cpus={report['cpu_count']} repeats={report['repeats']}"
-    )
-    header = (
+        return f"skipped: {report['skipped']}"
+    lines = [
+        f"backend={report['backend']} device={report['device']} cpus={report['cpu_count']} repeats={report['repeats']}",
         f"{'MB':>8} {'raw GB/s':>9} {'mig GB/s':>9} {'ratio':>6} {'best':>5} {'new link':>9} {'ratio':>6} "
-        f"{'cold':>6} {'per-tensor':>10} {'packed':>7} {'setup ms':>9} {'new ms':>7}"
-    )
-    print(header)
+        f"{'cold':>6} {'per-tensor':>10} {'packed':>7} {'setup ms':>9} {'new ms':>7}",
+    ]
     for row in report["results"]:
-        print(
+        lines.append(
             f"{row['nbytes'] / 1e6:8.1f} {row['raw_gbps']:9.3f} {row['migration_gbps']:9.3f} "
             f"{row['ratio_to_raw']:6.2f} {row['best_ratio_to_raw']:5.2f} {row['migration_new_link_gbps']:9.3f} {row['new_link_ratio_to_raw']:6.2f} "
             f"{row['migration_cold_gbps']:6.3f} {row['per_tensor_gbps']:10.3f} {row['packed_gbps']:7.3f} "
             f"{row['migration_connect_seconds'] * 1e3:9.2f} {row['migration_new_link_connect_seconds'] * 1e3:7.2f}"
         )
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m workers.benchmarks.migration", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 16, 64, 256])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--json", action="store_true", help="print the JSON report only")
+    bench.add_repeats_argument(parser, default=5, help="measured rounds per size (default 5)")
+    bench.add_report_arguments(parser)
     args = parser.parse_args(argv)
     report = bench_migration([int(mb * (1 << 20)) for mb in args.sizes_mb], args.device, repeats=args.repeats)
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        _print_table(report)
+    bench.emit(report, json_mode=args.json, out=args.out, text=format_table)
 
 
 if __name__ == "__main__":

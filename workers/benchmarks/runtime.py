@@ -1,4 +1,4 @@
-"""Runtime benchmarks and profiling as pure functions (the management commands are thin wrappers).
+"""Runtime benchmarks and profiling (``manage.py bench_runtime`` and ``profile_model`` are thin wrappers).
 
 Everything here measures; nothing asserts. Timings on a shared CPU box are noisy, so comparisons are
 interleaved (the engine step and the bare forward alternate on identical inputs) and reported as
@@ -7,15 +7,17 @@ medians.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import statistics
 import time
 from datetime import UTC, datetime
 from typing import Any
 
+import psutil
 import torch
 
+from controlplane.bench import rounds
+from gpu import telemetry
+from workers.benchmarks.migration import bench_migration
 from workers.runtime.engine import ChunkEngine
 from workers.runtime.models import build_model
 from workers.runtime.models.base import SessionState, StreamingVideoModel
@@ -83,7 +85,8 @@ def bench_coalescing(
             sequential.import_state(sid, model.state_manifest(state), state.tensors, copy=False)
         engine_ms, bare_ms, sequential_ms, encode_ms = [], [], [], []
         bookkeeping_ms: list[float] = []
-        for round_index in range(steps + 1):
+        # The first round warms up the bare and sequential copies.
+        for round_index, measured in rounds(steps, warmup=1):
             # Alternate which goes first so neither always runs on a cache warmed by the other.
             order = ("bare", "engine") if round_index % 2 else ("engine", "bare")
             for which in order:
@@ -103,7 +106,7 @@ def bench_coalescing(
             for sid in ids:
                 _drain(sequential.step(max_batch=1, due=[sid]))
             elapsed_sequential = (time.perf_counter() - started) * 1000.0
-            if round_index:  # the first round warms up the bare and sequential copies
+            if measured:
                 engine_ms.append(elapsed_engine)
                 bare_ms.append(elapsed_bare)
                 sequential_ms.append(elapsed_sequential)
@@ -157,7 +160,7 @@ def bench_offload(model: StreamingVideoModel, *, repeats: int = 20) -> dict[str,
     device_buf = torch.empty(nbytes, dtype=torch.uint8, device=device).fill_(1)
     host_buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
     suspend_ms, resume_ms, suspend_call_ms, resume_call_ms, d2h, h2d = [], [], [], [], [], []
-    for round_index in range(repeats + 2):
+    for _, measured in rounds(repeats, warmup=2):  # warm-up: first-touch, pool fill
         _sync(device)
         started = time.perf_counter()
         record = engine.suspend("s")
@@ -173,7 +176,7 @@ def bench_offload(model: StreamingVideoModel, *, repeats: int = 20) -> dict[str,
         device_buf.copy_(host_buf, non_blocking=pin)
         _sync(device)
         elapsed_h2d = (time.perf_counter() - started) * 1000.0
-        if round_index >= 2:  # two warm-up rounds (first-touch, pool fill)
+        if measured:
             suspend_call_ms.append(elapsed_suspend)
             suspend_ms.append(record.copy_ms)
             resume_call_ms.append(elapsed_resume)
@@ -240,19 +243,14 @@ def wan_projection() -> dict[str, Any]:
 
 
 def bench_migration_hook(*, state_bytes: int, device: str, chunk_latency_ms: float) -> dict[str, Any]:
-    """Run the transport helper's migration bench, if present, on a region of this preset's size.
+    """The transport's migration bench (:func:`workers.benchmarks.migration.bench_migration`) on a
+    region of this preset's size.
 
-    Contract: `workers.runtime.transport.bench.bench_migration(nbytes_list, device, *, repeats)`
-    returns {"results": [{"nbytes", "migration_seconds", "raw_seconds", "ratio_to_raw", ...}]}.
-    This adds the stall a migration puts in front of the session's next chunk as a fraction of the
-    chunk latency measured here (paper: 2–3 % on GPUs).
+    Adds the stall a migration puts in front of the session's next chunk as a fraction of the chunk
+    latency measured here (paper: 2–3 % on GPUs).
     """
-    name = "workers.runtime.transport.bench"
     try:
-        if importlib.util.find_spec(name) is None:
-            return {"available": False, "reason": f"{name} is not present"}
-        module = importlib.import_module(name)
-        report = module.bench_migration([state_bytes], device, repeats=3)
+        report = bench_migration([state_bytes], device, repeats=3)
     except Exception as exc:  # report it; do not lose the rest of the bench
         return {"available": False, "error": f"{type(exc).__name__}: {exc}"}
     for row in report.get("results", []):
@@ -275,8 +273,6 @@ def run_bench(
     """The whole runtime bench in one run (see docs/runtime.md). `offload_presets` defaults to the
     bench preset plus `small` when the preset is `tiny` (tiny's 0.5 MB state measures per-call cost
     more than bandwidth)."""
-    from gpu import telemetry
-
     check_device(device)
     started = time.perf_counter()
     model = build_model(preset, device=device)
@@ -389,8 +385,6 @@ def _memory_limit_sessions(model: StreamingVideoModel, state_bytes: int, reserve
         free, total = torch.cuda.mem_get_info(model.device)
         budget = free - reserve * total
     else:
-        import psutil
-
         budget = psutil.virtual_memory().available * (1.0 - reserve)
     return max(1, int(budget // state_bytes))
 

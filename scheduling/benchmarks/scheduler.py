@@ -1,4 +1,4 @@
-"""Scheduler decision-time benchmark (TurboServe §7.4, Fig. 9 left).
+"""Scheduler decision-time benchmark (TurboServe §7.4, Fig. 9 left): ``manage.py bench_scheduler``.
 
 For each cluster size M: M ready GPUs of one profile, about 1.4·K·M live sessions of which ~0.7·K·M
 are active (so GPUs sit near K·ρ̂), then a stream of realistic events — activations and idles
@@ -17,11 +17,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
-from .policy import make_policy
-from .profiles import BUILTIN_PROFILES
-from .simulator import SimConfig, Simulator
-from .traces import TraceEvent
+from scheduling.core.cli import CliError
+from scheduling.core.policy import make_policy
+from scheduling.core.profiles import BUILTIN_PROFILES
+from scheduling.core.simulator import SimConfig, Simulator
+from scheduling.core.traces import TraceEvent
 
 
 def synthetic_events(n_gpus: int, capacity: float, n_events: int, seed: int) -> list[TraceEvent]:
@@ -118,3 +120,47 @@ def bench_scheduler(
         if progress:
             progress(1)
     return {"policy": policy, "profile": profile, "events_per_size": events_per_size, "sizes": rows}
+
+
+def parse_gpu_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise CliError("gpus", f"expected comma-separated integers, got {text!r}") from exc
+    if not sizes or any(s < 1 for s in sizes):
+        raise CliError("gpus", "sizes must be positive integers")
+    return sizes
+
+
+def run_bench(
+    *,
+    gpus: str = "4,16,64,256,1024",
+    events: int = 2000,
+    profile: str = "b300-1.3b",
+    seed: int = 0,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """The command's flags, checked (a bad one raises :class:`CliError` naming it), then the bench."""
+    sizes = parse_gpu_sizes(gpus)
+    if events < 10:
+        raise CliError("events", "must be >= 10")
+    if profile not in BUILTIN_PROFILES:
+        raise CliError("profile", f"unknown built-in profile {profile!r}")
+    with tqdm(total=len(sizes), desc="bench", unit="run", leave=False, disable=not progress) as bar:
+        gc.collect()
+        return bench_scheduler(sizes, profile=profile, events_per_size=events, seed=seed, progress=bar.update)
+
+
+def format_bench(report: dict[str, Any]) -> str:
+    lines = [f"decision time per event, policy {report['policy']}, profile {report['profile']}"]
+    lines.append(
+        f"  {'GPUs':>6} {'sessions':>9} {'active':>7} {'mean ms':>9} {'p99 ms':>9} {'max ms':>9}"
+        f" {'cpu p99':>9} {'cpu max':>9}"
+    )
+    for r in report["sizes"]:
+        lines.append(
+            f"  {r['gpus']:>6} {r['live_sessions']:>9} {r['active_sessions']:>7} "
+            f"{r['mean_ms']:>9.4f} {r['p99_ms']:>9.4f} {r['max_ms']:>9.4f}"
+            f" {r['cpu_p99_ms']:>9.4f} {r['cpu_max_ms']:>9.4f}"
+        )
+    return "\n".join(lines)

@@ -1,8 +1,8 @@
 """Shared pieces of the live-loop benchmarks (``bench_ingest``, ``bench_delivery``, ``bench_activation``).
 
-Pure (no Django): percentile summaries, service checks, the benchmark database, real JPEG frames of
-a preset's size, and a group of child processes that is always torn down (own process groups,
-SIGTERM then SIGKILL, also on Ctrl-C).
+Service checks, the benchmark database and its throwaway rows, and a group of child processes that
+is always torn down (own process groups, SIGTERM then SIGKILL, also on Ctrl-C). Arguments, figures,
+the machine and JSON are the shared harness's (:mod:`controlplane.bench`).
 
 Why a dedicated database: the benchmarks start their own platform processes (ASGI server, Celery,
 local workers) and create throwaway rows. In the configured database a developer's running
@@ -15,19 +15,28 @@ demand, and every row a benchmark creates is deleted when it ends.
 from __future__ import annotations
 
 import contextlib
-import io
-import json
-import math
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse, urlunparse
+
+import psycopg
+import redis
+from django.conf import settings
+from django.core.management import call_command
+from django.db import connections
+from django.utils import timezone
+from psycopg import sql
+
+from gpu.models import GpuWorker
+from sessions.models import GenerationSession
 
 BENCH_BROKER_DB = (
     14  # Celery broker of the benchmark's processes: a developer's platform never takes their tasks
@@ -39,52 +48,8 @@ class ServiceUnavailable(Exception):
     """PostgreSQL or Redis does not answer (the message says which)."""
 
 
-# --- figures ---------------------------------------------------------------------------------
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default) of already sorted values; q in [0, 100]."""
-    if not sorted_values:
-        return math.nan
-    rank = (len(sorted_values) - 1) * q / 100.0
-    low = math.floor(rank)
-    high = min(low + 1, len(sorted_values) - 1)
-    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (rank - low)
-
-
-def summarize(values: Iterable[float]) -> dict[str, float | int]:
-    """count, p50, p99, max and mean of ``values`` (NaN figures when empty), rounded to 3 places."""
-    ordered = sorted(values)
-    if not ordered:
-        return {"count": 0, "p50": math.nan, "p99": math.nan, "max": math.nan, "mean": math.nan}
-    return {
-        "count": len(ordered),
-        "p50": round(percentile(ordered, 50), 3),
-        "p99": round(percentile(ordered, 99), 3),
-        "max": round(ordered[-1], 3),
-        "mean": round(sum(ordered) / len(ordered), 3),
-    }
-
-
-def machine_load() -> dict[str, Any]:
-    """What else the machine was doing: load averages (1/5/15 min) and CPU count."""
-    one, five, fifteen = os.getloadavg()
-    return {"loadavg": [round(one, 2), round(five, 2), round(fifteen, 2)], "cpus": os.cpu_count()}
-
-
-def dumps(report: dict[str, Any]) -> str:
-    """Exactly one JSON object on one line; NaN (an empty summary) becomes null."""
-
-    def clean(value: Any) -> Any:
-        if isinstance(value, float) and not math.isfinite(value):
-            return None
-        if isinstance(value, dict):
-            return {k: clean(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [clean(v) for v in value]
-        return value
-
-    return json.dumps(clean(report), separators=(",", ":"), allow_nan=False)
+class BenchmarkFailed(Exception):
+    """The run could not complete: a platform process died, a request was refused (the message says)."""
 
 
 # --- services and the benchmark database -------------------------------------------------------
@@ -114,8 +79,6 @@ def database_url(settings_dict: dict[str, Any], dbname: str) -> str:
 
 
 def check_postgres(settings_dict: dict[str, Any]) -> None:
-    import psycopg
-
     params = postgres_params(settings_dict, dbname="postgres")
     try:
         with psycopg.connect(**params) as conn:
@@ -126,8 +89,6 @@ def check_postgres(settings_dict: dict[str, Any]) -> None:
 
 
 def check_redis(url: str) -> None:
-    import redis
-
     try:
         redis.Redis.from_url(url, socket_connect_timeout=3).ping()
     except redis.RedisError as exc:
@@ -152,37 +113,12 @@ def redis_url_with_db(url: str, db: int) -> str:
 
 def ensure_database(settings_dict: dict[str, Any], dbname: str) -> bool:
     """Create ``dbname`` on the configured server unless it exists; returns whether it was created."""
-    import psycopg
-    from psycopg import sql
-
     with psycopg.connect(**postgres_params(settings_dict, dbname="postgres"), autocommit=True) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (dbname,)).fetchone()
         if exists:
             return False
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
         return True
-
-
-# --- frames ------------------------------------------------------------------------------------
-
-
-def jpeg_frames(width: int, height: int, count: int, *, seed: int = 0, quality: int = 85) -> list[bytes]:
-    """``count`` real JPEG frames of ``width``×``height`` (smooth noise, like a generated frame's texture)."""
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    frames = []
-    for _ in range(count):
-        coarse = rng.integers(0, 256, size=(max(height // 4, 1), max(width // 4, 1), 3), dtype=np.uint8)
-        image = Image.fromarray(coarse, mode="RGB").resize((width, height), Image.BILINEAR)
-        fine = np.asarray(image, dtype=np.int16) + rng.integers(-28, 29, size=(height, width, 3))
-        buffer = io.BytesIO()
-        Image.fromarray(fine.clip(0, 255).astype(np.uint8), mode="RGB").save(
-            buffer, format="JPEG", quality=quality
-        )
-        frames.append(buffer.getvalue())
-    return frames
 
 
 # --- child processes ---------------------------------------------------------------------------
@@ -302,7 +238,7 @@ class ProcessGroup:
                     signal.signal(signal.SIGTERM, self._previous_sigterm)
 
 
-# --- the only Django-aware part (imported lazily, so the module stays importable without Django) --
+# --- the benchmark database and its rows ------------------------------------------------------
 
 
 def use_bench_database(name: str | None, *, migrate: bool = True) -> dict[str, Any]:
@@ -313,10 +249,6 @@ def use_bench_database(name: str | None, *, migrate: bool = True) -> dict[str, A
     changes. Returns the connection's settings (for child processes' ``DATABASE_URL``).
     Raises ``ServiceUnavailable`` when PostgreSQL does not answer.
     """
-    from django.conf import settings
-    from django.core.management import call_command
-    from django.db import connections
-
     current = connections["default"].settings_dict
     check_postgres(current)
     target = name or f"{current['NAME']}_bench"
@@ -330,18 +262,13 @@ def use_bench_database(name: str | None, *, migrate: bool = True) -> dict[str, A
     return current
 
 
-def bench_sessions(*, label: str, owner: Any, count: int, model_name: str = "tiny") -> tuple[Any, list[Any]]:
+def bench_sessions(
+    *, label: str, owner: Any, count: int, model_name: str = "tiny"
+) -> tuple[GpuWorker, list[GenerationSession]]:
     """A released worker row and ``count`` sessions that look as if they execute on it.
 
     Released, so no scheduler places anything on it; chunk records may still reference it.
     """
-    from datetime import timedelta
-
-    from django.utils import timezone
-
-    from gpu.models import GpuWorker
-    from sessions.models import GenerationSession
-
     now = timezone.now()
     worker = GpuWorker.objects.create(
         name=label,

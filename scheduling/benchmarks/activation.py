@@ -1,0 +1,323 @@
+"""Activation → first chunk, and the control plane's share of it (docs/benchmarks-live.md).
+
+Starts the platform against the benchmark database — uvicorn, a Celery worker and beat (on their own
+broker database), and ``workers`` local CPU workers provisioned by the scheduler itself
+(min = max GPUs) — and waits until the workers are ready and have served ``warmup`` sessions, so
+provisioning and first-forward warm-up are excluded. Then, one at a time with a pause:
+
+- t0: the REST create call starts (token auth); the WebSocket is opened as soon as it returns the id;
+- t_decision: ``SchedulerDecision.decided_at`` of the run that sent the session's start command;
+- t_command: that ``WorkerCommand.created_at``; t_ack: its ``answered_at``;
+- t_first: the first chunk frame arrives on the socket (then the session is terminated).
+
+Control-plane share = t_ack − t0; model share = the first chunk's ``generation_ms``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+import websockets
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import close_old_connections
+from rest_framework.authtoken.models import Token
+
+from controlplane.bench import machine_load, rounds, summarize
+from gpu.models import GpuWorker
+from gpu.provisioners.registry import get_provisioner
+from scheduling.models import SchedulerConfig, WorkerCommand
+from scheduling.services import beat_schedule_install
+from sessions.models import GenerationSession
+from sessions.streaming import decode_chunk_frame
+from workers.benchmarks.live import (
+    BENCH_BROKER_DB,
+    BenchmarkFailed,
+    ProcessGroup,
+    check_redis,
+    database_url,
+    free_port,
+    port_open,
+    redis_url_with_db,
+    use_bench_database,
+    wait_until,
+)
+
+COMPONENTS = (
+    ("api_ms", "create call (REST) returns"),
+    ("to_decision_ms", "t0 → scheduler decision starts (API + Celery hand-off)"),
+    ("decision_to_command_ms", "decision start → start command written (scheduling)"),
+    ("command_to_ack_ms", "command written → worker's answer recorded (delivery + chunk boundary)"),
+    ("control_plane_ms", "t0 → ack (control plane's share)"),
+    ("generation_ms", "first chunk's generation (model's share)"),
+    ("first_chunk_ms", "t0 → first chunk on the socket"),
+    ("delivery_ms", "first chunk's generated_at → socket receive"),
+)
+
+
+def components(sample: dict) -> dict:
+    """Per-session component durations in ms from the raw timestamps (epoch seconds)."""
+    t0 = sample["t0"]
+    out = {
+        "api_ms": (sample["t_created"] - t0) * 1000.0,
+        "to_decision_ms": (sample["t_decision"] - t0) * 1000.0,
+        "decision_to_command_ms": (sample["t_command"] - sample["t_decision"]) * 1000.0,
+        "command_to_ack_ms": (sample["t_ack"] - sample["t_command"]) * 1000.0,
+        "control_plane_ms": (sample["t_ack"] - t0) * 1000.0,
+        "generation_ms": sample["generation_ms"],
+        "first_chunk_ms": (sample["t_first"] - t0) * 1000.0,
+        "delivery_ms": (sample["t_first"] - sample["generated_at"]) * 1000.0,
+    }
+    return {k: round(v, 3) for k, v in out.items()}
+
+
+def run_activation(
+    *,
+    sessions: int,
+    warmup: int,
+    workers: int,
+    pause: float,
+    database: str | None,
+    redis_db: int,
+    ready_timeout: float,
+    keep_logs: str | None,
+    say: Callable[[str], Any],
+) -> dict[str, Any]:
+    """The whole benchmark; raises ``ServiceUnavailable`` or ``BenchmarkFailed`` with a message."""
+    redis_url = redis_url_with_db(settings.REDIS_URL, redis_db)
+    check_redis(settings.REDIS_URL)
+    db = use_bench_database(database)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-activation-"))
+    port = free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(db, db["NAME"]),
+        "REDIS_URL": redis_url,
+        "CELERY_BROKER_URL": redis_url_with_db(settings.REDIS_URL, BENCH_BROKER_DB),
+        "PROVISIONER": "local",
+        "WORKER_DEVICE": "cpu",
+        "CHECKPOINT_DIR": str(tmp / "checkpoints"),
+        "PYTHONUNBUFFERED": "1",
+    }
+    redis.Redis.from_url(env["CELERY_BROKER_URL"]).flushdb()
+    get_provisioner("local").release_all()  # leftovers of an interrupted run (benchmark database only)
+    run = uuid.uuid4().hex[:8]
+    token = _prepare(run, workers)
+    samples, load_before = [], machine_load()
+    try:
+        with ProcessGroup(tmp, env, Path(settings.BASE_DIR)) as processes:
+            processes.spawn(
+                "web",
+                "-m",
+                "uvicorn",
+                "controlplane.asgi:application",
+                "--port",
+                str(port),
+                "--ws",
+                "websockets",
+                "--no-access-log",
+            )
+            processes.spawn(
+                "celery",
+                "-m",
+                "celery",
+                "-A",
+                "controlplane",
+                "worker",
+                "-Q",
+                "scheduler,default",
+                "-c",
+                "2",
+                "-n",
+                f"bench-{port}@%h",
+                "--loglevel",
+                "INFO",
+            )
+            processes.spawn(
+                "beat",
+                "-m",
+                "celery",
+                "-A",
+                "controlplane",
+                "beat",
+                "--loglevel",
+                "INFO",
+                "-s",
+                str(tmp / "beat-schedule"),
+            )
+            wait_until(lambda: port_open(port), 90, "the ASGI server", alive=processes.dead)
+            say(
+                f"platform up (uvicorn :{port}, database {db['NAME']}); waiting for {workers} ready workers …"
+            )
+            began = time.monotonic()
+            wait_until(
+                lambda: _ready_workers() >= workers,
+                ready_timeout,
+                f"{workers} ready local workers",
+                interval=0.5,
+                alive=processes.dead,
+            )
+            say(
+                f"{workers} workers ready after {time.monotonic() - began:.0f} s; {warmup} warm-up activations"
+            )
+            base = f"http://127.0.0.1:{port}"
+            for index, measured in rounds(sessions, warmup):
+                sample = asyncio.run(_activate(base, f"ws://127.0.0.1:{port}", token, seed=index))
+                if processes.dead():
+                    raise BenchmarkFailed(f"a platform process died: {processes.dead()}")
+                if measured:
+                    samples.append(sample)
+                    say(
+                        f"  session {index - warmup + 1}/{sessions}: first chunk after"
+                        f" {(sample['t_first'] - sample['t0']) * 1000:.0f} ms"
+                    )
+                time.sleep(pause)
+            _attach_control_plane(samples)
+            if keep_logs:
+                shutil.copytree(tmp, keep_logs, dirs_exist_ok=True)
+    finally:
+        try:
+            get_provisioner("local").release_all()
+        finally:
+            _cleanup(run)
+
+    complete = [s for s in samples if s.get("t_ack") is not None]
+    per_session = [components(s) for s in complete]
+    figures = {key: summarize(c[key] for c in per_session) for key, _ in COMPONENTS}
+    return {
+        "benchmark": "activation",
+        "database": db["NAME"],
+        "sessions": sessions,
+        "measured": len(per_session),
+        "incomplete": len(samples) - len(complete),
+        "first_index_not_zero": sum(1 for s in samples if s["first_index"] != 0),
+        "decision_triggers": {
+            t: sum(1 for s in complete if s.get("decision_trigger") == t)
+            for t in sorted({s.get("decision_trigger") for s in complete})
+        },
+        "warmup": warmup,
+        "workers": workers,
+        "pause_s": pause,
+        "components_ms": figures,
+        "control_plane_share_p50": round(
+            figures["control_plane_ms"]["p50"] / figures["first_chunk_ms"]["p50"], 3
+        )
+        if per_session
+        else None,
+        "samples": per_session,
+        "load_before": load_before,
+        "load_after": machine_load(),
+    }
+
+
+def format_activation(report: dict[str, Any]) -> str:
+    lines = [
+        f"{report['measured']} activations measured ({report['incomplete']} incomplete);"
+        f" placing decisions by trigger {report['decision_triggers']}"
+    ]
+    for key, label in COMPONENTS:
+        f = report["components_ms"][key]
+        lines.append(f"  {label:<72} p50 {f['p50']:8.1f}  p99 {f['p99']:8.1f}  max {f['max']:8.1f} ms")
+    lines.append(
+        f"load average before {report['load_before']['loadavg']} after {report['load_after']['loadavg']}"
+        f" on {report['load_before']['cpus']} CPUs"
+    )
+    return "\n".join(lines)
+
+
+# --- steps -------------------------------------------------------------------------------------
+
+
+def _prepare(run: str, n_workers: int) -> str:
+    beat_schedule_install()
+    # A fixed pool: the autoscaler keeps exactly n_workers, so no activation waits on provisioning.
+    SchedulerConfig.objects.update_or_create(pk=1, defaults={"min_gpus": n_workers, "max_gpus": n_workers})
+    user = get_user_model().objects.create(username=f"bench-activation-{run}")
+    return Token.objects.create(user=user).key
+
+
+def _ready_workers() -> int:
+    close_old_connections()
+    return GpuWorker.objects.filter(status=GpuWorker.Status.READY).count()
+
+
+async def _activate(base: str, ws_base: str, token: str, *, seed: int) -> dict:
+    async with httpx.AsyncClient(
+        base_url=base, headers={"Authorization": f"Token {token}"}, timeout=30
+    ) as api:
+        await api.get("/api/models/")  # connection established before t0, as a live integrator's is
+        t0 = time.time()
+        response = await api.post(
+            "/api/sessions/", json={"prompt": "a lighthouse in a storm", "model": "tiny", "seed": seed}
+        )
+        t_created = time.time()
+        if response.status_code != 201:
+            raise BenchmarkFailed(f"session create failed: {response.status_code} {response.text[:300]}")
+        session_id = response.json()["id"]
+        async with websockets.connect(
+            f"{ws_base}/ws/sessions/{session_id}/?token={token}", max_size=None
+        ) as ws:
+            deadline = time.monotonic() + 60
+            while True:
+                message = await asyncio.wait_for(ws.recv(), timeout=max(deadline - time.monotonic(), 0.1))
+                if isinstance(message, bytes):
+                    t_first = time.time()
+                    header, _ = decode_chunk_frame(message)
+                    break
+            await ws.send(json.dumps({"type": "terminate"}))
+        return {
+            "session": session_id,
+            "t0": t0,
+            "t_created": t_created,
+            "t_first": t_first,
+            "first_index": int(header["index"]),
+            "generation_ms": float(header["generation_ms"]),
+            "generated_at": float(header["generated_at"]),
+            "worker": header.get("worker"),
+        }
+
+
+def _attach_control_plane(samples: list[dict]) -> None:
+    """The start command of each session, its answer, and the decision that sent it."""
+    close_old_connections()
+    for sample in samples:
+        command = (
+            WorkerCommand.objects.select_related("decision")
+            .filter(
+                session_id=sample["session"],
+                kind__in=[WorkerCommand.Kind.START, WorkerCommand.Kind.RESUME],
+            )
+            .order_by("created_at")
+            .first()
+        )
+        if command is None or command.answered_at is None or command.decision is None:
+            sample["t_ack"] = None
+            continue
+        sample["t_decision"] = command.decision.decided_at.timestamp()
+        sample["t_command"] = command.created_at.timestamp()
+        sample["t_ack"] = command.answered_at.timestamp()
+        sample["command_status"] = command.status
+        sample["decision_trigger"] = command.decision.trigger
+
+
+def _cleanup(run: str) -> None:
+    """The benchmark's user and sessions go (with their events, prompts and chunk records); released
+    worker rows, decisions and the cost ledger stay in the benchmark database as its history."""
+    close_old_connections()
+    label = f"bench-activation-{run}"
+    GenerationSession.objects.filter(owner__username=label).delete()
+    get_user_model().objects.filter(username=label).delete()

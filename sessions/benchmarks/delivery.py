@@ -1,0 +1,297 @@
+"""Worker → client delivery overhead with many concurrent streamed sessions (docs/benchmarks-live.md).
+
+Starts a real ASGI server (uvicorn, as the platform runs it) against the benchmark database and the
+configured Redis, then for each stream count S: S WebSocket clients in one process, a publisher
+doing ``ChunkPublisher``'s per-chunk work in another (``sessions.benchmarks.delivery_clients`` and
+``workers.benchmarks.delivery_publisher``),
+each session receiving the tiny preset's chunk (4 JPEG frames of 64×64) every 0.5 s. The added delay
+of a chunk is the client's receive wall time minus the header's ``generated_at`` (same host, same
+clock).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import close_old_connections
+from rest_framework.authtoken.models import Token
+
+from controlplane.bench import machine_load
+from gpu.models import GpuWorker
+from sessions.benchmarks.delivery_clients import delivery_figures
+from sessions.models import ChunkRecord, GenerationSession
+from workers.benchmarks.live import (
+    BENCH_BROKER_DB,
+    ProcessGroup,
+    bench_sessions,
+    check_redis,
+    database_url,
+    free_port,
+    port_open,
+    redis_url_with_db,
+    use_bench_database,
+    wait_until,
+)
+
+TARGET_P99_MS = 10.0
+TARGET_STREAMS = 200
+CLIENTS_MODULE = "sessions.benchmarks.delivery_clients"
+PUBLISHER_MODULE = "workers.benchmarks.delivery_publisher"
+
+
+def run_delivery(
+    *,
+    streams: Sequence[int],
+    chunks: int,
+    warmup: int,
+    period: float,
+    database: str | None,
+    channel_layer: str,
+    asgi_app: str,
+    publishers: int,
+    keep_logs: str | None,
+    say: Callable[[str], Any],
+) -> dict[str, Any]:
+    """The whole benchmark; raises ``ServiceUnavailable`` when PostgreSQL or Redis does not answer."""
+    check_redis(settings.REDIS_URL)
+    db = use_bench_database(database)
+    run = uuid.uuid4().hex[:8]
+    token, worker_id, session_ids = _create_rows(run, sum(streams))
+    tmp = Path(tempfile.mkdtemp(prefix="bench-delivery-"))
+    port = free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(db, db["NAME"]),
+        "REDIS_URL": settings.REDIS_URL,
+        "CELERY_BROKER_URL": redis_url_with_db(settings.REDIS_URL, BENCH_BROKER_DB),
+        "PYTHONUNBUFFERED": "1",
+        "LOG_LEVEL": "WARNING",
+    }
+    if channel_layer == "pubsub":
+        # A settings overlay in the run's temporary folder: the deployed settings, another layer.
+        (tmp / "bench_pubsub_settings.py").write_text(
+            "from controlplane.settings import *  # noqa: F403\n"
+            "CHANNEL_LAYERS = {'default': {'BACKEND': 'channels_redis.pubsub.RedisPubSubChannelLayer',"
+            " 'CONFIG': {'hosts': [REDIS_URL], 'prefix': 'benchps'}}}  # noqa: F405\n"
+        )
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp), env.get("PYTHONPATH", "")]))
+        env["DJANGO_SETTINGS_MODULE"] = "bench_pubsub_settings"
+    publishers = max(publishers, 1)
+    results = []
+    try:
+        with ProcessGroup(tmp, env, Path(settings.BASE_DIR)) as processes:
+            processes.spawn(
+                "web",
+                "-m",
+                "uvicorn",
+                asgi_app,
+                "--port",
+                str(port),
+                "--ws",
+                "websockets",
+                "--no-access-log",
+                "--log-level",
+                "warning",
+            )
+            wait_until(lambda: port_open(port), 60, "the ASGI server", alive=processes.dead)
+            say(f"uvicorn on :{port}, database {db['NAME']}, Redis {settings.REDIS_URL}")
+            offset = 0
+            for count in streams:  # fresh sessions per count: chunk indices start at 0 again
+                say(f"{count} streams × {chunks} chunks, one every {period} s …")
+                results.append(
+                    _measure(
+                        processes,
+                        tmp,
+                        port,
+                        token,
+                        worker_id,
+                        session_ids[offset : offset + count],
+                        chunks,
+                        warmup,
+                        period,
+                        publishers,
+                    )
+                )
+                offset += count
+                say(format_run(results[-1]))
+            if keep_logs:
+                shutil.copytree(tmp, keep_logs, dirs_exist_ok=True)
+    finally:
+        _delete_rows(run)
+    at_target = [r for r in results if r["streams"] == TARGET_STREAMS]
+    return {
+        "benchmark": "delivery",
+        "database": db["NAME"],
+        "chunks_per_stream": chunks,
+        "warmup_chunks": warmup,
+        "period_s": period,
+        "channel_layer": channel_layer,
+        "asgi_app": asgi_app,
+        "publishers": publishers,
+        "runs": results,
+        "target_p99_ms": TARGET_P99_MS,
+        "target_streams": TARGET_STREAMS,
+        "target_met": (at_target[0]["added_delay_ms"]["p99"] <= TARGET_P99_MS) if at_target else None,
+    }
+
+
+def format_verdict(report: dict[str, Any]) -> str:
+    """The closing line (each run's figures are printed as it ends); empty without a run at the target."""
+    if report["target_met"] is None:
+        return ""
+    verdict = "met" if report["target_met"] else "MISSED"
+    return f"target p99 added delay <= {TARGET_P99_MS} ms at {TARGET_STREAMS} streams: {verdict}"
+
+
+def format_run(result: dict[str, Any]) -> str:
+    a, s, c = result["added_delay_ms"], result["server_delivery_ms"], result["socket_to_client_ms"]
+    late = result["publisher"]["late_ms_p99_max"]
+    return (
+        f"  {result['streams']:4d} streams: added delay ms p50 {a['p50']:.2f}  p99 {a['p99']:.2f}"
+        f"  max {a['max']:.2f}  (n={a['count']}, {result['within_10ms']:.1%} within 10 ms)\n"
+        f"        of which generated_at → consumer send p50 {s['p50']:.2f} p99 {s['p99']:.2f};"
+        f" send → client p50 {c['p50']:.2f} p99 {c['p99']:.2f}\n"
+        f"        received {result['received']}/{result['expected']}, lost {result['lost']},"
+        f" skipped {result['skipped']}; publisher behind schedule p99 {late:.1f} ms;"
+        f" mean chunk {result['chunk_bytes_mean']} B\n"
+        f"        CPU s: server {result['server_cpu_s']} ({result['server_cpu_core_share']:.0%} of a core,"
+        f" {result['server_cpu_ms_per_chunk']} ms/chunk incl. connects), clients {result['clients_cpu_s']},"
+        f" publisher {result['publisher']['cpu_s']}\n"
+        f"        load average {result['load_before']['loadavg']} → {result['load_after']['loadavg']}"
+        f" on {result['load_before']['cpus']} CPUs"
+    )
+
+
+def _measure(
+    processes: ProcessGroup,
+    tmp: Path,
+    port: int,
+    token: str,
+    worker_id: int,
+    session_ids: list[str],
+    chunks: int,
+    warmup: int,
+    period: float,
+    publishers: int = 1,
+) -> dict[str, Any]:
+    tag = f"s{len(session_ids)}-{int(time.time())}"
+    sessions_file = tmp / f"{tag}-sessions.json"
+    sessions_file.write_text(json.dumps(session_ids))
+    ready, client_out = tmp / f"{tag}.ready", tmp / f"{tag}-clients.json"
+    load_before = machine_load()
+    server = psutil.Process(processes.processes["web"].pid)
+    server_cpu_before, began = sum(server.cpu_times()[:2]), time.monotonic()
+    processes.spawn(
+        f"{tag}-clients",
+        "-m",
+        CLIENTS_MODULE,
+        "--sessions-file",
+        str(sessions_file),
+        "--out",
+        str(client_out),
+        "--chunks",
+        str(chunks),
+        "--base-url",
+        f"ws://127.0.0.1:{port}",
+        "--token",
+        token,
+        "--ready-file",
+        str(ready),
+        "--timeout",
+        str(chunks * period + 10),
+        service=False,
+    )
+    wait_until(ready.exists, 90, f"{len(session_ids)} WebSocket clients to connect", alive=processes.dead)
+    start_at = time.time() + 1.0
+    outs = []
+    for p in range(publishers):  # session i goes to publisher i mod P, as sessions spread over workers
+        part = tmp / f"{tag}-sessions-{p}.json"
+        part.write_text(json.dumps(session_ids[p::publishers]))
+        outs.append(tmp / f"{tag}-pub-{p}.json")
+        processes.spawn(
+            f"{tag}-publisher-{p}",
+            "-m",
+            PUBLISHER_MODULE,
+            "--sessions-file",
+            str(part),
+            "--out",
+            str(outs[-1]),
+            "--chunks",
+            str(chunks),
+            "--period",
+            str(period),
+            "--start-at",
+            str(start_at),
+            "--phase",
+            str(p / publishers),
+            "--worker-id",
+            str(worker_id),
+            service=False,
+        )
+    wait_until(
+        lambda: client_out.exists() and all(o.exists() for o in outs),
+        chunks * period + 60,
+        f"the {len(session_ids)}-stream run to finish",
+        interval=0.5,
+        alive=processes.dead,
+    )
+    server_cpu = sum(server.cpu_times()[:2]) - server_cpu_before
+    wall = time.monotonic() - began
+    processes.processes.pop(f"{tag}-clients").wait(timeout=10)
+    for p in range(publishers):
+        processes.processes.pop(f"{tag}-publisher-{p}").wait(timeout=10)
+    figures = delivery_figures(json.loads(client_out.read_text()), chunks=chunks, warmup=warmup)
+    runs = [json.loads(o.read_text()) for o in outs]
+    publisher = {
+        "processes": publishers,
+        "published": sum(r["published"] for r in runs),
+        "cpu_s": round(sum(r["cpu_s"] for r in runs), 3),
+        "late_ms_p99_max": max(r["late_ms"]["p99"] for r in runs),
+        "publish_call_ms_p99_max": max(r["publish_call_ms"]["p99"] for r in runs),
+        "frame_bytes": runs[0]["frame_bytes"],
+        "each": runs,
+    }
+    return {
+        "streams": len(session_ids),
+        **figures,
+        # The ASGI server's CPU over the phase (connects included): share of one core, per chunk.
+        "server_cpu_s": round(server_cpu, 3),
+        "server_cpu_core_share": round(server_cpu / wall, 3),
+        "server_cpu_ms_per_chunk": round(1000.0 * server_cpu / max(figures["received"], 1), 3),
+        "publisher": publisher,
+        "load_before": load_before,
+        "load_after": machine_load(),
+    }
+
+
+def _create_rows(run: str, count: int) -> tuple[str, int, list[str]]:
+    label = f"bench-delivery-{run}"
+    try:
+        user = get_user_model().objects.create(username=label)
+        token = Token.objects.create(user=user).key
+        worker, sessions = bench_sessions(label=label, owner=user, count=count)
+    except Exception:
+        _delete_rows(run)
+        raise
+    return token, worker.pk, [str(s.pk) for s in sessions]
+
+
+def _delete_rows(run: str) -> None:
+    label = f"bench-delivery-{run}"
+    close_old_connections()
+    sessions = GenerationSession.objects.filter(owner__username=label)
+    ChunkRecord.objects.filter(session__in=sessions).delete()
+    sessions.delete()
+    GpuWorker.objects.filter(name=label).delete()
+    get_user_model().objects.filter(username=label).delete()  # its token goes with it

@@ -1,0 +1,172 @@
+"""The publisher's side of ``bench_delivery``, in its own process
+(``python -m workers.benchmarks.delivery_publisher``).
+
+Publishes chunks exactly as ``workers.daemon.ChunkPublisher`` does — header with
+``generated_at = time.time()``, the delivered-index write to Redis, then ``group_send`` of
+``session.chunk`` with real JPEG frames through the configured channel layer — one chunk per session
+every ``--period`` seconds, sessions' phases spread evenly over the period. It is the worker's side,
+so it lives with the workers (and reports chunk records through the worker's own reporter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from controlplane.bench import summarize
+
+# --- frames ------------------------------------------------------------------------------------
+
+
+def jpeg_frames(width: int, height: int, count: int, *, seed: int = 0, quality: int = 85) -> list[bytes]:
+    """``count`` real JPEG frames of ``width``×``height`` (smooth noise, like a generated frame's texture)."""
+    rng = np.random.default_rng(seed)
+    frames = []
+    for _ in range(count):
+        coarse = rng.integers(0, 256, size=(max(height // 4, 1), max(width // 4, 1), 3), dtype=np.uint8)
+        image = Image.fromarray(coarse, mode="RGB").resize((width, height), Image.BILINEAR)
+        fine = np.asarray(image, dtype=np.int16) + rng.integers(-28, 29, size=(height, width, 3))
+        buffer = io.BytesIO()
+        Image.fromarray(fine.clip(0, 255).astype(np.uint8), mode="RGB").save(
+            buffer, format="JPEG", quality=quality
+        )
+        frames.append(buffer.getvalue())
+    return frames
+
+
+# --- publisher ---------------------------------------------------------------------------------
+
+
+def run_publisher(
+    *,
+    session_ids: list[str],
+    chunks: int,
+    period_s: float,
+    start_at: float,
+    width: int,
+    height: int,
+    frames_per_chunk: int,
+    worker_id: int | None = None,
+    phase: float = 0.0,
+) -> dict[str, Any]:
+    """ChunkPublisher's per-chunk work, on the preset's real-time schedule; returns lateness figures."""
+    # Django is loaded and set up here, when the publisher's process starts: the channel layer and
+    # the reporter need the configured settings and the app registry.
+    import django
+    import redis
+    from channels.layers import get_channel_layer
+    from django.conf import settings
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+    django.setup()
+    # The worker's own channel key and reporter need the app registry set up just above.
+    from workers.channel import delivered_key
+    from workers.reporting import DjangoReporter
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    # The worker's real reporter: chunk records written in batches (COPY) beside the publishing,
+    # so the consumers' delivery-latency UPDATEs find their rows as they do in production.
+    reporter = DjangoReporter(worker_id, "bench-delivery") if worker_id is not None else None
+    layer = get_channel_layer()
+    loop = asyncio.new_event_loop()
+    variants = [jpeg_frames(width, height, frames_per_chunk, seed=seed) for seed in range(4)]
+    # Warm up (connections, Lua script load) before the schedule starts, as a running worker would be.
+    client.ping()
+    loop.run_until_complete(layer.group_send("session.bench-warmup", {"type": "session.chunk", "header": {}}))
+    start_at = max(start_at, time.time() + 0.2)
+    # Due times: session i's chunk k at start_at + (i / S + k) * period.
+    schedule = sorted(
+        (start_at + ((i + phase) / len(session_ids) + k) * period_s, k, sid)
+        for k in range(chunks)
+        for i, sid in enumerate(session_ids)
+    )
+    late_ms, send_ms = [], []
+    for due, index, sid in schedule:
+        wait = due - time.time()
+        if wait > 0:
+            time.sleep(wait)
+        header = {
+            "session": sid,
+            "index": index,
+            "epoch": 1,
+            "generation_ms": 0.0,
+            "worker": "bench-delivery",
+            "batch_size": 1,
+            "width": width,
+            "height": height,
+            "fps": 8,
+            "mime": "image/jpeg",
+            "generated_at": time.time(),
+        }
+        late_ms.append(max(0.0, header["generated_at"] - due) * 1000.0)
+        client.set(delivered_key(sid), index, ex=3600)
+        loop.run_until_complete(
+            layer.group_send(
+                f"session.{sid}",
+                {"type": "session.chunk", "header": header, "frames": variants[index % len(variants)]},
+            )
+        )
+        send_ms.append((time.time() - header["generated_at"]) * 1000.0)
+        if reporter is not None:
+            reporter.chunk(
+                {
+                    "session_id": sid,
+                    "chunk_index": index,
+                    "batch_size": 1,
+                    "generation_ms": 0.0,
+                    "created_at": header["generated_at"],
+                }
+            )
+    loop.close()
+    if reporter is not None:
+        reporter.close()
+    client.delete(*[delivered_key(sid) for sid in session_ids])
+    return {
+        "published": len(schedule),
+        "late_ms": summarize(late_ms),
+        "publish_call_ms": summarize(send_ms),
+        "frame_bytes": [len(f) for f in variants[0]],
+        "cpu_s": round(time.process_time(), 3),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m workers.benchmarks.delivery_publisher")
+    parser.add_argument("--sessions-file", required=True, help="JSON list of session ids")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--chunks", type=int, required=True)
+    parser.add_argument("--period", type=float, default=0.5)
+    parser.add_argument("--start-at", type=float, default=0.0)
+    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--height", type=int, default=64)
+    parser.add_argument("--frames", type=int, default=4)
+    parser.add_argument("--phase", type=float, default=0.0, help="offset of this publisher's phases (slots)")
+    parser.add_argument("--worker-id", type=int, default=None, help="write chunk records as this worker")
+    args = parser.parse_args(argv)
+    result = run_publisher(
+        session_ids=json.loads(Path(args.sessions_file).read_text()),
+        chunks=args.chunks,
+        period_s=args.period,
+        start_at=args.start_at,
+        width=args.width,
+        height=args.height,
+        frames_per_chunk=args.frames,
+        worker_id=args.worker_id,
+        phase=args.phase,
+    )
+    tmp = Path(args.out + ".tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.rename(args.out)  # the orchestrator waits for the file: it appears complete
+
+
+if __name__ == "__main__":
+    main()
