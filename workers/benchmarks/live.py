@@ -36,6 +36,7 @@ from django.utils import timezone
 from psycopg import sql
 
 from gpu.models import GpuWorker
+from sessions import lifecycle
 from sessions.models import GenerationSession
 
 BENCH_BROKER_DB = (
@@ -288,10 +289,9 @@ def bench_sessions(
             fps=8,
             frames_per_chunk=4,
             seed=n,
-            status=GenerationSession.Status.EXECUTING,
-            worker=worker,
-            epoch=1,
         )
         for n in range(count)
     )
+    for session in sessions:  # placed through the lifecycle, like every status change
+        lifecycle.session_place(session=session, worker=worker)
     return worker, sessions
