@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.benchlive import jpeg_frames, summarize
+from workers.streaming import CHUNK_MESSAGE, chunk_message, decode_chunk_frame, group_name
 
 # --- clients -----------------------------------------------------------------------------------
 
@@ -38,8 +39,6 @@ async def _client(
     done: asyncio.Event,
 ) -> None:
     import websockets
-
-    from sessions.streaming import decode_chunk_frame
 
     async with gate:  # open sockets a few at a time, as users arrive (each connect reads the DB)
         ws = await websockets.connect(url, max_size=None, ping_interval=None, compression=None)
@@ -162,7 +161,7 @@ def run_publisher(
     variants = [jpeg_frames(width, height, frames_per_chunk, seed=seed) for seed in range(4)]
     # Warm up (connections, Lua script load) before the schedule starts, as a running worker would be.
     client.ping()
-    loop.run_until_complete(layer.group_send("session.bench-warmup", {"type": "session.chunk", "header": {}}))
+    loop.run_until_complete(layer.group_send(group_name("bench-warmup"), chunk_message({}, [])))
     start_at = max(start_at, time.time() + 0.2)
     # Due times: session i's chunk k at start_at + (i / S + k) * period.
     schedule = sorted(
@@ -191,10 +190,7 @@ def run_publisher(
         late_ms.append(max(0.0, header["generated_at"] - due) * 1000.0)
         client.set(delivered_key(sid), index, ex=3600)
         loop.run_until_complete(
-            layer.group_send(
-                f"session.{sid}",
-                {"type": "session.chunk", "header": header, "frames": variants[index % len(variants)]},
-            )
+            layer.group_send(group_name(sid), chunk_message(header, variants[index % len(variants)]))
         )
         send_ms.append((time.time() - header["generated_at"]) * 1000.0)
         if reporter is not None:
@@ -325,7 +321,7 @@ def __getattr__(name: str) -> Any:
     deployed = SessionConsumer.dispatch
 
     async def dispatch(self, message: dict) -> None:
-        if message.get("type") == "session.chunk":
+        if message.get("type") == CHUNK_MESSAGE:
             await self.session_chunk(message)
             return
         await deployed(self, message)

@@ -43,6 +43,7 @@ from workers.benchlive import (
     use_bench_database,
     wait_until,
 )
+from workers.streaming import decode_chunk_frame
 
 COMPONENTS = (
     ("api_ms", "create call (REST) returns"),
@@ -283,8 +284,6 @@ class Command(BaseCommand):
     async def _activate(self, base: str, ws_base: str, token: str, *, seed: int) -> dict:
         import httpx
         import websockets
-
-        from sessions.streaming import decode_chunk_frame
 
         async with httpx.AsyncClient(
             base_url=base, headers={"Authorization": f"Token {token}"}, timeout=30
