@@ -57,6 +57,7 @@ from django.utils import timezone
 
 from gpu.models import GpuWorker
 from gpu.services import TransitionError, worker_fail, worker_release
+from workers.runtime.presets import DEFAULT_PRESET
 
 logger = logging.getLogger("gpu.provisioners")
 Status = GpuWorker.Status
@@ -267,7 +268,7 @@ class Provisioner(ABC):
         *,
         count: int,
         gpu_type: str | None = None,
-        preset: str = "tiny",
+        preset: str = DEFAULT_PRESET,
         capacity: int | None = None,
         price_per_hour: Decimal | float | str | None = None,
     ) -> RequestResult:
