@@ -6,6 +6,7 @@ value raises ImproperlyConfigured naming the variable, at start, never later.
 
 from __future__ import annotations
 
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -35,6 +36,30 @@ def _url(name: str, default: str, schemes: tuple[str, ...]) -> str:
             f"{' or '.join(schemes)}"
         )
     return value
+
+
+def _prices(name: str, default: dict[str, Decimal]) -> dict[str, Decimal]:
+    """``"cpu=0,h100=2.99"`` → {"cpu": Decimal("0"), "h100": Decimal("2.99")} ($ per GPU-hour)."""
+    raw = env.str(name, default="")
+    if raw == "":
+        return default
+    prices: dict[str, Decimal] = {}
+    for part in raw.split(","):
+        if not part.strip():
+            continue
+        gpu_type, sep, price = part.partition("=")
+        try:
+            if not sep or not gpu_type.strip():
+                raise ValueError(f"expected gpu_type=price, got {part!r}")
+            value = Decimal(price.strip())
+        except (ValueError, InvalidOperation) as exc:
+            raise ImproperlyConfigured(f"Environment variable {name}={raw!r} is malformed: {exc}") from exc
+        if value < 0:
+            raise ImproperlyConfigured(
+                f"Environment variable {name}={raw!r} is malformed: price of {gpu_type.strip()} is negative"
+            )
+        prices[gpu_type.strip()] = value
+    return prices
 
 
 def _strict_bool(name: str, default: bool) -> bool:
@@ -255,6 +280,32 @@ STREAMSERVE = {
     "COMMAND_TIMEOUT_S": _typed("COMMAND_TIMEOUT_S", env.float, 30.0),
     "MIGRATION_TIMEOUT_S": _typed("MIGRATION_TIMEOUT_S", env.float, 20.0),
     "CONSOLE_PUSH_INTERVAL_S": _typed("CONSOLE_PUSH_INTERVAL_S", env.float, 1.0),
+    # Provisioners (docs/provisioners.md). PROVISION_TIMEOUT_S unset: each backend's own default.
+    "PROVISION_TIMEOUT_S": _typed("PROVISION_TIMEOUT_S", env.float, None),
+    "PROVISION_MAX_RETRIES": _typed("PROVISION_MAX_RETRIES", env.int, 2),
+    "PROVISION_RETRY_WINDOW_S": _typed("PROVISION_RETRY_WINDOW_S", env.float, 3600.0),
+    "PROVISION_BACKOFF_S": _typed("PROVISION_BACKOFF_S", env.float, 30.0),
+    "GPU_PRICES": _prices("GPU_PRICES", {"cpu": Decimal(0)}),
+    "LOCAL_STOP_GRACE_S": _typed("LOCAL_STOP_GRACE_S", env.float, 15.0),
+    "LOCAL_MAX_CPU_WORKERS": _typed("LOCAL_MAX_CPU_WORKERS", env.int, 4),
+    # In a Pod the downward API sets POD_NAMESPACE: workers go beside the control plane by default.
+    "K8S_NAMESPACE": env.str("K8S_NAMESPACE", default="") or env.str("POD_NAMESPACE", default="streamserve"),
+    "K8S_WORKER_TEMPLATE": env.str("K8S_WORKER_TEMPLATE", default=""),
+    "K8S_WORKER_IMAGE": env.str("K8S_WORKER_IMAGE", default=""),
+    "K8S_SECRET_NAME": env.str("K8S_SECRET_NAME", default="") or "streamserve-env",
+    "K8S_GPU_TYPE": env.str("K8S_GPU_TYPE", default="") or "h100",
+    "K8S_STOP_GRACE_S": _typed("K8S_STOP_GRACE_S", env.int, 30),
+    "K8S_GPU_TYPE_NODE_LABEL": env.str("K8S_GPU_TYPE_NODE_LABEL", default=""),
+    # ``name@host:device[/gpu_type],...``; the static backend parses it and names it when malformed.
+    "STATIC_WORKERS": env.str("STATIC_WORKERS", default=""),
+    # /metrics (docs/observability.md): bearer token (empty: open) and latency histogram window.
+    "METRICS_TOKEN": env.str("METRICS_TOKEN", default=""),
+    "METRICS_WINDOW_S": _typed("METRICS_WINDOW_S", env.float, 300.0),
+    # `runplatform` binds here; `create_demo_user` sets these passwords.
+    "HOST": env.str("HOST", default="127.0.0.1"),
+    "PORT": _typed("PORT", env.int, 8000),
+    "DEMO_PASSWORD": env.str("DEMO_PASSWORD", default="demo-streamserve"),
+    "OPERATOR_PASSWORD": env.str("OPERATOR_PASSWORD", default="operator-streamserve"),
 }
 for _name in (
     "HEARTBEAT_INTERVAL_S",

@@ -37,6 +37,7 @@ from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import DatabaseError
 from django.db.models import Count, Max, Q, Sum
 from django.http import HttpRequest, HttpResponse
@@ -47,7 +48,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeHistogramMetricFami
 from prometheus_client.registry import Collector
 
 from gpu.models import GpuWorker
-from gpu.provisioners.base import setting
 from scheduling.models import Migration, ScalingAction, SchedulerDecision
 from sessions.models import ChunkRecord, GenerationSession
 
@@ -185,7 +185,7 @@ class StreamServeCollector(Collector):
     """Reads the cluster's state from PostgreSQL on each scrape (see the module docstring)."""
 
     def __init__(self, *, window_s: float | None = None) -> None:
-        self.window_s = float(window_s if window_s is not None else setting("METRICS_WINDOW_S", float, 300.0))
+        self.window_s = float(window_s if window_s is not None else settings.STREAMSERVE["METRICS_WINDOW_S"])
         self.migrations = OutcomeCounter(
             Migration, labels=("outcome",), outcome="outcome", pending_value=Migration.Outcome.PENDING
         )
@@ -424,7 +424,7 @@ def registry() -> CollectorRegistry:
 
 
 def _authorized(request: HttpRequest) -> bool:
-    token = setting("METRICS_TOKEN", str, "")
+    token = settings.STREAMSERVE["METRICS_TOKEN"]
     if not token:
         return True
     scheme, _, presented = request.headers.get("Authorization", "").partition(" ")

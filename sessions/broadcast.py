@@ -7,7 +7,7 @@ from channels.layers import get_channel_layer
 
 from sessions.models import GenerationSession
 from sessions.selectors import session_status_message
-from sessions.streaming import group_name
+from workers.streaming import group_name, status_message
 
 
 def session_status_broadcast(*, session_id: str) -> None:
@@ -15,5 +15,5 @@ def session_status_broadcast(*, session_id: str) -> None:
     if session is None:
         return
     async_to_sync(get_channel_layer().group_send)(
-        group_name(session_id), {"type": "session.status", **session_status_message(session)}
+        group_name(session_id), status_message(session_status_message(session))
     )

@@ -20,7 +20,10 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.core.exceptions import ValidationError
 
-from sessions.streaming import encode_chunk_frame, group_name
+from sessions import services
+from sessions.models import GenerationSession
+from sessions.selectors import session_status_message, sessions_visible_to
+from workers.streaming import CHUNK_MESSAGE, STATUS_MESSAGE, encode_chunk_frame, group_name
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +77,8 @@ class SessionConsumer(AsyncWebsocketConsumer):
         """Chunks and status updates skip Channels' per-message database housekeeping: their
         handlers never touch the database, and that step would make every chunk of this process
         wait behind ORM calls on the single sync thread."""
-        if message["type"] in ("session.chunk", "session.status"):
-            handler = self.session_chunk if message["type"] == "session.chunk" else self.session_status
+        if message["type"] in (CHUNK_MESSAGE, STATUS_MESSAGE):
+            handler = self.session_chunk if message["type"] == CHUNK_MESSAGE else self.session_status
             await handler(message)
             return
         await super().dispatch(message)
@@ -109,9 +112,6 @@ class SessionConsumer(AsyncWebsocketConsumer):
 
     @database_sync_to_async
     def _apply(self, kind: str, text: str | None):
-        from sessions import services
-        from sessions.models import GenerationSession
-
         session = GenerationSession.objects.get(pk=self.session_id)
         if kind == "prompt":
             return services.session_prompt_add(session=session, text=text)
@@ -123,8 +123,6 @@ class SessionConsumer(AsyncWebsocketConsumer):
 
     @database_sync_to_async
     def _visible_status(self, user) -> dict | None:
-        from sessions.selectors import session_status_message, sessions_visible_to
-
         try:
             session = sessions_visible_to(user).get(pk=uuid.UUID(self.session_id))
         except (ValueError, Exception) as exc:  # bad UUID or DoesNotExist
@@ -186,9 +184,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
 
     async def _flush_deliveries(self) -> None:
         batch, self.deliveries = self.deliveries, []
-        from sessions.services import chunk_deliveries_record
-
         try:
-            await database_sync_to_async(chunk_deliveries_record)(deliveries=batch)
+            await database_sync_to_async(services.chunk_deliveries_record)(deliveries=batch)
         except Exception:  # the audit plane must never break a live stream
             logger.exception("recording delivery latencies failed session=%s", self.session_id)

@@ -4,6 +4,7 @@ from rest_framework import serializers
 
 from sessions.models import ChunkRecord, GenerationSession, Prompt, SessionEvent
 from workers.catalog import PRESETS
+from workers.runtime.presets import DEFAULT_PRESET
 
 
 class PromptSerializer(serializers.ModelSerializer):
@@ -62,7 +63,7 @@ class SessionCreateSerializer(serializers.Serializer):
     """Field types only; domain validation (catalogue, lengths) lives in ``session_spec_build``."""
 
     prompt = serializers.CharField(allow_blank=True, trim_whitespace=False)
-    model = serializers.ChoiceField(choices=sorted(PRESETS), default="tiny")
+    model = serializers.ChoiceField(choices=sorted(PRESETS), default=DEFAULT_PRESET)
     resolution = serializers.CharField(required=False, allow_blank=False)
     seed = serializers.IntegerField(required=False, min_value=0, max_value=2**63 - 1)
 

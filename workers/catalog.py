@@ -1,13 +1,17 @@
 """The catalogue of model presets users may ask for, as the control plane validates them.
 
-Each preset names the resolutions a worker runtime serves for it, its frame rate and chunk length,
-and its relative per-chunk cost (``load``) at each resolution, which the scheduler uses for
-heterogeneous placement. Pure data: importable by the control plane and the runtime alike.
+Derived from the one preset table (``workers.runtime.presets``, pure Python, so the web process never
+imports torch): each entry names the resolutions a worker runtime serves for the preset, its frame
+rate and chunk length, and its relative per-chunk cost (``load``) at each resolution, which the
+scheduler uses for heterogeneous placement.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from workers.runtime.presets import PRESETS as RUNTIME_PRESETS
+from workers.runtime.presets import Preset
 
 
 @dataclass(frozen=True)
@@ -20,38 +24,25 @@ class ModelPreset:
     resolutions: dict[str, float] = field(default_factory=dict)
     default_resolution: str = ""
 
+    @classmethod
+    def of(cls, preset: Preset) -> ModelPreset:
+        """A runtime preset serves the one resolution its architecture decodes to, at cost 1."""
+        shape = preset.architecture
+        resolution = f"{shape.width}x{shape.height}"
+        return cls(
+            name=preset.name,
+            description=preset.description,
+            fps=int(shape.fps),
+            frames_per_chunk=shape.video_frames_per_chunk,
+            resolutions={resolution: 1.0},
+            default_resolution=resolution,
+        )
+
     def load_for(self, resolution: str) -> float:
         return self.resolutions[resolution]
 
 
-# Mirrors the runtime's presets (workers/runtime/models/causal_dit.py); a test keeps them in sync
-# without making the web process import torch.
-PRESETS: dict[str, ModelPreset] = {
-    "tiny": ModelPreset(
-        name="tiny",
-        description="Small causal video DiT that runs on one CPU core (development and demo)",
-        fps=8,
-        frames_per_chunk=4,
-        resolutions={"64x64": 1.0},
-        default_resolution="64x64",
-    ),
-    "small": ModelPreset(
-        name="small",
-        description="Larger causal video DiT for CPU benchmarks and small GPUs",
-        fps=16,
-        frames_per_chunk=12,
-        resolutions={"128x128": 1.0},
-        default_resolution="128x128",
-    ),
-    "wan-1.3b": ModelPreset(
-        name="wan-1.3b",
-        description="Wan2.1-T2V-1.3B tensor shapes (random weights); needs a datacenter GPU",
-        fps=16,
-        frames_per_chunk=12,
-        resolutions={"832x480": 1.0},
-        default_resolution="832x480",
-    ),
-}
+PRESETS: dict[str, ModelPreset] = {name: ModelPreset.of(preset) for name, preset in RUNTIME_PRESETS.items()}
 
 
 def parse_resolution(value: str) -> tuple[int, int]:

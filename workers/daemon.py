@@ -4,7 +4,7 @@ The hot loop (``WorkerDaemon.step``) only touches the engine, Redis (commands in
 queues. Everything slower runs on threads beside it:
 
 - the *publisher* waits for each chunk's encoded frames and sends them once to the session's
-  channel-layer group (``session.<id>``), recording the published index in Redis first;
+  channel-layer group (wire format: ``workers.streaming``), recording the published index in Redis first;
 - the *reporter* (``workers.reporting``) writes chunk records in batches with COPY, answers
   commands and reports migrations and progress to PostgreSQL through the control plane's services;
 - the *heartbeat* samples telemetry every ``heartbeat_s`` and reports it;
@@ -32,8 +32,12 @@ from typing import Any
 
 import redis
 
+from gpu.telemetry import sample
 from workers.channel import CommandReader, ReceivedCommand, delivered_key, send_command
-from workers.runtime.engine import ChunkEngine, ChunkResult, HostStateRecord, SessionNotFound
+from workers.checkpoints import checkpoint_path
+from workers.runtime.engine import ChunkEngine, ChunkResult, HostStateRecord, SessionNotFound, region_to_bytes
+from workers.runtime.transport import send_state
+from workers.streaming import chunk_message, group_name
 
 logger = logging.getLogger("workers.daemon")
 
@@ -111,10 +115,7 @@ class ChunkPublisher(threading.Thread):
                 # Recorded before the send: after a crash, nothing at or below it is published again.
                 self.redis.set(delivered_key(result.session_id), result.chunk_index, ex=7 * 86400)
                 loop.run_until_complete(
-                    layer.group_send(
-                        f"session.{result.session_id}",
-                        {"type": "session.chunk", "header": header, "frames": frames},
-                    )
+                    layer.group_send(group_name(result.session_id), chunk_message(header, frames))
                 )
                 self.published += 1
                 self.reporter.chunk(
@@ -400,8 +401,6 @@ class WorkerDaemon:
 
     def _cmd_migrate_out(self, command: dict) -> Any:
         """Step (i): freeze at this chunk boundary and send the state region on a side thread."""
-        from workers.runtime.transport import send_state
-
         owned = self._owned(command)
         sid = owned.session_id
         if sid in self.migrations:
@@ -557,8 +556,6 @@ class WorkerDaemon:
             return
         try:
             if owned.parked is not None:
-                from workers.runtime.engine import region_to_bytes
-
                 data = region_to_bytes(owned.parked.manifest, owned.parked.tensors)
                 index = self._next_chunk(owned) - 1
             else:
@@ -568,15 +565,13 @@ class WorkerDaemon:
             logger.exception("checkpoint failed session=%s", sid)
             return
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        target = self.checkpoint_dir / f"{sid}.safetensors"
+        target = checkpoint_path(self.checkpoint_dir, sid)
         tmp = target.with_suffix(f".{self.name}.tmp")
         tmp.write_bytes(data)
         os.replace(tmp, target)  # atomic: a reader sees the old or the new checkpoint, never half
         owned.last_checkpoint = index
 
     def _heartbeat_loop(self) -> None:
-        from gpu.telemetry import sample
-
         while not self.stopping.wait(self.heartbeat_s):
             try:
                 resident = [s for s, o in self.sessions.items() if o.parked is None]

@@ -40,14 +40,12 @@ malformed value raises ``ImproperlyConfigured`` naming it.
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -58,6 +56,7 @@ from django.utils import timezone
 
 from gpu.models import GpuWorker
 from gpu.services import TransitionError, worker_fail, worker_release
+from workers.runtime.presets import DEFAULT_PRESET
 
 logger = logging.getLogger("gpu.provisioners")
 Status = GpuWorker.Status
@@ -70,39 +69,6 @@ LEFTOVER_GRACE_S = 30.0
 
 class ProvisionerError(Exception):
     """A backend could not start or stop a worker; the message says why in operator terms."""
-
-
-def setting(name: str, cast: Callable[[str], Any], default: Any) -> Any:
-    """``settings.STREAMSERVE[name]``, else the environment variable ``name``, else ``default``.
-
-    A value that ``cast`` rejects raises ImproperlyConfigured naming the variable.
-    """
-    configured = getattr(settings, "STREAMSERVE", {}) or {}
-    raw = configured.get(name, os.environ.get(name))
-    if raw is None or raw == "":
-        return default
-    if not isinstance(raw, str):
-        return raw
-    try:
-        return cast(raw)
-    except (TypeError, ValueError, InvalidOperation) as exc:
-        raise ImproperlyConfigured(f"Environment variable {name}={raw!r} is malformed: {exc}") from exc
-
-
-def parse_prices(raw: str) -> dict[str, Decimal]:
-    """``"cpu=0,h100=2.99"`` → {"cpu": Decimal("0"), "h100": Decimal("2.99")}."""
-    prices: dict[str, Decimal] = {}
-    for part in raw.split(","):
-        if not part.strip():
-            continue
-        gpu_type, sep, price = part.partition("=")
-        if not sep or not gpu_type.strip():
-            raise ValueError(f"expected gpu_type=price, got {part!r}")
-        value = Decimal(price.strip())
-        if value < 0:
-            raise ValueError(f"price of {gpu_type.strip()} is negative")
-        prices[gpu_type.strip()] = value
-    return prices
 
 
 def new_worker_name(prefix: str, *parts: str) -> str:
@@ -234,28 +200,21 @@ class Provisioner(ABC):
         default_capacity: int | None = None,
         prices: dict[str, Decimal] | None = None,
     ) -> None:
+        conf = settings.STREAMSERVE
+        if provision_timeout_s is None:
+            provision_timeout_s = conf["PROVISION_TIMEOUT_S"]
         self.provision_timeout_s = float(
-            provision_timeout_s
-            if provision_timeout_s is not None
-            else setting("PROVISION_TIMEOUT_S", float, self.default_timeout_s)
+            provision_timeout_s if provision_timeout_s is not None else self.default_timeout_s
         )
-        self.max_retries = int(
-            max_retries if max_retries is not None else setting("PROVISION_MAX_RETRIES", int, 2)
-        )
+        self.max_retries = int(max_retries if max_retries is not None else conf["PROVISION_MAX_RETRIES"])
         self.retry_window_s = float(
-            retry_window_s
-            if retry_window_s is not None
-            else setting("PROVISION_RETRY_WINDOW_S", float, 3600.0)
+            retry_window_s if retry_window_s is not None else conf["PROVISION_RETRY_WINDOW_S"]
         )
-        self.backoff_s = float(
-            backoff_s if backoff_s is not None else setting("PROVISION_BACKOFF_S", float, 30.0)
-        )
+        self.backoff_s = float(backoff_s if backoff_s is not None else conf["PROVISION_BACKOFF_S"])
         self.default_capacity = int(
-            default_capacity if default_capacity is not None else setting("WORKER_CAPACITY", int, 4)
+            default_capacity if default_capacity is not None else conf["WORKER_CAPACITY"]
         )
-        self.prices = (
-            prices if prices is not None else setting("GPU_PRICES", parse_prices, {"cpu": Decimal(0)})
-        )
+        self.prices = prices if prices is not None else conf["GPU_PRICES"]
         if self.provision_timeout_s <= 0 or self.max_retries < 0 or self.default_capacity < 1:
             raise ImproperlyConfigured(
                 "PROVISION_TIMEOUT_S must be > 0, PROVISION_MAX_RETRIES >= 0 and WORKER_CAPACITY >= 1"
@@ -293,7 +252,7 @@ class Provisioner(ABC):
         *,
         count: int,
         gpu_type: str | None = None,
-        preset: str = "tiny",
+        preset: str = DEFAULT_PRESET,
         capacity: int | None = None,
         price_per_hour: Decimal | float | str | None = None,
     ) -> RequestResult:

@@ -30,7 +30,7 @@ import yaml
 from django.conf import settings
 
 from gpu.models import GpuWorker
-from gpu.provisioners.base import Probe, Provisioner, ProvisionerError, WorkerSpec, new_worker_name, setting
+from gpu.provisioners.base import Probe, Provisioner, ProvisionerError, WorkerSpec, new_worker_name
 
 logger = logging.getLogger("gpu.provisioners")
 
@@ -196,23 +196,16 @@ class KubernetesProvisioner(Provisioner):
         **options: Any,
     ) -> None:
         super().__init__(**options)
+        conf = settings.STREAMSERVE
         self.gpu_type_node_label = (
-            gpu_type_node_label
-            if gpu_type_node_label is not None
-            else setting("K8S_GPU_TYPE_NODE_LABEL", str, "")
+            gpu_type_node_label if gpu_type_node_label is not None else conf["K8S_GPU_TYPE_NODE_LABEL"]
         )
-        self.namespace = (
-            namespace or setting("K8S_NAMESPACE", str, "") or os.environ.get("POD_NAMESPACE", "streamserve")
-        )
-        self.template_path = Path(
-            template_path or setting("K8S_WORKER_TEMPLATE", str, "") or default_template_path()
-        )
-        self.image = image if image is not None else setting("K8S_WORKER_IMAGE", str, "")
-        self.secret_name = secret_name or setting("K8S_SECRET_NAME", str, "streamserve-env")
-        self.default_gpu_type = default_gpu_type or setting("K8S_GPU_TYPE", str, "h100")
-        self.stop_grace_s = int(
-            stop_grace_s if stop_grace_s is not None else setting("K8S_STOP_GRACE_S", int, 30)
-        )
+        self.namespace = namespace or conf["K8S_NAMESPACE"]
+        self.template_path = Path(template_path or conf["K8S_WORKER_TEMPLATE"] or default_template_path())
+        self.image = image if image is not None else conf["K8S_WORKER_IMAGE"]
+        self.secret_name = secret_name or conf["K8S_SECRET_NAME"]
+        self.default_gpu_type = default_gpu_type or conf["K8S_GPU_TYPE"]
+        self.stop_grace_s = int(stop_grace_s if stop_grace_s is not None else conf["K8S_STOP_GRACE_S"])
         self._api_client = api_client
         self._core: Any = None
 
@@ -224,6 +217,8 @@ class KubernetesProvisioner(Provisioner):
             api_client = self._api_client
             if api_client is None:
                 try:
+                    # A runtime fact, not configuration: Kubernetes sets it in every Pod, so its
+                    # presence says the control plane runs in-cluster and has a service account.
                     if os.environ.get("KUBERNETES_SERVICE_HOST"):
                         config.load_incluster_config()
                     else:

@@ -40,7 +40,6 @@ from gpu.provisioners.base import (
     ReleaseResult,
     WorkerSpec,
     new_worker_name,
-    setting,
 )
 
 logger = logging.getLogger("gpu.provisioners")
@@ -139,15 +138,14 @@ class LocalProvisioner(Provisioner):
         super().__init__(**options)
         self.command_factory = command_factory or gpuworker_command
         self.log_dir = Path(log_dir) if log_dir else Path(settings.BASE_DIR) / "var" / "log"
-        self.stop_grace_s = float(
-            stop_grace_s if stop_grace_s is not None else setting("LOCAL_STOP_GRACE_S", float, 15.0)
-        )
+        conf = settings.STREAMSERVE
+        self.stop_grace_s = float(stop_grace_s if stop_grace_s is not None else conf["LOCAL_STOP_GRACE_S"])
         self.max_cpu_workers = int(
-            max_cpu_workers if max_cpu_workers is not None else setting("LOCAL_MAX_CPU_WORKERS", int, 4)
+            max_cpu_workers if max_cpu_workers is not None else conf["LOCAL_MAX_CPU_WORKERS"]
         )
         self._cuda_devices = cuda_devices or detect_cuda_devices
         self.host = host or socket.gethostname()
-        self.worker_device = worker_device or setting("WORKER_DEVICE", str, "auto")
+        self.worker_device = worker_device or conf["WORKER_DEVICE"]
         if self.worker_device not in WORKER_DEVICE_MODES:
             raise ImproperlyConfigured(
                 f"WORKER_DEVICE={self.worker_device!r} is malformed: expected auto, cpu or cuda"

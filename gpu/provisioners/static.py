@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.db.models import Q
 
 from gpu.models import GpuWorker
-from gpu.provisioners.base import ENDED_STATUSES, Probe, Provisioner, WorkerSpec, setting
+from gpu.provisioners.base import ENDED_STATUSES, Probe, Provisioner, WorkerSpec
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class StaticProvisioner(Provisioner):
     def __init__(self, *, workers: list[StaticWorker] | str | None = None, **options: Any) -> None:
         super().__init__(**options)
         if workers is None:
-            workers = setting("STATIC_WORKERS", str, "")
+            workers = settings.STREAMSERVE["STATIC_WORKERS"]
         if isinstance(workers, str):
             try:
                 workers = parse_static_workers(workers)

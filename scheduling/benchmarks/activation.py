@@ -41,7 +41,6 @@ from gpu.provisioners.registry import get_provisioner
 from scheduling.models import SchedulerConfig, WorkerCommand
 from scheduling.services import beat_schedule_install
 from sessions.models import GenerationSession
-from sessions.streaming import decode_chunk_frame
 from workers.benchmarks.live import (
     BENCH_BROKER_DB,
     BenchmarkFailed,
@@ -54,6 +53,7 @@ from workers.benchmarks.live import (
     use_bench_database,
     wait_until,
 )
+from workers.streaming import decode_chunk_frame
 
 COMPONENTS = (
     ("api_ms", "create call (REST) returns"),

@@ -1,4 +1,4 @@
-"""The policy contract and the registry of policies (built-in names and ``module.path:ClassName``).
+"""The policy contract and the registry of policies (built-in names and ``package.module:ClassName``).
 
 A policy is what the live scheduler task and the simulator both call:
 
@@ -16,7 +16,7 @@ A policy is what the live scheduler task and the simulator both call:
 
 from __future__ import annotations
 
-import importlib
+import pkgutil
 from typing import Any
 
 from .types import Decision, Event, Snapshot
@@ -88,21 +88,20 @@ STATIC_POLICIES = ("base", "lag", "mag", "turboserve-no-autoscale")
 
 
 def resolve_policy_class(name: str) -> Any:
+    """A built-in name, or a ``package.module:ClassName`` path to a ``Policy`` subclass."""
     builtin = _builtin()
     if name in builtin:
         return builtin[name]
     if ":" not in name:
         raise PolicyError(
-            f"unknown policy {name!r}: use one of {', '.join(BUILTIN_POLICIES)} or module.path:ClassName"
+            f"unknown policy {name!r}: use one of {', '.join(BUILTIN_POLICIES)} or package.module:ClassName"
         )
-    module_name, _, attr = name.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        target = pkgutil.resolve_name(name)
     except ImportError as exc:
-        raise PolicyError(f"cannot import {module_name!r} for policy {name!r}: {exc}") from exc
-    target = getattr(module, attr, None)
-    if target is None:
-        raise PolicyError(f"{module_name!r} has no attribute {attr!r}")
+        raise PolicyError(f"cannot import policy {name!r}: {exc}") from exc
+    except (AttributeError, ValueError) as exc:
+        raise PolicyError(f"policy {name!r} does not resolve: {exc}") from exc
     if not (isinstance(target, type) and issubclass(target, Policy)):
         raise PolicyError(f"{name!r} is not a subclass of scheduling.core.policy.Policy")
     return target

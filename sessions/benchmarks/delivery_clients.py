@@ -21,7 +21,7 @@ from typing import Any
 import websockets
 
 from controlplane.bench import summarize
-from sessions.streaming import decode_chunk_frame
+from workers.streaming import decode_chunk_frame
 
 # --- clients -----------------------------------------------------------------------------------
 

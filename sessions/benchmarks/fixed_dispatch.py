@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from controlplane.asgi import application
 from sessions.consumers import SessionConsumer
+from workers.streaming import CHUNK_MESSAGE
 
 __all__ = ["application"]
 
@@ -18,7 +19,7 @@ _deployed_dispatch = SessionConsumer.dispatch
 
 
 async def _dispatch(self: SessionConsumer, message: dict) -> None:
-    if message.get("type") == "session.chunk":
+    if message.get("type") == CHUNK_MESSAGE:
         await self.session_chunk(message)
         return
     await _deployed_dispatch(self, message)

@@ -12,12 +12,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load_settings(**env: str) -> subprocess.CompletedProcess:
+def load_settings(expression: str = "settings.DEBUG", **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [
             sys.executable,
             "-c",
-            "import django; django.setup(); from django.conf import settings; print(settings.DEBUG)",
+            f"import django; django.setup(); from django.conf import settings; print({expression})",
         ],
         cwd=ROOT,
         env={**os.environ, "DJANGO_SETTINGS_MODULE": "controlplane.settings", **env},
@@ -36,6 +36,12 @@ def load_settings(**env: str) -> subprocess.CompletedProcess:
         ("CHUNK_RETENTION_DAYS", "two weeks"),
         ("HEARTBEAT_INTERVAL_S", "fast"),
         ("LOG_LEVEL", "LOUD"),
+        ("PROVISION_TIMEOUT_S", "soon"),
+        ("LOCAL_MAX_CPU_WORKERS", "four"),
+        ("GPU_PRICES", "h100=lots"),
+        ("GPU_PRICES", "h100"),
+        ("GPU_PRICES", "h100=-1"),
+        ("PORT", "eighty"),
     ],
 )
 def test_malformed_variable_fails_at_start_naming_it(variable, value):
@@ -55,3 +61,23 @@ def test_defaults_work_on_this_machine():
     result = load_settings()
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "True"
+
+
+def test_every_variable_is_read_into_settings_once():
+    result = load_settings(
+        "settings.STREAMSERVE['GPU_PRICES'], settings.STREAMSERVE['METRICS_TOKEN'], "
+        "settings.STREAMSERVE['K8S_NAMESPACE'], settings.STREAMSERVE['PORT'], "
+        "settings.STREAMSERVE['PROVISION_TIMEOUT_S']",
+        GPU_PRICES="cpu=0.10,h100=2.99",
+        METRICS_TOKEN="from-env",
+        POD_NAMESPACE="pods-here",
+        PORT="9000",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == (
+        "{'cpu': Decimal('0.10'), 'h100': Decimal('2.99')} from-env pods-here 9000 None"
+    )
+    explicit = load_settings(
+        "settings.STREAMSERVE['K8S_NAMESPACE']", POD_NAMESPACE="pods", K8S_NAMESPACE="gpus"
+    )
+    assert explicit.stdout.strip() == "gpus"

@@ -311,12 +311,5 @@ def test_token_protection(client, cluster, settings):
     assert "streamserve_sessions" in scrape(client, HTTP_AUTHORIZATION="Bearer s3cret-token")
 
 
-def test_token_from_the_environment(client, monkeypatch, settings):
-    settings.STREAMSERVE = {k: v for k, v in settings.STREAMSERVE.items() if k != "METRICS_TOKEN"}
-    monkeypatch.setenv("METRICS_TOKEN", "from-env")
-    assert client.get("/metrics").status_code == 401
-    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer from-env").status_code == 200
-
-
 def test_only_get_is_allowed(client):
     assert client.post("/metrics").status_code == 405

@@ -14,8 +14,8 @@ from django.db import connections
 
 from sessions import consumers
 from sessions.routing import websocket_urlpatterns
-from sessions.streaming import decode_chunk_frame
 from tests.factories import SessionFactory, UserFactory
+from workers.streaming import chunk_message, decode_chunk_frame, group_name
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -38,23 +38,20 @@ async def connect(session, user):
     return communicator
 
 
-def chunk_message(session, index: int) -> dict:
-    return {
-        "type": "session.chunk",
-        "header": {
-            "session": str(session.pk),
-            "index": index,
-            "generation_ms": 12.5,
-            "worker": "w1",
-            "batch_size": 1,
-            "width": 64,
-            "height": 64,
-            "fps": 8,
-            "mime": "image/jpeg",
-            "generated_at": 0.0,
-        },
-        "frames": [b"\xff\xd8frame-a", b"\xff\xd8frame-b"],
+def a_chunk(session, index: int) -> dict:
+    header = {
+        "session": str(session.pk),
+        "index": index,
+        "generation_ms": 12.5,
+        "worker": "w1",
+        "batch_size": 1,
+        "width": 64,
+        "height": 64,
+        "fps": 8,
+        "mime": "image/jpeg",
+        "generated_at": 0.0,
     }
+    return chunk_message(header, [b"\xff\xd8frame-a", b"\xff\xd8frame-b"])
 
 
 async def test_owner_gets_status_then_chunks_as_binary_frames():
@@ -63,7 +60,7 @@ async def test_owner_gets_status_then_chunks_as_binary_frames():
     communicator = await connect(session, user)
     status = json.loads(await communicator.receive_from())
     assert status["type"] == "status" and status["status"] == "queued"
-    await get_channel_layer().group_send(f"session.{session.pk}", chunk_message(session, 0))
+    await get_channel_layer().group_send(group_name(str(session.pk)), a_chunk(session, 0))
     header, frames = decode_chunk_frame(await communicator.receive_from())
     assert (
         header["index"] == 0
@@ -122,7 +119,7 @@ async def test_a_slow_client_drops_the_oldest_chunks_not_the_worker(monkeypatch)
     consumer.wakeup = __import__("asyncio").Event()
     # Nothing drains the outbox (a socket that does not read): the buffer stays bounded.
     for index in range(10):
-        await consumer.session_chunk(chunk_message(session, index))
+        await consumer.session_chunk(a_chunk(session, index))
     kept = [payload[0]["index"] for kind, payload in consumer.outbox if kind == "chunk"]
     skipped = [json.loads(payload)["index"] for kind, payload in consumer.outbox if kind == "text"]
     assert kept == [7, 8, 9]

@@ -23,6 +23,7 @@ import numpy as np
 from PIL import Image
 
 from controlplane.bench import summarize
+from workers.streaming import chunk_message, group_name
 
 # --- frames ------------------------------------------------------------------------------------
 
@@ -81,7 +82,7 @@ def run_publisher(
     variants = [jpeg_frames(width, height, frames_per_chunk, seed=seed) for seed in range(4)]
     # Warm up (connections, Lua script load) before the schedule starts, as a running worker would be.
     client.ping()
-    loop.run_until_complete(layer.group_send("session.bench-warmup", {"type": "session.chunk", "header": {}}))
+    loop.run_until_complete(layer.group_send(group_name("bench-warmup"), chunk_message({}, [])))
     start_at = max(start_at, time.time() + 0.2)
     # Due times: session i's chunk k at start_at + (i / S + k) * period.
     schedule = sorted(
@@ -110,10 +111,7 @@ def run_publisher(
         late_ms.append(max(0.0, header["generated_at"] - due) * 1000.0)
         client.set(delivered_key(sid), index, ex=3600)
         loop.run_until_complete(
-            layer.group_send(
-                f"session.{sid}",
-                {"type": "session.chunk", "header": header, "frames": variants[index % len(variants)]},
-            )
+            layer.group_send(group_name(sid), chunk_message(header, variants[index % len(variants)]))
         )
         send_ms.append((time.time() - header["generated_at"]) * 1000.0)
         if reporter is not None:

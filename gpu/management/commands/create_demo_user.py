@@ -1,7 +1,6 @@
 from __future__ import annotations
 
-import os
-
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 
@@ -12,8 +11,8 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         User = get_user_model()
         for username, password, staff in [
-            ("demo", os.environ.get("DEMO_PASSWORD", "demo-streamserve"), False),
-            ("operator", os.environ.get("OPERATOR_PASSWORD", "operator-streamserve"), True),
+            ("demo", settings.STREAMSERVE["DEMO_PASSWORD"], False),
+            ("operator", settings.STREAMSERVE["OPERATOR_PASSWORD"], True),
         ]:
             user, _ = User.objects.get_or_create(username=username)
             user.set_password(password)

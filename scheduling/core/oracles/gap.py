@@ -13,16 +13,17 @@ accept ``eta=``). :func:`turboserve_heuristic` adapts the scheduling core's plac
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
+import pkgutil
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from ..types import GB, GpuTypeSpec
+from ..placement import PlacementWork
+from ..types import GB, GpuTypeSpec, GpuView, SessionView, Snapshot
 from .placement import (
     InfeasibleInstance,
     Kappa,
@@ -102,9 +103,6 @@ def turboserve_heuristic(
     one event: assign the unplaced active sessions (min resulting bottleneck), relieve GPUs above K,
     then migration-aware min-max rebalancing (Γ = L − L′ − η·κ). It uses the specs' own α–β κ, which
     is :func:`placement.spec_kappa`."""
-    from ..placement import PlacementWork
-    from ..types import GpuView, SessionView, Snapshot
-
     gpu_types = {}
     for g in gpus:
         gpu_types.setdefault(g.spec.name, g.spec)
@@ -142,14 +140,12 @@ def turboserve_heuristic(
 
 def load_heuristic(dotted: str) -> Heuristic:
     """``"package.module:function"`` → the callable."""
-    module_name, _, attr = dotted.partition(":")
-    if not module_name or not attr:
+    if ":" not in dotted:
         raise ValueError(f"heuristic must look like 'package.module:function', got {dotted!r}")
-    module = importlib.import_module(module_name)
     try:
-        fn = getattr(module, attr)
-    except AttributeError:
-        raise ValueError(f"{module_name} has no attribute {attr!r}") from None
+        fn = pkgutil.resolve_name(dotted)
+    except AttributeError as exc:
+        raise ValueError(f"{dotted} does not resolve: {exc}") from None
     if not callable(fn):
         raise ValueError(f"{dotted} is not callable")
     return fn

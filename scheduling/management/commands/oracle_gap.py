@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 
@@ -25,7 +24,7 @@ class Command(BaseCommand):
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument("--eta", type=float, default=0.5, help="migration weight η in L + η·Σκ")
         parser.add_argument("--time-limit", type=float, default=60.0, help="MILP time limit per instance (s)")
-        parser.add_argument("--heuristic", default=DEFAULT_HEURISTIC, help="dotted path module:function")
+        parser.add_argument("--heuristic", default=DEFAULT_HEURISTIC, help="package.module:function")
         parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
         parser.add_argument("--rows", action="store_true", help="with --json, include every instance")
 
@@ -44,11 +43,8 @@ class Command(BaseCommand):
             raise CommandError("--time-limit must be > 0")
         try:
             heuristic = load_heuristic(opts["heuristic"])
-            if opts["heuristic"] == DEFAULT_HEURISTIC:
-                # The default adapter drives the scheduling core's placement controller.
-                importlib.import_module("scheduling.core.placement")
         except (ImportError, ValueError) as exc:
-            raise CommandError(f"--heuristic: {exc} (pass --heuristic module:function)") from None
+            raise CommandError(f"--heuristic: {exc} (pass --heuristic package.module:function)") from None
 
         progress = None
         bar = None

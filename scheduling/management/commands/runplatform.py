@@ -22,8 +22,8 @@ class Command(BaseCommand):
     help = "Run the web app, the scheduler (Celery worker + beat) and the demo; Ctrl-C stops everything."
 
     def add_arguments(self, parser):
-        parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
-        parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+        parser.add_argument("--host", default=settings.STREAMSERVE["HOST"])
+        parser.add_argument("--port", type=int, default=settings.STREAMSERVE["PORT"])
         parser.add_argument("--no-demo-user", action="store_true", help="do not create the demo user")
 
     def handle(self, *args, host: str, port: int, no_demo_user: bool, **options):

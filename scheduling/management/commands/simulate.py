@@ -14,7 +14,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--trace", required=True, help="JSON Lines trace (docs/traces.md)")
-        parser.add_argument("--policy", default="turboserve", help="built-in name or module.path:ClassName")
+        parser.add_argument(
+            "--policy", default="turboserve", help="built-in name or package.module:ClassName"
+        )
         parser.add_argument(
             "--profile", default="h20-1.3b", help="built-in profile, JSON file, or a comma list"
         )

@@ -8,15 +8,27 @@ import os
 import signal
 import socket
 
+import redis
+import torch
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+
+from gpu.models import GpuWorker
+from gpu.services import TransitionError, worker_register, worker_release
+from scheduling.live.enqueue import scheduler_trigger
+from scheduling.live.liveness import sessions_recover
+from scheduling.live.profiles import default_gpu_type, gpu_profiles
+from workers.daemon import WorkerDaemon
+from workers.reporting import DjangoReporter
+from workers.runtime.engine import ChunkEngine
+from workers.runtime.models import build_model
+from workers.runtime.presets import DEFAULT_PRESET, PRESETS
+from workers.runtime.transport import MigrationListener
 
 logger = logging.getLogger("workers.gpuworker")
 
 
 def resolve_device(device: str) -> str:
-    import torch
-
     if device == "auto":
         return "cuda:0" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
@@ -37,7 +49,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--name", default=None, help="worker name (default: <host>-<pid>)")
         parser.add_argument("--device", default="auto", help="cpu, cuda:N or auto")
-        parser.add_argument("--preset", default="tiny", help="model preset (tiny, small, wan-1.3b)")
+        parser.add_argument("--preset", default=DEFAULT_PRESET, help=f"model preset ({', '.join(PRESETS)})")
         parser.add_argument("--capacity", type=int, default=None, help="K: sessions per coalesced batch")
         parser.add_argument(
             "--gpu-type", default=None, help="scheduler profile key (default: the first WORKER_PROFILE)"
@@ -47,17 +59,6 @@ class Command(BaseCommand):
         parser.add_argument("--listen-host", default="127.0.0.1", help="address peers use for migrations")
 
     def handle(self, *args, **options):
-        import redis
-        import torch
-
-        from gpu.services import TransitionError, worker_register
-        from scheduling.live.profiles import default_gpu_type, gpu_profiles
-        from workers.daemon import WorkerDaemon
-        from workers.reporting import DjangoReporter
-        from workers.runtime.engine import ChunkEngine
-        from workers.runtime.models import build_model
-        from workers.runtime.transport import MigrationListener
-
         conf = settings.STREAMSERVE
         name = options["name"] or f"{socket.gethostname()}-{os.getpid()}"
         device = resolve_device(options["device"])
@@ -118,8 +119,6 @@ class Command(BaseCommand):
             capacity,
             listener.address,
         )
-        from scheduling.live.enqueue import scheduler_trigger
-
         scheduler_trigger("gpu_ready")
         daemon.run()
         self._deregister(worker.pk)
@@ -127,11 +126,6 @@ class Command(BaseCommand):
 
     def _deregister(self, worker_id: int) -> None:
         """SIGTERM: sessions were checkpointed by the daemon; hand them back to the scheduler."""
-        from gpu.models import GpuWorker
-        from gpu.services import TransitionError, worker_release
-        from scheduling.live.enqueue import scheduler_trigger
-        from scheduling.live.liveness import sessions_recover
-
         worker = GpuWorker.objects.get(pk=worker_id)
         sessions_recover(worker=worker)
         with contextlib.suppress(TransitionError):

@@ -1,12 +1,13 @@
-"""Registry of streaming video models: preset name -> dotted path of the model class.
+"""Registry of streaming video models: preset name -> ``package.module:ClassName`` of the model class.
 
-A model class is built with `cls.from_preset(preset, device=..., weights_path=..., dtype=...)`.
-Plug another model in with `register_model("my-preset", "package.module.MyModel")`.
+The built-in entries come from the one preset table (``workers.runtime.presets``). A model class is
+built with `cls.from_preset(preset, device=..., weights_path=..., dtype=...)`. Plug another model in
+with `register_model("my-preset", "package.module:MyModel")`.
 """
 
 from __future__ import annotations
 
-import importlib
+import pkgutil
 from typing import Any
 
 from workers.runtime.models.base import (
@@ -15,12 +16,9 @@ from workers.runtime.models.base import (
     StateManifestError,
     StreamingVideoModel,
 )
+from workers.runtime.presets import PRESETS
 
-MODEL_REGISTRY: dict[str, str] = {
-    "tiny": "workers.runtime.models.causal_dit.CausalDiTModel",
-    "small": "workers.runtime.models.causal_dit.CausalDiTModel",
-    "wan-1.3b": "workers.runtime.models.causal_dit.CausalDiTModel",
-}
+MODEL_REGISTRY: dict[str, str] = {name: preset.model for name, preset in PRESETS.items()}
 
 
 class UnknownPresetError(ValueError):
@@ -38,8 +36,7 @@ def model_class(preset: str) -> type[StreamingVideoModel]:
         raise UnknownPresetError(
             f"unknown model preset {preset!r}; available presets: {', '.join(sorted(MODEL_REGISTRY))}"
         ) from None
-    module_name, _, attr = dotted.rpartition(".")
-    return getattr(importlib.import_module(module_name), attr)
+    return pkgutil.resolve_name(dotted)
 
 
 def build_model(preset: str, **kwargs: Any) -> StreamingVideoModel:

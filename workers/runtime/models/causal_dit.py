@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workers.runtime.models import UnknownPresetError
 from workers.runtime.models.base import (
     DTYPES_BY_NAME,
     GeneratedChunk,
@@ -46,6 +47,8 @@ from workers.runtime.models.base import (
     allocate_region,
     region_offsets,
 )
+from workers.runtime.presets import PRESETS as MODEL_PRESETS
+from workers.runtime.presets import CausalDiTArchitecture
 
 TEXT_VOCAB = 259  # 256 bytes + pad/bos/eos
 WORD_BUCKETS = 1024
@@ -53,58 +56,8 @@ PAD, BOS, EOS = 0, 1, 2
 
 
 @dataclass(frozen=True)
-class CausalDiTConfig:
-    latent_channels: int
-    latent_height: int
-    latent_width: int
-    patch: int
-    frames_per_chunk: int
-    dim: int
-    heads: int
-    ffn_dim: int
-    blocks: int
-    window_frames: int
-    sink_frames: int
-    text_len: int
-    text_dim: int
-    text_heads: int
-    text_layers: int
-    decoder_dim: int
-    spatial_upsample: int
-    temporal_upsample: int
-    fps: float
-    dtype: str
-    denoising_steps: int = 4
-
-    def __post_init__(self) -> None:
-        if self.latent_height % self.patch or self.latent_width % self.patch:
-            raise ValueError("latent size must be a multiple of the patch size")
-        if self.dim % self.heads or (self.dim // self.heads) % 2:
-            raise ValueError("dim must split into heads of even size")
-        if self.window_frames - self.sink_frames < self.frames_per_chunk:
-            raise ValueError("the local KV window must hold at least one chunk")
-        if self.sink_frames < 0 or self.denoising_steps < 1:
-            raise ValueError("sink_frames >= 0 and denoising_steps >= 1 required")
-
-    @property
-    def tokens_per_frame(self) -> int:
-        return (self.latent_height // self.patch) * (self.latent_width // self.patch)
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.heads
-
-    @property
-    def width(self) -> int:
-        return self.latent_width * self.spatial_upsample
-
-    @property
-    def height(self) -> int:
-        return self.latent_height * self.spatial_upsample
-
-    @property
-    def video_frames_per_chunk(self) -> int:
-        return self.frames_per_chunk * self.temporal_upsample
+class CausalDiTConfig(CausalDiTArchitecture):
+    """A preset's architecture (``workers.runtime.presets``) with what the model derives from it."""
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -141,31 +94,12 @@ class CausalDiTConfig:
         return text + dit + decoder
 
 
+# The causal-DiT presets of the one preset table, as this model's configurations.
 PRESETS: dict[str, CausalDiTConfig] = {
-    # One CPU core: 4 frames of 64×64 per chunk in a few tens of milliseconds.
-    "tiny": CausalDiTConfig(
-        latent_channels=4, latent_height=8, latent_width=8, patch=2, frames_per_chunk=2,
-        dim=128, heads=4, ffn_dim=512, blocks=4, window_frames=8, sink_frames=2,
-        text_len=32, text_dim=64, text_heads=4, text_layers=1,
-        decoder_dim=32, spatial_upsample=8, temporal_upsample=2, fps=8.0, dtype="float32",
-    ),
-    # A few CPU cores or any GPU: 12 frames of 128×128 per chunk.
-    "small": CausalDiTConfig(
-        latent_channels=8, latent_height=16, latent_width=16, patch=2, frames_per_chunk=3,
-        dim=256, heads=4, ffn_dim=1024, blocks=6, window_frames=12, sink_frames=3,
-        text_len=64, text_dim=128, text_heads=4, text_layers=2,
-        decoder_dim=64, spatial_upsample=8, temporal_upsample=4, fps=16.0, dtype="float32",
-    ),
-    # Wan2.1-T2V-1.3B shapes (random weights): 30 blocks, width 1536, 12 heads, FFN 8960,
-    # 1,560 tokens per latent frame at 832×480, 3 latent frames (12 video frames) per chunk,
-    # KV window of 12 latent frames (3 sink + 9 local, LongLive) → ≈ 3.45 GB of state per session.
-    "wan-1.3b": CausalDiTConfig(
-        latent_channels=16, latent_height=60, latent_width=104, patch=2, frames_per_chunk=3,
-        dim=1536, heads=12, ffn_dim=8960, blocks=30, window_frames=12, sink_frames=3,
-        text_len=512, text_dim=512, text_heads=8, text_layers=2,
-        decoder_dim=128, spatial_upsample=8, temporal_upsample=4, fps=16.0, dtype="bfloat16",
-    ),
-}  # fmt: skip
+    name: CausalDiTConfig(**asdict(preset.architecture))
+    for name, preset in MODEL_PRESETS.items()
+    if isinstance(preset.architecture, CausalDiTArchitecture)
+}
 
 
 def splitmix64(*values: int) -> int:
@@ -451,8 +385,6 @@ class CausalDiTModel(StreamingVideoModel):
         dtype: str | None = None,
     ) -> CausalDiTModel:
         if preset not in PRESETS:
-            from workers.runtime.models import UnknownPresetError
-
             raise UnknownPresetError(
                 f"unknown causal-dit preset {preset!r}; available presets: {', '.join(sorted(PRESETS))}"
             )

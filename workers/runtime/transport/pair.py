@@ -12,15 +12,15 @@ No global ``init_process_group`` is involved: the backend object is constructed 
 from __future__ import annotations
 
 import datetime
-import importlib
+import pkgutil
 import socket
 from typing import Any, ClassVar
 
 import torch
 
 BACKENDS: dict[str, str] = {
-    "gloo": "workers.runtime.transport.gloo.GlooPairGroup",
-    "nccl": "workers.runtime.transport.nccl.NcclPairGroup",
+    "gloo": "workers.runtime.transport.gloo:GlooPairGroup",
+    "nccl": "workers.runtime.transport.nccl:NcclPairGroup",
 }
 
 SOURCE_RANK = 0
@@ -80,8 +80,7 @@ def pair_group_class(backend: str) -> type[PairGroup]:
         dotted = BACKENDS[backend]
     except KeyError as exc:
         raise ValueError(f"unknown transport backend {backend!r}; known: {sorted(BACKENDS)}") from exc
-    module_name, _, class_name = dotted.rpartition(".")
-    return getattr(importlib.import_module(module_name), class_name)
+    return pkgutil.resolve_name(dotted)
 
 
 def local_address_towards(host: str, port: int) -> str:

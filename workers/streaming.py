@@ -1,9 +1,16 @@
 """The chunk wire format between workers, the channel layer and browsers (pure; no Django).
 
-A chunk travels once per chunk through the channel layer to the session's group as
-``{"type": "session.chunk", "header": {...}, "frames": [bytes, ...]}`` and reaches the browser as one
-binary WebSocket frame: a 4-byte big-endian header length N, N bytes of UTF-8 JSON header, then the
-frames' bytes concatenated (their lengths are listed in ``header["frames"]``).
+One contract, written once: the worker's publisher, the session consumer and the scheduler's
+status broadcast all import it from here. Each session has one channel-layer group
+(``group_name``); two message types travel on it:
+
+- ``session.chunk`` (``chunk_message``): ``{"type": "session.chunk", "header": {...}, "frames":
+  [bytes, ...]}``, sent once per chunk by the worker. It reaches the browser as one binary
+  WebSocket frame (``encode_chunk_frame``): a 4-byte big-endian header length N, N bytes of UTF-8
+  JSON header, then the frames' bytes concatenated (their lengths are listed in
+  ``header["frames"]``).
+- ``session.status`` (``status_message``): the session's status fields, sent after each committed
+  change; the consumer forwards them to the browser as JSON text.
 """
 
 from __future__ import annotations
@@ -12,10 +19,20 @@ import json
 import struct
 
 HEADER_LENGTH = struct.Struct(">I")
+CHUNK_MESSAGE = "session.chunk"
+STATUS_MESSAGE = "session.status"
 
 
 def group_name(session_id: str) -> str:
     return f"session.{session_id}"
+
+
+def chunk_message(header: dict, frames: list[bytes]) -> dict:
+    return {"type": CHUNK_MESSAGE, "header": header, "frames": frames}
+
+
+def status_message(status: dict) -> dict:
+    return {"type": STATUS_MESSAGE, **status}
 
 
 def encode_chunk_frame(header: dict, frames: list[bytes]) -> bytes:
