@@ -8,13 +8,16 @@ shrinks every input (short trace prefixes, tiny grids) for the smoke test and fo
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from scheduling.benchmarks.scheduler import bench_scheduler
+from scheduling.core import detector
 from scheduling.core.compare import (
     DEFAULT_POLICIES,
     DEFAULT_RHO_GRID,
@@ -24,6 +27,8 @@ from scheduling.core.compare import (
 )
 from scheduling.core.detector import load_volatility_table
 from scheduling.core.generators import diurnal_trace, paper_trace, poisson_trace, table7_windows
+from scheduling.core.oracles.autoscaling import RHO_GRID, per_window_rho_oracle, trace_autoscaling_oracle
+from scheduling.core.oracles.gap import placement_gap, turboserve_heuristic
 from scheduling.core.policy import make_policy
 from scheduling.core.profiles import BUILTIN_PROFILES
 from scheduling.core.simulator import SimConfig, simulate
@@ -251,7 +256,6 @@ def fig9_bench(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def fig9_gap(p: dict[str, Any]) -> dict[str, Any]:
-    from scheduling.core.oracles.gap import placement_gap, turboserve_heuristic
 
     report = placement_gap(
         turboserve_heuristic,
@@ -266,7 +270,6 @@ def fig9_gap(p: dict[str, Any]) -> dict[str, Any]:
 
 def table2_oracle(p: dict[str, Any]) -> dict[str, Any]:
     """Table 2: TurboServe (fixed ρ̂) vs the offline autoscaling oracle at the same ρ̂, delay and price."""
-    from scheduling.core.oracles.autoscaling import trace_autoscaling_oracle
 
     meta, events = make_trace(p["trace"], p["seed"], p["quick"])
     duration = trace_duration(events, meta)
@@ -316,10 +319,6 @@ def table2_oracle(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def table6_volatility(p: dict[str, Any]) -> dict[str, Any]:
-    import json
-    from pathlib import Path
-
-    import scheduling.core.detector as detector
 
     path = Path(detector.__file__).resolve().parents[1] / "data" / "volatility_table.json"
     data = json.loads(path.read_text())
@@ -329,7 +328,6 @@ def table6_volatility(p: dict[str, Any]) -> dict[str, Any]:
 
 def tables8_10(p: dict[str, Any]) -> dict[str, Any]:
     """Per-window ρ̂ oracle (full knowledge of the trace) vs the online volatility mapping."""
-    from scheduling.core.oracles.autoscaling import RHO_GRID, per_window_rho_oracle
 
     meta, events = make_trace("table7", p["seed"], p["quick"])
     duration = trace_duration(events, meta)

@@ -7,6 +7,7 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 
 from scheduling.reproduce import EXPERIMENTS, run_all
+from scheduling.reproduce.runner import export_summary
 
 
 class Command(BaseCommand):
@@ -59,8 +60,6 @@ class Command(BaseCommand):
             log=lambda line: self.stderr.write(line),
         )
         if opts["export_summary_to"]:
-            from scheduling.reproduce.runner import export_summary
-
             self.stderr.write(f"summary exported to {export_summary(opts['out'], opts['export_summary_to'])}")
         s = data["summary"]["fig7"]
         self.stdout.write(
