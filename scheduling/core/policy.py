@@ -49,55 +49,29 @@ class PolicyError(ValueError):
     pass
 
 
-def _builtin() -> dict[str, Any]:
-    from .baselines import BasePolicy, LeastLoadedPolicy, MemoryAwarePolicy
-    from .turboserve import TurboServePolicy
-
-    return {
-        "base": BasePolicy,
-        "lag": LeastLoadedPolicy,
-        "mag": MemoryAwarePolicy,
-        "turboserve": TurboServePolicy,
-        "turboserve-no-migration": lambda **kw: TurboServePolicy(
-            migration=False, name="turboserve-no-migration", **kw
-        ),
-        "turboserve-no-autoscale": lambda **kw: TurboServePolicy(
-            autoscale=False, name="turboserve-no-autoscale", **kw
-        ),
-        "turboserve-paper": lambda **kw: TurboServePolicy(
-            headroom=False,
-            cooldown_s=0.0,
-            release_grace_s=0.0,
-            scale_in_window_s=0.0,
-            name="turboserve-paper",
-            **kw,
-        ),
-    }
-
-
-BUILTIN_POLICIES = (
-    "base",
-    "lag",
-    "mag",
-    "turboserve",
-    "turboserve-no-migration",
-    "turboserve-no-autoscale",
-    "turboserve-paper",
-)
-STATIC_POLICIES = ("base", "lag", "mag", "turboserve-no-autoscale")
+# Built-in names → the classes they stand for (resolved on use: the classes import this module).
+# What a policy is — static, tunable by ρ̂ — is a class attribute, read the same way for custom paths.
+BUILTIN = {
+    "base": "scheduling.core.baselines:BasePolicy",
+    "lag": "scheduling.core.baselines:LeastLoadedPolicy",
+    "mag": "scheduling.core.baselines:MemoryAwarePolicy",
+    "turboserve": "scheduling.core.turboserve:TurboServePolicy",
+    "turboserve-no-migration": "scheduling.core.turboserve:TurboServeNoMigration",
+    "turboserve-no-autoscale": "scheduling.core.turboserve:TurboServeNoAutoscale",
+    "turboserve-paper": "scheduling.core.turboserve:TurboServePaper",
+}
+BUILTIN_POLICIES = tuple(BUILTIN)
 
 
 def resolve_policy_class(name: str) -> Any:
     """A built-in name, or a ``package.module:ClassName`` path to a ``Policy`` subclass."""
-    builtin = _builtin()
-    if name in builtin:
-        return builtin[name]
-    if ":" not in name:
+    path = BUILTIN.get(name, name)
+    if ":" not in path:
         raise PolicyError(
             f"unknown policy {name!r}: use one of {', '.join(BUILTIN_POLICIES)} or package.module:ClassName"
         )
     try:
-        target = pkgutil.resolve_name(name)
+        target = pkgutil.resolve_name(path)
     except ImportError as exc:
         raise PolicyError(f"cannot import policy {name!r}: {exc}") from exc
     except (AttributeError, ValueError) as exc:
@@ -118,12 +92,9 @@ def make_policy(name: str, **kwargs: Any) -> Policy:
 
 def is_static(name: str) -> bool:
     """Static policies run a fixed budget; comparisons search that budget."""
-    if name in BUILTIN_POLICIES:
-        return name in STATIC_POLICIES
-    return bool(getattr(resolve_policy_class(name), "static", False))
+    return bool(resolve_policy_class(name).static)
 
 
 def accepts_rho_hat(name: str) -> bool:
-    if name in BUILTIN_POLICIES:
-        return name.startswith("turboserve")
-    return bool(getattr(resolve_policy_class(name), "accepts_rho_hat", False))
+    """Autoscalers whose target utilisation ρ̂ a comparison may search."""
+    return bool(resolve_policy_class(name).accepts_rho_hat)

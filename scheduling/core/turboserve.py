@@ -362,3 +362,31 @@ class TurboServePolicy(Policy):
                 bottleneck_ms=work.bottleneck_ms(),
             ),
         )
+
+
+class TurboServeNoMigration(TurboServePolicy):
+    """Fig. 8 ablation: no migrations; new sessions are still placed and the pool still scales."""
+
+    name = "turboserve-no-migration"
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(migration=False, **kwargs)
+
+
+class TurboServeNoAutoscale(TurboServePolicy):
+    """Fig. 8 ablation: a fixed pool (static, like the baselines); placement and migration as usual."""
+
+    name = "turboserve-no-autoscale"
+    static = True
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(autoscale=False, **kwargs)
+
+
+class TurboServePaper(TurboServePolicy):
+    """The paper's loop without our extensions: no headroom, cooldown, release grace or scale-in window."""
+
+    name = "turboserve-paper"
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(headroom=False, cooldown_s=0.0, release_grace_s=0.0, scale_in_window_s=0.0, **kwargs)

@@ -2,7 +2,7 @@
 
 * :class:`WindowRhoPolicy` — TurboServe with ρ̂ fixed per time window (Tables 8–10 oracle replays);
 * :class:`RecordingTurboServe` — TurboServe that records the ρ̂ it used at each decision;
-* :class:`NoHeadroom`, :class:`NoCooldown`, :class:`NoExtensions` — TurboServe with one or all of the
+* :class:`NoHeadroom`, :class:`NoCooldown` (and the built-in ``turboserve-paper``) — TurboServe with one or all of the
   beyond-the-paper extensions switched off, and :class:`WithScaleInWindow` with the opt-in scale-in
   stabilisation window switched on, as named policies so that the §7.1 comparison
   (``scheduling.core.compare``) can search their cheapest SLO-meeting configuration like any other.
@@ -88,22 +88,6 @@ class WithScaleInWindow(TurboServePolicy):
 
     def __init__(self, **kwargs: Any):
         super().__init__(scale_in_window_s=None, name=self.name, **kwargs)
-
-
-class NoExtensions(TurboServePolicy):
-    """The paper's loop: no headroom, cooldown, release grace or scale-in window (= ``turboserve-paper``)."""
-
-    name = "turboserve-paper"
-
-    def __init__(self, **kwargs: Any):
-        super().__init__(
-            headroom=False,
-            cooldown_s=0.0,
-            release_grace_s=0.0,
-            scale_in_window_s=0.0,
-            name=self.name,
-            **kwargs,
-        )
 
 
 NO_HEADROOM = "scheduling.reproduce.policies:NoHeadroom"
