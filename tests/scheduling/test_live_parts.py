@@ -15,8 +15,11 @@ from gpu.models import GpuWorker
 from scheduling.live.answers import command_answered, migration_completed, migration_failed
 from scheduling.live.liveness import sessions_recover, workers_check
 from scheduling.live.operator import MigrationRefused, migration_request
+from scheduling.live.outbox import Outbox
 from scheduling.live.run import scheduler_run
+from scheduling.live.scaling import release, scale_in, scale_out
 from scheduling.models import Migration, SchedulerDecision, WorkerCommand
+from scheduling.receivers import session_event_received
 from sessions import lifecycle
 from sessions.models import GenerationSession, SessionEvent
 from tests.factories import GpuWorkerFactory, SessionFactory
@@ -177,3 +180,66 @@ def test_overdue_commands_time_out_and_overdue_migrations_fail():
     assert set(commands(source).values_list("status", flat=True)) == {"timed_out"}
     assert Migration.objects.get(pk=migration.pk).outcome == "failed"
     assert GenerationSession.objects.get(pk=session.pk).status == Status.EXECUTING
+
+
+def _decision() -> SchedulerDecision:
+    return SchedulerDecision.objects.create(
+        trigger="tick",
+        decided_at=timezone.now(),
+        policy="turboserve",
+        active_sessions=0,
+        budget=1,
+        target_budget=2,
+        duration_ms=0.0,
+        rho_max=0.9,
+        rho_hat=0.7,
+    )
+
+
+def test_scale_out_asks_the_provisioner_after_the_decision_and_scale_in_releases(settings):
+    settings.STREAMSERVE = {
+        **settings.STREAMSERVE,
+        "PROVISIONER": "static",
+        "STATIC_WORKERS": "cpu-9@localhost:cpu",
+    }
+    outbox = Outbox()
+    action = scale_out(decision=_decision(), preset="tiny", gpu_type="cpu", count=1, budget=1, outbox=outbox)
+    assert not GpuWorker.objects.filter(name="cpu-9").exists()  # nothing asked inside the decision
+    (provision_call,) = outbox.after
+    provision_call()
+    action.refresh_from_db()
+    provisioned = GpuWorker.objects.get(name="cpu-9")
+    assert action.outcome == "requested" and list(action.workers.all()) == [provisioned]
+    assert provisioned.status == GpuWorker.Status.PROVISIONING
+
+    idle = worker(provider="static")
+    outbox = Outbox()
+    action = scale_in(decision=_decision(), worker=idle, budget=2, outbox=outbox)
+    assert GpuWorker.objects.get(pk=idle.pk).status == GpuWorker.Status.DRAINING
+    assert (action.direction, action.from_budget, action.to_budget) == ("in", 2, 1)
+    release(worker_id=idle.pk, action_id=action.pk)  # what the worker_release task runs
+    action.refresh_from_db()
+    assert commands(idle, "shutdown").exists()
+    assert action.outcome == "succeeded", action.provisioner_result
+
+
+def test_a_prompt_event_is_forwarded_to_the_holder_and_wakes_the_scheduler(client):
+    holder = worker()
+    session = SessionFactory()
+    lifecycle.session_place(session=session, worker=holder)
+    prompt = session.prompts.create(text="a heron at dawn", from_chunk=3)
+    queue = "scheduler"  # CELERY_TASK_ROUTES sends every scheduling task there
+    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    before = broker.llen(queue)
+    session_event_received(
+        session_id=str(session.pk), kind="prompt", detail={"prompt_id": prompt.pk, "from_chunk": 3}
+    )
+    forwarded = commands(holder, "prompt").get().payload
+    assert (forwarded["text"], forwarded["from_chunk"], forwarded["epoch"]) == ("a heron at dawn", 3, 1)
+    assert broker.llen(queue) == before + 1
+    message = json.loads(broker.lrange(queue, 0, 0)[0])
+    assert message["headers"]["task"] == "scheduling.tasks.scheduler_event"
+    broker.lpop(queue)  # leave the broker as it was: no worker consumes this queue in unit tests
+    # A lifecycle transition is the scheduler's own doing: it wakes nothing.
+    session_event_received(session_id=str(session.pk), kind="suspend", detail={})
+    assert broker.llen(queue) == before
