@@ -18,41 +18,22 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
-import redis
 import websockets
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import close_old_connections
 from rest_framework.authtoken.models import Token
 
 from controlplane.bench import machine_load, rounds, summarize
-from gpu.models import GpuWorker
-from gpu.provisioners.registry import get_provisioner
-from scheduling.models import SchedulerConfig, WorkerCommand
-from scheduling.services import beat_schedule_install
+from scheduling.benchmarks.platform import live_platform
+from scheduling.models import WorkerCommand
 from sessions.models import GenerationSession
-from workers.benchmarks.live import (
-    BENCH_BROKER_DB,
-    BenchmarkFailed,
-    ProcessGroup,
-    check_redis,
-    database_url,
-    free_port,
-    port_open,
-    redis_url_with_db,
-    use_bench_database,
-    wait_until,
-)
+from workers.benchmarks.live import BenchmarkFailed
 from workers.streaming import decode_chunk_frame
 
 COMPONENTS = (
@@ -96,89 +77,27 @@ def run_activation(
     say: Callable[[str], Any],
 ) -> dict[str, Any]:
     """The whole benchmark; raises ``ServiceUnavailable`` or ``BenchmarkFailed`` with a message."""
-    redis_url = redis_url_with_db(settings.REDIS_URL, redis_db)
-    check_redis(settings.REDIS_URL)
-    db = use_bench_database(database)
     logging.getLogger("httpx").setLevel(logging.WARNING)
-
-    tmp = Path(tempfile.mkdtemp(prefix="bench-activation-"))
-    port = free_port()
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url(db, db["NAME"]),
-        "REDIS_URL": redis_url,
-        "CELERY_BROKER_URL": redis_url_with_db(settings.REDIS_URL, BENCH_BROKER_DB),
-        "PROVISIONER": "local",
-        "WORKER_DEVICE": "cpu",
-        "CHECKPOINT_DIR": str(tmp / "checkpoints"),
-        "PYTHONUNBUFFERED": "1",
-    }
-    redis.Redis.from_url(env["CELERY_BROKER_URL"]).flushdb()
-    get_provisioner("local").release_all()  # leftovers of an interrupted run (benchmark database only)
     run = uuid.uuid4().hex[:8]
-    token = _prepare(run, workers)
-    samples, load_before = [], machine_load()
+    samples, load_before = [], None
     try:
-        with ProcessGroup(tmp, env, Path(settings.BASE_DIR)) as processes:
-            processes.spawn(
-                "web",
-                "-m",
-                "uvicorn",
-                "controlplane.asgi:application",
-                "--port",
-                str(port),
-                "--ws",
-                "websockets",
-                "--no-access-log",
-            )
-            processes.spawn(
-                "celery",
-                "-m",
-                "celery",
-                "-A",
-                "controlplane",
-                "worker",
-                "-Q",
-                "scheduler,default",
-                "-c",
-                "2",
-                "-n",
-                f"bench-{port}@%h",
-                "--loglevel",
-                "INFO",
-            )
-            processes.spawn(
-                "beat",
-                "-m",
-                "celery",
-                "-A",
-                "controlplane",
-                "beat",
-                "--loglevel",
-                "INFO",
-                "-s",
-                str(tmp / "beat-schedule"),
-            )
-            wait_until(lambda: port_open(port), 90, "the ASGI server", alive=processes.dead)
-            say(
-                f"platform up (uvicorn :{port}, database {db['NAME']}); waiting for {workers} ready workers …"
-            )
-            began = time.monotonic()
-            wait_until(
-                lambda: _ready_workers() >= workers,
-                ready_timeout,
-                f"{workers} ready local workers",
-                interval=0.5,
-                alive=processes.dead,
-            )
-            say(
-                f"{workers} workers ready after {time.monotonic() - began:.0f} s; {warmup} warm-up activations"
-            )
-            base = f"http://127.0.0.1:{port}"
+        with live_platform(
+            prefix="bench-activation",
+            database=database,
+            redis_db=redis_db,
+            min_gpus=workers,
+            max_gpus=workers,  # a fixed pool: no activation waits on provisioning
+            ready_timeout=ready_timeout,
+            keep_logs=keep_logs,
+            say=say,
+        ) as platform:
+            token = _prepare(run)
+            load_before = machine_load()
+            say(f"{warmup} warm-up activations")
             for index, measured in rounds(sessions, warmup):
-                sample = asyncio.run(_activate(base, f"ws://127.0.0.1:{port}", token, seed=index))
-                if processes.dead():
-                    raise BenchmarkFailed(f"a platform process died: {processes.dead()}")
+                sample = asyncio.run(_activate(platform.http, platform.ws, token, seed=index))
+                if platform.processes.dead():
+                    raise BenchmarkFailed(f"a platform process died: {platform.processes.dead()}")
                 if measured:
                     samples.append(sample)
                     say(
@@ -187,20 +106,16 @@ def run_activation(
                     )
                 time.sleep(pause)
             _attach_control_plane(samples)
-            if keep_logs:
-                shutil.copytree(tmp, keep_logs, dirs_exist_ok=True)
+            db_name = platform.database
     finally:
-        try:
-            get_provisioner("local").release_all()
-        finally:
-            _cleanup(run)
+        _cleanup(run)
 
     complete = [s for s in samples if s.get("t_ack") is not None]
     per_session = [components(s) for s in complete]
     figures = {key: summarize(c[key] for c in per_session) for key, _ in COMPONENTS}
     return {
         "benchmark": "activation",
-        "database": db["NAME"],
+        "database": db_name,
         "sessions": sessions,
         "measured": len(per_session),
         "incomplete": len(samples) - len(complete),
@@ -242,17 +157,9 @@ def format_activation(report: dict[str, Any]) -> str:
 # --- steps -------------------------------------------------------------------------------------
 
 
-def _prepare(run: str, n_workers: int) -> str:
-    beat_schedule_install()
-    # A fixed pool: the autoscaler keeps exactly n_workers, so no activation waits on provisioning.
-    SchedulerConfig.objects.update_or_create(pk=1, defaults={"min_gpus": n_workers, "max_gpus": n_workers})
+def _prepare(run: str) -> str:
     user = get_user_model().objects.create(username=f"bench-activation-{run}")
     return Token.objects.create(user=user).key
-
-
-def _ready_workers() -> int:
-    close_old_connections()
-    return GpuWorker.objects.filter(status=GpuWorker.Status.READY).count()
 
 
 async def _activate(base: str, ws_base: str, token: str, *, seed: int) -> dict:

@@ -81,3 +81,29 @@ def test_bench_activation_measures_the_control_plane_share():
     assert sample["api_ms"] > 0 and sample["decision_to_command_ms"] >= 0
     assert not GenerationSession.objects.exists()
     assert not GpuWorker.objects.filter(status__in=GpuWorker.LIVE_STATUSES).exists()
+
+
+def test_soak_reports_what_its_clients_saw_and_every_process_memory():
+    from sessions.models import GenerationSession
+
+    report = run("soak", sessions=2, minutes=0.4, max_workers=1, mean_period=10.0, sample=5.0)
+
+    assert report["benchmark"] == "soak" and report["sessions"] == 2
+    assert report["chunks_received"] > 0
+    assert report["chunks_per_session"]["count"] == 2
+    for key in (
+        "duplicates",
+        "skips",
+        "out_of_order",
+        "lost_records",
+        "dropped_for_slow_clients",
+        "published_before_client_joined",
+    ):
+        assert isinstance(report[key], int) and report[key] >= 0
+    roles = set(report["memory_mb"])
+    assert {"web", "celery", "beat"} <= roles
+    assert any(role.startswith("gpuworker:") for role in roles), roles
+    for series in report["memory_mb"].values():
+        assert series["max"] >= series["first"] > 0 and series["samples"]
+    assert report["platform_died"] is None
+    assert not GenerationSession.objects.exists()  # the run's sessions are cleaned up

@@ -1,0 +1,67 @@
+"""``manage.py soak``: many sessions streaming for a long time through the real platform."""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+
+from controlplane import bench
+from scheduling.benchmarks.soak import format_soak, run_soak
+from workers.benchmarks.live import BENCH_REDIS_DB, BenchmarkFailed, ServiceUnavailable
+
+
+class Command(BaseCommand):
+    help = (
+        "Soak the real platform: N sessions stream for M minutes with random idle periods; report process "
+        "memory over time, chunks delivered, duplicates, skips and lost chunk records."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--sessions", type=int, default=100, help="concurrent sessions (default 100)")
+        parser.add_argument("--minutes", type=float, default=30.0, help="how long they stream (default 30)")
+        parser.add_argument("--max-workers", type=int, default=4, help="autoscaler's GPU bound (default 4)")
+        parser.add_argument(
+            "--active-fraction", type=float, default=0.3, help="share of time a user is active (default 0.3)"
+        )
+        parser.add_argument(
+            "--mean-period", type=float, default=60.0, help="mean active+idle cycle in seconds (default 60)"
+        )
+        parser.add_argument("--sample", type=float, default=10.0, help="seconds between memory samples")
+        bench.add_seed_argument(parser)
+        parser.add_argument("--database", default=None, help="database (default <configured name>_bench)")
+        parser.add_argument("--redis-db", type=int, default=BENCH_REDIS_DB, help="platform's Redis database")
+        parser.add_argument("--ready-timeout", type=float, default=240.0, help="seconds to wait for a worker")
+        parser.add_argument("--keep-logs", default=None, help="copy the processes' logs to this folder")
+        bench.add_report_arguments(parser)
+
+    def handle(self, *args, **options):
+        checks = {
+            "--sessions": options["sessions"] >= 1,
+            "--minutes": options["minutes"] > 0,
+            "--max-workers": options["max_workers"] >= 1,
+            "--active-fraction": 0 < options["active_fraction"] < 1,
+            "--mean-period": options["mean_period"] > 0,
+            "--sample": options["sample"] > 0,
+        }
+        for flag, ok in checks.items():
+            if not ok:
+                raise CommandError(f"{flag} is out of range (see --help)")
+        try:
+            report = run_soak(
+                sessions=options["sessions"],
+                minutes=options["minutes"],
+                max_workers=options["max_workers"],
+                active_fraction=options["active_fraction"],
+                mean_period_s=options["mean_period"],
+                sample_s=options["sample"],
+                seed=options["seed"],
+                database=options["database"],
+                redis_db=options["redis_db"],
+                ready_timeout=options["ready_timeout"],
+                keep_logs=options["keep_logs"],
+                say=bench.quiet_unless_text(options["json"], self.stdout.write),
+            )
+        except (ServiceUnavailable, BenchmarkFailed) as exc:
+            raise CommandError(str(exc)) from exc
+        bench.emit(
+            report, json_mode=options["json"], out=options["out"], text=format_soak, write=self.stdout.write
+        )
