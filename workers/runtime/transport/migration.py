@@ -8,10 +8,12 @@ directly on a ``PrefixStore`` unique to this pair link. There is no global world
 leaving the pool never touch anyone else's communicators, and concurrent migrations to the same
 target use disjoint prefixes. After a success both sides keep the group for the pair's next
 migration (``MigrationSender`` / listener link cache, idle timeout, discarded on any failure).
+The rendezvous is keyed by (session, epoch): the listener files every queued hello and each
+``receive`` claims only its own, so any number of migrations into one worker run at once.
 
 Protocol (the store carries only small control records; every state byte goes over the pair group):
   source                                   target (``receive``)
-  hello  ── store queue ──────────────▶   pop hello, accept/refuse ──▶ store ``accept``
+  hello  ── store queue ──────────────▶   claim own hello, accept/refuse ──▶ store ``accept``
   build pair group (rank 0)                build pair group (rank 1)
   header, manifest, segments, trailer ───▶ allocate, receive, checksum, compare      (§6.1 step ii)
                                            install(manifest, tensors)
