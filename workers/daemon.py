@@ -487,7 +487,11 @@ class WorkerDaemon:
             self.engine.model.validate_manifest(manifest)
             received["manifest"], received["tensors"] = manifest, tensors
 
-        future = self.listener.receive_in_background(self.migration_timeout_s, install, session_id=sid)
+        # Keyed by (session, epoch): concurrent migrations into this worker each take their own
+        # source's hello, and a stale source of an older epoch is never taken for this one.
+        future = self.listener.receive_in_background(
+            self.migration_timeout_s, install, session_id=sid, epoch=owned.epoch
+        )
         self.receiving.add(sid)
         future.add_done_callback(lambda fut: self.arrivals.put((owned, park, received, fut)))
         return {"listening": self.listener.address}

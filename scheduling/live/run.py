@@ -29,6 +29,7 @@ from scheduling.core.types import (
     Snapshot,
 )
 from scheduling.live.apply import Pool, decision_apply
+from scheduling.live.liveness import sessions_recover
 from scheduling.live.outbox import Outbox, scheduler_lock
 from scheduling.live.profiles import default_gpu_type, gpu_profiles
 from scheduling.models import SchedulerConfig, SchedulerDecision, SchedulerState, WorkerCommand
@@ -51,16 +52,30 @@ def scheduler_run(*, trigger: str, session_id: str | None = None, was_active: bo
         return decisions
 
 
-def _session_view(session: GenerationSession, spec: GpuTypeSpec, now: float, placed_at: dict) -> SessionView:
+def _session_view(
+    session: GenerationSession, spec: GpuTypeSpec, now: float, placed_at: dict, gpu_names: dict[int, str]
+) -> SessionView:
     """``since`` is when the session entered its current state: its last placement on a GPU (which
-    the policy's minimum-residency rule reads) or, waiting, its activation (queue order)."""
-    if session.status in (Status.EXECUTING, Status.MIGRATING):
-        state, gpu = "executing", session.worker.name
+    the policy's minimum-residency rule reads) or, waiting, its activation (queue order).
+    ``gpu_names``: the pool's workers by primary key, the only GPUs the snapshot knows."""
+    gpu = gpu_names.get(session.worker_id) if session.worker_id is not None else None
+    if session.status in (Status.EXECUTING, Status.MIGRATING) and gpu is not None:
+        state = "executing"
         entered = placed_at.get(session.pk) or session.last_active_at or session.created_at
     elif session.status == Status.SUSPENDED:
         state, gpu = "suspended", None
         entered = session.last_active_at or session.created_at
     else:
+        if session.status in (Status.EXECUTING, Status.MIGRATING):
+            # Placed on a live worker of another pool (``_orphans_recover`` handled ended ones): the
+            # policy cannot act on that GPU, so it sees the session as waiting; the lifecycle's
+            # compare-and-set keeps any placement it proposes from applying.
+            logger.error(
+                "scheduler.orphan session=%s status=%s worker_id=%s is not in pool",
+                session.pk,
+                session.status,
+                session.worker_id,
+            )
         state, gpu = "queued", None
         entered = session.last_active_at or session.created_at
     return SessionView(
@@ -75,25 +90,54 @@ def _session_view(session: GenerationSession, spec: GpuTypeSpec, now: float, pla
 
 
 def _pool_locked(preset: str) -> Pool:
-    return Pool(
-        preset=preset,
-        workers={
-            w.name: w
-            # FOR NO KEY UPDATE: chunk-record inserts (FK checks take KEY SHARE) never wait on it.
-            # Rows are locked in primary-key order, like every other multi-row locker, so no deadlock.
-            for w in GpuWorker.objects.select_for_update(no_key=True)
-            .filter(model_preset=preset, status__in=GpuWorker.LIVE_STATUSES)
-            .order_by("pk")
-        },
-        sessions={
-            str(s.pk): s
-            for s in GenerationSession.objects.select_for_update(of=("self",), no_key=True)
-            .select_related("worker", "host_worker")
-            .filter(model_name=preset)
-            .exclude(status=Status.TERMINATED)
-            .order_by("pk")
-        },
-    )
+    # FOR NO KEY UPDATE: chunk-record inserts (FK checks take KEY SHARE) never wait on it.
+    # Rows are locked in primary-key order, like every other multi-row locker, so no deadlock.
+    workers = {
+        w.name: w
+        for w in GpuWorker.objects.select_for_update(no_key=True)
+        .filter(model_preset=preset, status__in=GpuWorker.LIVE_STATUSES)
+        .order_by("pk")
+    }
+    sessions = _sessions_locked(preset)
+    if _orphans_recover(sessions, workers):
+        sessions = _sessions_locked(preset)  # re-read the rows the recovery changed (locks are held)
+    return Pool(preset=preset, workers=workers, sessions=sessions)
+
+
+def _sessions_locked(preset: str) -> dict[str, GenerationSession]:
+    # The workers are fetched by a second query, after the locks are granted, never joined into the
+    # locking one: when a locked row was changed while we waited (a migration flipped ``worker`` to
+    # its target), PostgreSQL re-checks the new row version against the *previously* joined worker
+    # row (EvalPlanQual), the join no longer matches, and the outer join hands back NULL worker
+    # columns: ``status=executing`` with ``worker=None`` (issue 17, defect 7).
+    return {
+        str(s.pk): s
+        for s in GenerationSession.objects.select_for_update(no_key=True)
+        .filter(model_name=preset)
+        .exclude(status=Status.TERMINATED)
+        .order_by("pk")
+        .prefetch_related("worker", "host_worker")
+    }
+
+
+def _orphans_recover(sessions: dict[str, GenerationSession], workers: dict[str, GpuWorker]) -> bool:
+    """Sessions still executing or migrating on a worker that has ended (failed or released
+    before its sessions were recovered) continue elsewhere, as ``workers_check`` would do on its
+    next tick; the run must not wait for it. Returns whether anything was recovered."""
+    in_pool = {w.pk for w in workers.values()}
+    ended = {
+        s.worker_id: s.worker
+        for s in sessions.values()
+        if s.status in (Status.EXECUTING, Status.MIGRATING)
+        and s.worker_id not in in_pool
+        and s.worker is not None
+        and not s.worker.is_live
+    }
+    recovered = 0
+    for lost in ended.values():
+        recovered += sessions_recover(worker=lost)
+        logger.warning("scheduler.orphans_recovered worker=%s status=%s", lost.name, lost.status)
+    return recovered > 0
 
 
 def _snapshot(pool: Pool, config: SchedulerConfig, clock: float) -> Snapshot:
@@ -110,8 +154,10 @@ def _snapshot(pool: Pool, config: SchedulerConfig, clock: float) -> Snapshot:
         .annotate(last=Max("created_at"))
         .values_list("session_id", "last")
     )
+    gpu_names = {w.pk: w.name for w in pool.workers.values()}
+    gpu_specs = {w.pk: profiles.get(w.gpu_type, spec) for w in pool.workers.values()}
     views = [
-        _session_view(s, profiles.get(s.worker.gpu_type, spec) if s.worker else spec, clock, placed_at)
+        _session_view(s, gpu_specs.get(s.worker_id, spec), clock, placed_at, gpu_names)
         for s in pool.sessions.values()
     ]
     return Snapshot.build(

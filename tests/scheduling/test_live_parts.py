@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import redis
 from django.conf import settings
+from django.db import connection, transaction
 from django.utils import timezone
 
 from gpu.models import GpuWorker
@@ -243,3 +246,80 @@ def test_a_prompt_event_is_forwarded_to_the_holder_and_wakes_the_scheduler(clien
     # A lifecycle transition is the scheduler's own doing: it wakes nothing.
     session_event_received(session_id=str(session.pk), kind="suspend", detail={})
     assert broker.llen(queue) == before
+
+
+def _wait_until_blocked_on_a_lock(timeout_s: float = 10.0) -> None:
+    """Until some other backend of this database waits on a row lock (the run behind our update)."""
+    with connection.cursor() as cursor:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            # pg_locks, not pg_stat_activity: the latter is snapshotted once per transaction.
+            cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+            if cursor.fetchone()[0]:
+                return
+            time.sleep(0.02)
+    raise AssertionError("the scheduler run never waited on the session's row lock")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_flip_committed_while_a_run_waits_on_the_session_lock_does_not_crash_the_run(client):
+    # Issue 17 defect 7: the run locks the pool's sessions FOR NO KEY UPDATE OF the session only.
+    # When a migration flips a session (worker: source → target) while the run waits on that row,
+    # PostgreSQL re-checks the newer row version against the *old* joined worker row (EvalPlanQual);
+    # the join fails, the outer join yields NULL worker columns, and the run saw
+    # ``status=executing, worker=None`` → AttributeError in ``_session_view``.
+    source, target = worker(), worker()
+    session, migration = _migrating(source, target)
+    out = commands(source, "migrate_out").get().payload
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["decisions"] = scheduler_run(trigger="tick")
+        except Exception as exc:
+            outcome["error"] = exc
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        migration_completed(command=out, report={"bytes": 1})  # flips the row, holds its lock
+        runner = threading.Thread(target=run)
+        runner.start()
+        _wait_until_blocked_on_a_lock()
+    runner.join(30)
+
+    assert "error" not in outcome, repr(outcome.get("error"))
+    assert not runner.is_alive()
+    session.refresh_from_db()
+    assert (session.status, session.worker_id, session.epoch) == (Status.EXECUTING, target.pk, 2)
+    assert Migration.objects.get(pk=migration.pk).outcome == "succeeded"
+
+
+def test_a_run_recovers_a_session_still_executing_on_a_worker_that_has_ended(tmp_path, settings):
+    # The provisioner marked the worker failed (or a release raced a placement) before anything
+    # recovered its sessions: the run used to raise "executing on unknown GPU" on every decision.
+    settings.STREAMSERVE = {**settings.STREAMSERVE, "CHECKPOINT_DIR": str(tmp_path)}
+    gone, alive = worker(), worker()
+    session = SessionFactory(activity="active", last_active_at=timezone.now())
+    lifecycle.session_place(session=session, worker=gone)
+    GpuWorker.objects.filter(pk=gone.pk).update(status=GpuWorker.Status.FAILED)
+
+    scheduler_run(trigger="tick")
+
+    session.refresh_from_db()
+    assert session.events.filter(kind=SessionEvent.Kind.RECOVER).get().detail["worker"] == gone.name
+    # Recovered in the same run, then placed again by the same decision.
+    assert (session.status, session.worker_id) == (Status.EXECUTING, alive.pk)
+    assert commands(alive, "start").get().payload["epoch"] == session.epoch
+
+
+def test_a_session_on_a_live_worker_of_another_pool_does_not_crash_the_run():
+    worker()
+    foreign = worker(model_preset="not-served")
+    session = SessionFactory(activity="active", last_active_at=timezone.now())
+    lifecycle.session_place(session=session, worker=foreign)
+
+    scheduler_run(trigger="tick")  # seen as waiting; no placement can apply to it
+
+    session.refresh_from_db()
+    assert (session.status, session.worker_id, session.epoch) == (Status.EXECUTING, foreign.pk, 1)

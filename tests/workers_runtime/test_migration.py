@@ -10,6 +10,7 @@ import hashlib
 import multiprocessing as mp
 import os
 import queue
+import threading
 import time
 from typing import Any
 
@@ -89,53 +90,73 @@ def _worker_main(commands: Any, replies: Any) -> None:
                     os._exit(17)
 
             progress = die_halfway if behaviour == "die_halfway" else None
+            # Like the worker daemon: a receive may wait for one particular session (and epoch).
+            keyed = {k: args[k] for k in ("session_id", "epoch") if k in args}
             future = listener.receive_in_background(
                 args.get("timeout_s", TIMEOUT_S),
                 install,
                 progress=progress,
                 stall_timeout_s=args.get("stall_timeout_s", 10.0),
+                **keyed,
             )
             future.add_done_callback(lambda f: replies.put(("received", _outcome(f))))
         elif command == "send":
             session_id = args["session_id"]
-            manifest, tensors = sessions[session_id]
-            behaviour = args.get("behaviour")
-
-            def die_halfway_source(done: int, total: int) -> None:
-                if done >= total // 2:
-                    os._exit(18)
-
-            try:
-                report = sender.send(
-                    args["address"],
-                    manifest,
-                    tensors,
-                    timeout_s=args.get("timeout_s", TIMEOUT_S),
-                    session_id=session_id,
-                    epoch=args["epoch"],
-                    progress=die_halfway_source if behaviour == "die_halfway" else None,
-                )
-            except MigrationError as exc:
-                replies.put(
-                    (
-                        "sent",
-                        {"ok": False, "error": type(exc).__name__, "stage": exc.stage, "message": str(exc)},
-                    )
-                )
+            region = sessions[session_id]
+            if args.get("background"):
+                # Several sessions leave one source at once, each on its own thread (as the daemon does).
+                threading.Thread(target=_send, args=(sender, sessions, region, args, replies)).start()
             else:
-                # Ownership flips only now (§6.1 step iii): the source frees its copy after the ack.
-                del sessions[session_id]
-                replies.put(
-                    (
-                        "sent",
-                        {
-                            "ok": True,
-                            "nbytes": report.nbytes,
-                            "epoch": report.epoch,
-                            "reused": report.reused_link,
-                        },
-                    )
-                )
+                _send(sender, sessions, region, args, replies)
+
+
+def _send(sender: MigrationSender, sessions: dict, region: tuple, args: dict, replies: Any) -> None:
+    session_id = args["session_id"]
+    manifest, tensors = region
+    behaviour = args.get("behaviour")
+
+    def die_halfway_source(done: int, total: int) -> None:
+        if done >= total // 2:
+            os._exit(18)
+
+    try:
+        report = sender.send(
+            args["address"],
+            manifest,
+            tensors,
+            timeout_s=args.get("timeout_s", TIMEOUT_S),
+            session_id=session_id,
+            epoch=args["epoch"],
+            progress=die_halfway_source if behaviour == "die_halfway" else None,
+        )
+    except MigrationError as exc:
+        replies.put(
+            (
+                "sent",
+                {
+                    "ok": False,
+                    "session_id": session_id,
+                    "error": type(exc).__name__,
+                    "stage": exc.stage,
+                    "message": str(exc),
+                },
+            )
+        )
+    else:
+        # Ownership flips only now (§6.1 step iii): the source frees its copy after the ack.
+        del sessions[session_id]
+        replies.put(
+            (
+                "sent",
+                {
+                    "ok": True,
+                    "session_id": session_id,
+                    "nbytes": report.nbytes,
+                    "epoch": report.epoch,
+                    "reused": report.reused_link,
+                },
+            )
+        )
 
 
 def _outcome(future: Any) -> dict:
@@ -307,3 +328,37 @@ def test_source_killed_half_way_gives_target_a_clear_error_and_installs_nothing(
     finally:
         dying.stop()
         target.stop()
+
+
+def test_eight_concurrent_migrations_into_one_worker_each_land_byte_exact():
+    # Issue 17 defect 6: the target's receives shared one hello queue and each waited for its own
+    # session, so a receive popping another session's hello refused it (51–67 of 69–133 failed).
+    # Two sources send four sessions each at once into one target, whose eight receives each wait
+    # for one session and epoch, as the worker daemon's do.
+    left, right, target = Worker(), Worker(), Worker()
+    try:
+        moves = [(left if i % 2 else right, f"crowd-{i}", 30 + i, 7 + i) for i in range(8)]
+        for source, session_id, seed, _ in moves:
+            source.call("create", "created", session_id=session_id, seed=seed, large_mb=1)
+        # Half the receives are posted before any source says hello, half after every one has.
+        for _, session_id, _, epoch in moves[:4]:
+            target.do("receive", session_id=session_id, epoch=epoch)
+        for source, session_id, _, epoch in moves:
+            source.do("send", address=target.address, session_id=session_id, epoch=epoch, background=True)
+        for _, session_id, _, epoch in reversed(moves[4:]):
+            target.do("receive", session_id=session_id, epoch=epoch)
+
+        received = [target.expect("received", timeout_s=60) for _ in moves]
+        sent = [source.expect("sent", timeout_s=60) for source, *_ in moves]
+
+        assert all(outcome["ok"] for outcome in received + sent), (received, sent)
+        assert sorted((r["session_id"], r["epoch"]) for r in received) == sorted(
+            (session_id, epoch) for _, session_id, _, epoch in moves
+        )
+        for source, session_id, seed, _ in moves:
+            expected = region_digest(*make_region(seed, large_mb=1))
+            assert target.call("digest", "digest", session_id=session_id) == expected
+            assert source.call("digest", "digest", session_id=session_id) is None
+    finally:
+        for worker in (left, right, target):
+            worker.stop()

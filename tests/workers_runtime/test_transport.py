@@ -152,16 +152,65 @@ def test_corrupted_bytes_fail_verification_on_both_sides(monkeypatch):
     assert installs == []
 
 
-def test_target_expecting_another_session_refuses_the_source():
+def test_a_receive_keyed_by_session_and_epoch_takes_only_its_own_source():
     manifest, tensors = make_region()
+    installed: list = []
+    with MigrationListener("cpu") as listener:
+        future = listener.receive_in_background(
+            10, lambda m, t: installed.append(m["meta"]), session_id="expected", epoch=2
+        )
+        for session_id, epoch in (("intruder", 2), ("expected", 1)):  # another session, a stale epoch
+            with pytest.raises(MigrationTimeout) as caught:
+                send_state(
+                    listener.address,
+                    manifest,
+                    tensors,
+                    device="cpu",
+                    timeout_s=0.5,
+                    session_id=session_id,
+                    epoch=epoch,
+                )
+            assert caught.value.stage == "rendezvous"
 
-    sent, received, installed = run_pair(
-        dict(manifest=manifest, tensors=tensors, session_id="intruder", epoch=1), {"session_id": "expected"}
-    )
+        report = send_state(
+            listener.address, manifest, tensors, device="cpu", timeout_s=10, session_id="expected", epoch=2
+        )
 
-    assert isinstance(sent, MigrationRejected) and "expected" in str(sent)
-    assert isinstance(received, MigrationRejected)
-    assert installed == {}
+        received = future.result(10)
+    assert (report.session_id, report.epoch) == (received.session_id, received.epoch) == ("expected", 2)
+    assert [(meta["session_id"], meta["epoch"]) for meta in installed] == [("expected", 2)]
+
+
+def test_an_unkeyed_receive_leaves_alone_the_hello_a_keyed_receive_waits_for():
+    manifest, tensors = make_region()
+    with MigrationListener("cpu") as listener:
+        keyed = listener.receive_in_background(10, lambda m, t: None, session_id="mine", epoch=1)
+        deadline = time.monotonic() + 5
+        while not listener._awaited and time.monotonic() < deadline:
+            time.sleep(0.005)
+        anyone = listener.receive_in_background(10, lambda m, t: None)
+        reports = {}
+
+        def send(session_id: str) -> None:
+            reports[session_id] = send_state(
+                listener.address,
+                manifest,
+                tensors,
+                device="cpu",
+                timeout_s=10,
+                session_id=session_id,
+                epoch=1,
+            )
+
+        mine = threading.Thread(target=send, args=("mine",))
+        mine.start()  # its hello is queued first: the unkeyed receive must not take it
+        time.sleep(0.2)
+        send("other")
+        mine.join(15)
+
+        assert keyed.result(10).session_id == "mine"
+        assert anyone.result(10).session_id == "other"
+    assert sorted(reports) == ["mine", "other"]
 
 
 def test_send_to_a_listener_nobody_serves_times_out():

@@ -8,10 +8,12 @@ directly on a ``PrefixStore`` unique to this pair link. There is no global world
 leaving the pool never touch anyone else's communicators, and concurrent migrations to the same
 target use disjoint prefixes. After a success both sides keep the group for the pair's next
 migration (``MigrationSender`` / listener link cache, idle timeout, discarded on any failure).
+The rendezvous is keyed by (session, epoch): the listener files every queued hello and each
+``receive`` claims only its own, so any number of migrations into one worker run at once.
 
 Protocol (the store carries only small control records; every state byte goes over the pair group):
   source                                   target (``receive``)
-  hello  ── store queue ──────────────▶   pop hello, accept/refuse ──▶ store ``accept``
+  hello  ── store queue ──────────────▶   claim own hello, accept/refuse ──▶ store ``accept``
   build pair group (rank 0)                build pair group (rank 1)
   header, manifest, segments, trailer ───▶ allocate, receive, checksum, compare      (§6.1 step ii)
                                            install(manifest, tensors)
@@ -71,6 +73,8 @@ DEFAULT_STALL_TIMEOUT_S = 10.0
 _POLL_MIN_S = 0.0002
 _POLL_MAX_S = 0.005
 _HEADER_LEN = 4  # int64: wire version, manifest bytes, pack_below, segment_bytes
+# How long a hello that does not say how long its source waits stays claimable.
+_UNANNOUNCED_ACCEPT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -223,6 +227,28 @@ class _Link:
         self.group.abort()
 
 
+@dataclass(frozen=True)
+class _HelloKey:
+    """What a hello offers, and what a receive waits for (``epoch=None``: any epoch)."""
+
+    session_id: str
+    epoch: int | None
+
+    @classmethod
+    def of(cls, hello: dict[str, Any]) -> _HelloKey:
+        return cls(str(hello.get("session_id")), int(hello.get("epoch", -1)))
+
+    def matches(self, offered: _HelloKey) -> bool:
+        return self.session_id == offered.session_id and self.epoch in (None, offered.epoch)
+
+
+@dataclass
+class _PendingHello:
+    hello: dict[str, Any]
+    key: _HelloKey
+    expires: float  # monotonic time after which its source no longer waits for an accept
+
+
 class _StaleLink(Exception):
     """The target no longer knows a cached link (it expired there, or the target restarted)."""
 
@@ -350,6 +376,8 @@ class MigrationSender:
                 "wire_version": wire.WIRE_VERSION,
                 "manifest_bytes": job.manifest_bytes.numel(),
                 "source": f"{socket.gethostname()}:{os.getpid()}",
+                # After this the source no longer waits for an accept: the target forgets the hello.
+                "accept_within_s": deadline.left(stage),
             }
             try:
                 client.queue_push(HELLO_QUEUE, json.dumps(hello))
@@ -539,7 +567,11 @@ class MigrationListener:
         self._links: dict[str, _Link] = {}
         self._clients: list[Any] = []
         self._lock = threading.Lock()
-        self._pop_lock = threading.Lock()
+        # Hellos popped off the store's queue but not yet claimed, in arrival order, and the keys
+        # (session, epoch) that receives are waiting for; both guarded by ``_hello_lock``.
+        self._hello_lock = threading.Lock()
+        self._pending: list[_PendingHello] = []
+        self._awaited: list[_HelloKey] = []
 
     def _take_client(self, deadline: _Deadline) -> Any:
         # Each receive needs its own connection (queue_pop blocks it), but not a new one each time.
@@ -615,6 +647,7 @@ class MigrationListener:
         install: InstallFn,
         *,
         session_id: str | None = None,
+        epoch: int | None = None,
         allocate: AllocateFn | None = None,
         progress: ProgressFn | None = None,
         stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
@@ -624,20 +657,28 @@ class MigrationListener:
         ``install(manifest, tensors)`` is the engine's import; raising there rejects the migration
         (both sides raise ``MigrationRejected``). ``allocate(manifest)`` may hand back preallocated
         tensors to receive into (default: fresh ``torch.empty`` on this listener's device). With
-        ``session_id`` set, a source offering another session is refused.
+        ``session_id`` (and ``epoch``) set, this receive takes only the hello of that session (at
+        that epoch), whenever it arrives: any number of receives, each for its own migration, can
+        wait at once. Without them it takes the oldest hello no keyed receive is waiting for.
         """
         if self._closed:
             raise RuntimeError("listener is closed")
+        if epoch is not None and session_id is None:
+            raise ValueError("a receive keyed by epoch must name the session too")
         deadline = _Deadline(timeout_s, stall_timeout_s)
+        wanted = None if session_id is None else _HelloKey(session_id, None if epoch is None else int(epoch))
         stage = "rendezvous"
         client: Any = None
         group: PairGroup | None = None
         migration_id = ""
+        if wanted is not None:
+            with self._hello_lock:
+                self._awaited.append(wanted)
         try:
             self._expire_links()
             client = self._take_client(deadline)
             while True:
-                hello = self._next_hello(client, deadline, timeout_s)
+                hello = self._next_hello(client, deadline, timeout_s, wanted)
                 migration_id = hello["id"]
                 connect_started = time.monotonic()
                 link_id = hello.get("link", migration_id)
@@ -648,7 +689,7 @@ class MigrationListener:
                 stale = {"ok": False, "stale_link": True, "error": f"unknown link {link_id}"}
                 client.set(_key(migration_id, "accept"), json.dumps(stale))
                 migration_id = ""
-            refusal = self._refusal(hello, session_id)
+            refusal = self._refusal(hello)
             if link is not None:
                 group, link_store = link.group, link.client
             client.set(_key(migration_id, "accept"), json.dumps({"ok": refusal is None, "error": refusal}))
@@ -772,40 +813,71 @@ class MigrationListener:
                 _best_effort(lambda: client.set(_key(migration_id, "result"), json.dumps(record)))
             raise error from exc
         finally:
+            if wanted is not None:
+                with self._hello_lock:
+                    self._awaited.remove(wanted)
             if group is not None:
                 group.abort()
 
-    def _next_hello(self, client: Any, deadline: _Deadline, timeout_s: float) -> dict[str, Any]:
-        no_source = f"no source offered a state region within {timeout_s:.1f}s"
+    def _next_hello(
+        self, client: Any, deadline: _Deadline, timeout_s: float, wanted: _HelloKey | None
+    ) -> dict[str, Any]:
+        what = "a state region" if wanted is None else f"session {wanted.session_id!r}"
+        if wanted is not None and wanted.epoch is not None:
+            what += f" at epoch {wanted.epoch}"
+        no_source = f"no source offered {what} within {timeout_s:.1f}s"
         pause = _POLL_MIN_S
         while True:
             # TCPStore's blocking queue_pop loses wakeups (torch 2.13: a hello pushed while a pop is
             # blocking stays queued until the pop times out), so the hello queue is polled without
-            # blocking, backing off to a few ms; the lock keeps concurrent receives from racing.
-            with self._pop_lock:
-                try:
-                    raw = client.queue_pop(HELLO_QUEUE, False)
-                except Exception as exc:
-                    if type(exc).__name__ != "QueueEmptyError":
-                        raise
-                    raw = None
-            if raw is None:
+            # blocking, backing off to a few ms. Whoever polls moves every queued hello into
+            # ``_pending``; each receive then claims only its own (rendezvous keyed by session and
+            # epoch), so concurrent migrations into this worker never take each other's hellos.
+            with self._hello_lock:
+                self._drain_hellos(client)
+                hello = self._claim_hello(wanted)
+            if hello is None:
                 if deadline.at - time.monotonic() <= 0:
                     raise MigrationTimeout(no_source, stage="rendezvous")
                 time.sleep(min(pause, max(deadline.at - time.monotonic(), 0.0)))
                 pause = min(pause * 2, _POLL_MAX_S)
                 continue
-            hello = json.loads(raw)
             if not client.check([_key(hello["id"], "cancelled")]):
                 return hello
 
-    def _refusal(self, hello: dict[str, Any], session_id: str | None) -> str | None:
+    def _drain_hellos(self, client: Any) -> None:
+        """Move every hello queued on the store into ``_pending`` (caller holds ``_hello_lock``)."""
+        while True:
+            try:
+                raw = client.queue_pop(HELLO_QUEUE, False)
+            except Exception as exc:
+                if type(exc).__name__ != "QueueEmptyError":
+                    raise
+                return
+            hello = json.loads(raw)
+            expires = time.monotonic() + float(hello.get("accept_within_s", _UNANNOUNCED_ACCEPT_S))
+            self._pending.append(_PendingHello(hello, _HelloKey.of(hello), expires))
+
+    def _claim_hello(self, wanted: _HelloKey | None) -> dict[str, Any] | None:
+        """The oldest pending hello for ``wanted``; with no key, the oldest no keyed receive awaits.
+        Hellos whose source stopped waiting for an accept are dropped (caller holds the lock)."""
+        now = time.monotonic()
+        self._pending = [p for p in self._pending if p.expires > now]
+        for index, pending in enumerate(self._pending):
+            if wanted is not None:
+                taken = wanted.matches(pending.key)
+            else:
+                taken = not any(awaited.matches(pending.key) for awaited in self._awaited)
+            if taken:
+                del self._pending[index]
+                return pending.hello
+        return None
+
+    def _refusal(self, hello: dict[str, Any]) -> str | None:
         if hello.get("backend") != self.backend:
             return f"source uses {hello.get('backend')}, this worker ({self.device}) uses {self.backend}"
         if hello.get("wire_version") != wire.WIRE_VERSION:
             return f"wire version {hello.get('wire_version')}, expected {wire.WIRE_VERSION}"
-        if session_id is not None and hello.get("session_id") != session_id:
-            return f"expected session {session_id!r}, source offered {hello.get('session_id')!r}"
         return None
 
     def _allocate(
