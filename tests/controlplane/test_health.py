@@ -6,9 +6,12 @@ import json
 import socket
 from datetime import timedelta
 from io import StringIO
+from pathlib import Path
 
 import pytest
+import yaml
 from celery.signals import before_task_publish
+from django.conf import settings
 from django.core.management import call_command
 from django.db import connections
 from django.test import Client
@@ -16,6 +19,7 @@ from django.utils import timezone
 
 from controlplane.health import database_check
 from gpu.models import GpuWorker
+from gpu.provisioners.kubernetes import load_template, worker_pod_manifest
 from scheduling import health
 from tests.factories import GpuWorkerFactory
 
@@ -149,3 +153,39 @@ def test_probe_worker_follows_the_heartbeat(settings):
     assert code == 1 and "failed" in body["checks"][0]["detail"]
     code, body = probe("worker", "no-such-worker")
     assert code == 1
+
+
+def _containers(path: str) -> dict[str, dict]:
+    found = {}
+    for document in yaml.safe_load_all((Path(settings.BASE_DIR) / "deploy" / path).read_text()):
+        if document["kind"] not in ("Deployment", "Pod"):
+            continue
+        spec = document["spec"]
+        pod = spec["template"]["spec"] if "template" in spec else spec
+        for container in pod["containers"]:
+            found[container["name"]] = container
+    return found
+
+
+def test_the_kubernetes_manifests_probe_each_role_with_these_checks():
+    web = _containers("web.yaml")["web"]
+    assert web["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert web["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    celery = _containers("celery.yaml")
+    assert celery["celery"]["livenessProbe"]["exec"]["command"][2:4] == ["probe", "celery"]
+    # the node the probe pings by default is the one the worker is started as
+    assert "scheduler@%h" in celery["celery"]["command"]
+    assert celery["beat"]["livenessProbe"]["exec"]["command"][2:4] == ["probe", "beat"]
+    worker = _containers("worker-pod.yaml")["worker"]
+    for probe_kind in ("startupProbe", "livenessProbe"):
+        assert 'manage.py probe worker "$POD_NAME"' in worker[probe_kind]["exec"]["command"][2]
+
+
+def test_worker_pods_built_by_the_provisioner_keep_the_probes_and_the_name_they_read():
+    template = load_template(Path(settings.BASE_DIR) / "deploy" / "worker-pod.yaml")
+    pod = worker_pod_manifest(
+        template, name="ssw-h100-abc123", namespace="ns", preset="wan-1.3b", gpu_type="h100", secret_name="s"
+    )
+    container = pod["spec"]["containers"][0]
+    assert "probe worker" in container["livenessProbe"]["exec"]["command"][2]
+    assert any(env["name"] == "POD_NAME" for env in container["env"])
