@@ -1,3 +1,4 @@
+from celery.signals import beat_init
 from django.apps import AppConfig
 
 
@@ -9,7 +10,10 @@ class SchedulingConfig(AppConfig):
     def ready(self) -> None:
         # Imported here, not at module level: receivers import models, which the app registry
         # loads only after every AppConfig is imported (Django's documented place for signals).
+        from scheduling import health
         from scheduling.receivers import session_event_received
         from sessions.signals import session_event_committed
 
         session_event_committed.connect(session_event_received, dispatch_uid="scheduling.session_event")
+        # Fires only in the beat process, which then records a heartbeat per published task.
+        beat_init.connect(health.beat_started, weak=False, dispatch_uid="scheduling.health.beat")

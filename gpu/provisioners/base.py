@@ -30,7 +30,8 @@ entry points, all synchronous, all returning a JSON-serialisable result for the 
     preset (since the last one became ready, within ``retry_window_s``): then the failure is
     reported in ``exhausted`` and the scheduler decides. A worker that dies after becoming ready is
     only reported; the scheduler re-places its sessions and its autoscaler asks for capacity. It
-    also stops leftovers: processes/pods still running for rows already released or failed.
+    also stops leftovers: processes/pods still running for rows already released or failed; and
+    orphans (``stop_orphans``): this deployment's workers that no row tracks at all.
 
 Backends implement four hooks: ``plan`` (which workers to create), ``start``, ``stop`` and
 ``probe``. Configuration comes from ``settings.STREAMSERVE`` first and then the environment, and a
@@ -154,6 +155,8 @@ class ReconcileResult:
     replacements: list[RequestResult] = field(default_factory=list)
     exhausted: list[str] = field(default_factory=list)
     stopped_leftovers: list[str] = field(default_factory=list)
+    # Processes/Pods of this deployment that no row tracks (not a pool change: no re-plan).
+    stopped_orphans: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -170,6 +173,7 @@ class ReconcileResult:
             "replacements": [r.as_dict() for r in self.replacements],
             "exhausted": self.exhausted,
             "stopped_leftovers": self.stopped_leftovers,
+            "stopped_orphans": self.stopped_orphans,
             "errors": self.errors,
         }
 
@@ -244,6 +248,16 @@ class Provisioner(ABC):
     @abstractmethod
     def probe(self, workers: list[GpuWorker]) -> dict[int, Probe]:
         """Liveness of each worker's process/pod, keyed by ``worker.pk`` (batched where possible)."""
+
+    def stop_orphans(self, now: datetime) -> list[str]:
+        """Stop this deployment's worker processes/Pods that no row tracks; describe each stopped.
+
+        Called at the end of ``reconcile``. An orphan is a worker the backend started whose row is
+        gone or ended long ago (or that a row no longer names): it still holds a device and, once
+        its row is gone, nothing else would ever stop it. Backends that cannot enumerate their
+        workers keep this default. Raises ``ProvisionerError`` when the enumeration fails.
+        """
+        return []
 
     # ------------------------------------------------------------------ the contract
 
@@ -424,6 +438,10 @@ class Provisioner(ABC):
         for worker in failed_provisioning:
             self._retry(worker, now=now, result=result)
         self._stop_leftovers(ended, probes, result=result)
+        try:
+            result.stopped_orphans = self.stop_orphans(now)
+        except ProvisionerError as exc:
+            result.errors.append(f"orphans: {exc}")
         return result
 
     def release_all(self) -> list[ReleaseResult]:

@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from gpu.models import GpuWorker
 from gpu.provisioners.base import (
+    LEFTOVER_GRACE_S,
     Probe,
     Provisioner,
     ProvisionerError,
@@ -46,6 +48,16 @@ logger = logging.getLogger("gpu.provisioners")
 
 CommandFactory = Callable[[GpuWorker], Sequence[str]]
 WORKER_DEVICE_MODES = ("auto", "cpu", "cuda")
+# Set in each worker's environment: which row it serves and which deployment (database) started
+# it, so that reconcile finds this deployment's workers among the host's processes, and only them.
+WORKER_NAME_ENV = "STREAMSERVE_WORKER_NAME"
+WORKER_SCOPE_ENV = "STREAMSERVE_WORKER_SCOPE"
+
+
+def deployment_scope() -> str:
+    """The database the rows live in: two platforms on one host (or test runs) never share it."""
+    db = settings.DATABASES["default"]
+    return f"{db.get('HOST') or 'local'}:{db.get('PORT') or ''}/{db['NAME']}"
 
 
 def gpuworker_command(worker: GpuWorker) -> list[str]:
@@ -133,6 +145,7 @@ class LocalProvisioner(Provisioner):
         host: str | None = None,
         worker_device: str | None = None,
         env: dict[str, str] | None = None,
+        orphan_grace_s: float = LEFTOVER_GRACE_S,
         **options: Any,
     ) -> None:
         super().__init__(**options)
@@ -151,6 +164,7 @@ class LocalProvisioner(Provisioner):
                 f"WORKER_DEVICE={self.worker_device!r} is malformed: expected auto, cpu or cuda"
             )
         self.env = env
+        self.orphan_grace_s = orphan_grace_s
 
     # ------------------------------------------------------------------ plan
 
@@ -229,6 +243,8 @@ class LocalProvisioner(Provisioner):
         argv = list(self.command_factory(worker))
         env = dict(self.env if self.env is not None else os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        env[WORKER_NAME_ENV] = worker.name
+        env[WORKER_SCOPE_ENV] = deployment_scope()
         try:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             with open(self.log_path(worker), "ab") as log:
@@ -360,6 +376,91 @@ class LocalProvisioner(Provisioner):
                 self._signal_group(process.pid, signal.SIGKILL)
                 self._wait_gone(worker, 10.0)
         return [self.release(worker) for worker in workers]
+
+    # ------------------------------------------------------------------ orphans
+
+    def _workers_of_this_deployment(self) -> list[tuple[psutil.Process, str]]:
+        """This deployment's worker processes on this host, with the worker name each serves.
+
+        Only process-group leaders: a worker is started as one (``start_new_session``), and its
+        own children inherit the environment but go with its group.
+        """
+        scope = deployment_scope()
+        found = []
+        for process in psutil.process_iter():
+            try:
+                if os.getpgid(process.pid) != process.pid:
+                    continue
+                env = process.environ()
+            except (psutil.Error, OSError):
+                continue  # gone meanwhile, or another user's process
+            if env.get(WORKER_SCOPE_ENV) == scope and env.get(WORKER_NAME_ENV):
+                found.append((process, env[WORKER_NAME_ENV]))
+        return found
+
+    def _tracked(self, process: psutil.Process, name: str, now: datetime) -> bool:
+        """Whether a row accounts for this process: live and naming it (or not yet naming any
+        process: ``request`` saves ``external_id`` just after the start), or ended so recently that
+        the worker may still be exiting on its own."""
+        row = GpuWorker.objects.filter(provider=self.name, name=name).first()
+        if row is None:
+            return False
+        if row.status in GpuWorker.LIVE_STATUSES:
+            return row.external_id in ("", format_external_id(process.pid, process.create_time()))
+        return row.released_at is not None and (now - row.released_at).total_seconds() < LEFTOVER_GRACE_S
+
+    def stop_orphans(self, now: datetime) -> list[str]:
+        """Adopt or stop the worker processes of this deployment left behind by their starter.
+
+        A worker's parent is whichever process ran ``request``: usually a Celery pool child, which
+        may die (a crash, ``kill -9`` of the Celery worker) and leave the worker re-parented to
+        PID 1 or the platform's subreaper. A worker whose live row names it is adopted: ``probe``
+        and ``stop`` find it by pid and start time from any process. One that no row accounts for
+        (its row was failed and the retry window passed, deleted, or names another process) holds
+        a device that the scheduler believes free: it is stopped, once older than
+        ``orphan_grace_s``.
+        """
+        stopped = []
+        for process, name in self._workers_of_this_deployment():
+            try:
+                if time.time() - process.create_time() < self.orphan_grace_s:
+                    continue
+                if self._tracked(process, name, now):
+                    continue
+            except psutil.Error:
+                continue
+            detail = self._stop_process(process, name)
+            stopped.append(f"{name} (pid {process.pid}): {detail}")
+            logger.warning(
+                "provision.orphan_stopped provider=local worker=%s pid=%d detail=%r",
+                name,
+                process.pid,
+                detail,
+                extra={"worker": name},
+            )
+        return stopped
+
+    def _stop_process(self, process: psutil.Process, name: str) -> str:
+        self._signal_group(process.pid, signal.SIGTERM)
+        if self._wait_exited(process, self.stop_grace_s):
+            return "stopped on SIGTERM"
+        self._signal_group(process.pid, signal.SIGKILL)
+        self._wait_exited(process, 10.0)
+        return f"killed with SIGKILL after {self.stop_grace_s:.1f}s grace"
+
+    def _wait_exited(self, process: psutil.Process, timeout_s: float) -> bool:
+        """Poll until the process has exited (a zombie whose parent has not reaped it counts)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._reap(process.pid)
+            try:
+                if not process.is_running() or process.status() == psutil.STATUS_ZOMBIE:
+                    return True
+            except psutil.NoSuchProcess:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
 
     @staticmethod
     def _signal_group(pgid: int, signum: int) -> None:

@@ -1,0 +1,56 @@
+"""``manage.py probe ROLE``: one health check as an exit status, for exec probes and supervisors.
+
+``probe web`` (PostgreSQL and Redis, what ``/readyz`` checks, without HTTP), ``probe celery
+[--node scheduler@host]`` (the worker answers a ping over the broker), ``probe beat`` (beat
+published a task recently), ``probe worker NAME`` (the GPU worker's heartbeat is fresh). Prints
+one JSON line; exits 0 when healthy, 1 when not (see ``scheduling/health.py`` for each rule).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+
+from django.core.management.base import BaseCommand, CommandError
+
+from controlplane.health import Check, readiness
+from scheduling.health import BEAT_MAX_AGE_S, beat_check, celery_check, gpu_worker_check
+
+ROLES = ("web", "celery", "beat", "worker")
+
+
+class Command(BaseCommand):
+    help = "Check one role's health (web, celery, beat, worker NAME); exit 0 if healthy, 1 if not."
+
+    def add_arguments(self, parser):
+        parser.add_argument("role", choices=ROLES)
+        parser.add_argument("name", nargs="?", default=None, help="the GPU worker's name (role worker)")
+        parser.add_argument("--node", default=None, help="Celery node name (default scheduler@<hostname>)")
+        parser.add_argument("--timeout", type=float, default=5.0, help="Celery ping timeout, seconds")
+        parser.add_argument(
+            "--max-age", type=float, default=None, help="heartbeat age limit, seconds (beat, worker)"
+        )
+
+    def handle(
+        self, *args, role: str, name: str | None, node: str | None, timeout: float, max_age, **options
+    ):
+        if role == "worker" and not name:
+            raise CommandError("probe worker needs the worker's NAME")
+        if max_age is not None and max_age <= 0:
+            raise CommandError("--max-age must be positive")
+        checks: list[Check]
+        if role == "web":
+            checks = readiness()
+        elif role == "celery":
+            checks = [celery_check(node, timeout_s=timeout)]
+        elif role == "beat":
+            checks = [beat_check(max_age_s=max_age or BEAT_MAX_AGE_S)]
+        else:
+            checks = [gpu_worker_check(name, max_age_s=max_age)]
+        healthy = all(check.ok for check in checks)
+        self.stdout.write(
+            json.dumps({"role": role, "healthy": healthy, "checks": [asdict(c) for c in checks]})
+        )
+        if not healthy:
+            sys.exit(1)

@@ -1,0 +1,164 @@
+"""The platform's processes under supervisord: programs, the generated config, the subreaper.
+
+``manage.py runplatform`` runs supervisord (Supervisor, the long-maintained process control
+system from PyPI) with a config generated here, so that one crashed process never stops the
+rest: each program restarts on its own (``autorestart``), with supervisord's backoff while it
+keeps failing to start (``startsecs``/``startretries``: 1 s, 2 s, 3 s … between attempts). The
+previous runner, honcho, is a Procfile runner: by design it stops every process when one exits.
+
+GPU workers are not supervisord programs: the scheduler asks the provisioner for them, and the
+local provisioner's process tracking (pid + start time, adoption and the orphan sweep in
+``reconcile``) is what keeps them owned; ``runplatform`` additionally becomes their
+*subreaper* (``PR_SET_CHILD_SUBREAPER``), so a worker whose Celery child died is re-parented to
+the platform rather than to PID 1, and reaped by it. See docs/provisioners.md and
+docs/production.md.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import shlex
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+
+# linux/prctl.h
+PR_SET_CHILD_SUBREAPER = 36
+
+
+@dataclass(frozen=True)
+class Program:
+    """One supervised process: a supervisord ``[program:NAME]`` section."""
+
+    name: str
+    argv: tuple[str, ...]
+    # Seconds a start must survive to count as started; quicker exits are retried with backoff.
+    startsecs: int = 3
+    # Failed starts in a row before supervisord gives up (FATAL): with its linear backoff, 60
+    # attempts span about half an hour, long enough to ride out a PostgreSQL or Redis restart.
+    startretries: int = 60
+    # SIGTERM → SIGKILL grace: a Celery worker finishes its running tasks (time limit 60 s).
+    stopwaitsecs: int = 20
+
+
+def platform_programs(*, host: str, port: int, python: str | None = None) -> list[Program]:
+    """Web server, the scheduler's Celery worker and beat: the platform's long-lived roles."""
+    python = python or sys.executable
+    return [
+        Program(
+            "web",
+            (
+                python,
+                "-m",
+                "uvicorn",
+                "controlplane.asgi:application",
+                "--host",
+                host,
+                "--port",
+                str(port),
+                "--ws",
+                "websockets",
+                "--no-access-log",
+            ),
+        ),
+        Program(
+            "scheduler",
+            (
+                python,
+                "-m",
+                "celery",
+                "-A",
+                "controlplane",
+                "worker",
+                "-Q",
+                "scheduler,default",
+                "-c",
+                "2",
+                "-n",
+                "scheduler@%h",
+                "--loglevel",
+                "INFO",
+            ),
+            stopwaitsecs=70,
+        ),
+        Program("beat", (python, "-m", "celery", "-A", "controlplane", "beat", "--loglevel", "INFO")),
+    ]
+
+
+def _escape(value: str) -> str:
+    # supervisord expands %(name)s in its values: a literal % (Celery's %h) is written %%.
+    return value.replace("%", "%%")
+
+
+def supervisord_config(
+    programs: Sequence[Program],
+    *,
+    run_dir: Path,
+    identifier: str = "streamserve",
+    logfile: str = "/dev/stdout",
+) -> str:
+    """A complete supervisord.conf: foreground, control socket in ``run_dir``, the programs.
+
+    Program output goes to supervisord's stdout (the terminal of ``make run``); the control
+    socket serves ``supervisorctl -c run_dir/supervisord.conf status`` and the XML-RPC API.
+    """
+    sock = run_dir / "supervisor.sock"
+    log_to_stdout = logfile == "/dev/stdout"
+    lines = [
+        "[supervisord]",
+        "nodaemon=true",
+        f"identifier={identifier}",
+        f"logfile={logfile}",
+        # A rotated /dev/stdout cannot be seeked: rotation is off for it.
+        f"logfile_maxbytes={0 if log_to_stdout else '50MB'}",
+        f"pidfile={run_dir / 'supervisord.pid'}",
+        f"childlogdir={run_dir}",
+        "loglevel=info",
+        "",
+        "[unix_http_server]",
+        f"file={sock}",
+        "chmod=0700",
+        "",
+        "[rpcinterface:supervisor]",
+        "supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface",
+        "",
+        "[supervisorctl]",
+        f"serverurl=unix://{sock}",
+        "",
+    ]
+    for program in programs:
+        lines += [
+            f"[program:{program.name}]",
+            f"command={_escape(shlex.join(program.argv))}",
+            f"directory={settings.BASE_DIR}",
+            "autostart=true",
+            "autorestart=true",
+            f"startsecs={program.startsecs}",
+            f"startretries={program.startretries}",
+            "stopsignal=TERM",
+            f"stopwaitsecs={program.stopwaitsecs}",
+            # The whole group: a Celery worker's pool children and uvicorn's go with their parent.
+            "stopasgroup=true",
+            "killasgroup=true",
+            "redirect_stderr=true",
+            "stdout_logfile=/dev/stdout",
+            "stdout_logfile_maxbytes=0",
+            'environment=PYTHONUNBUFFERED="1"',
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants (GPU workers whose Celery child died) re-parent to this process.
+
+    Linux only; returns whether it applied. The caller must then reap them (``os.waitpid(-1)``).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
