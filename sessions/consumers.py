@@ -5,6 +5,12 @@ consumer keeps its own bounded outbox. Policy (live video favours the present ov
 at most ``MAX_PENDING_CHUNKS`` chunks wait for a slow socket; when a new chunk arrives to a full
 outbox the *oldest* waiting chunk is dropped and the client is told with a ``skipped`` message.
 Status and error messages are never dropped.
+
+Each socket shows one stream, in order (``StreamPosition``): a chunk from an epoch older than the
+newest it has seen comes from a previous owner that is still running (fenced out by its publish
+lease, but a chunk may already have been on its way), and an index it has already passed is a
+copy (a new owner regenerates the chunks after the last one marked delivered). Both are dropped,
+so a client never sees an index twice, nor two owners' streams interleaved.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import json
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
@@ -30,6 +37,25 @@ logger = logging.getLogger(__name__)
 MAX_PENDING_CHUNKS = 8
 DELIVERY_FLUSH_S = 1.0
 CLIENT_MESSAGE_TYPES = ("prompt", "pause", "resume", "terminate")
+
+
+@dataclass
+class StreamPosition:
+    """The newest owner's epoch and the last index this socket has taken."""
+
+    epoch: int = -1
+    index: int = -1
+
+    def admit(self, header: dict) -> bool:
+        epoch, index = int(header["epoch"]), int(header["index"])
+        if epoch < self.epoch:
+            return False
+        # A newer epoch counts even for a copy: its previous owner's next chunks are stale too.
+        self.epoch = epoch
+        if index <= self.index:
+            return False
+        self.index = index
+        return True
 
 
 class SessionConsumer(AsyncWebsocketConsumer):
@@ -49,6 +75,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
         self.group = group_name(self.session_id)
         self.outbox: collections.deque[tuple[str, object]] = collections.deque()
         self.pending_chunks = 0
+        self.position = StreamPosition()
         self.wakeup = asyncio.Event()
         self.deliveries: list[tuple[str, int, float]] = []
         await self.channel_layer.group_add(self.group, self.channel_name)
@@ -134,6 +161,15 @@ class SessionConsumer(AsyncWebsocketConsumer):
 
     async def session_chunk(self, event: dict) -> None:
         header = dict(event["header"])
+        if not self.position.admit(header):
+            logger.info(
+                "chunk.dropped session=%s index=%s epoch=%s position=%s",
+                self.session_id,
+                header.get("index"),
+                header.get("epoch"),
+                self.position,
+            )
+            return
         if self.pending_chunks >= MAX_PENDING_CHUNKS:
             self._drop_oldest_chunk()
         self.outbox.append(("chunk", (header, event["frames"])))

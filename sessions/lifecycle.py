@@ -12,6 +12,13 @@ under a concurrent writer).
 
 The epoch is the ownership number of TurboServe §6.1: a transition that moves the session to
 another owner bumps it, so commands and reports of the previous owner are recognised as stale.
+The transitions that take the session from a publisher — migration finish (the source has
+delivered everything before it answers), recover (its worker was declared lost) and end — also
+raise its publish lease in Redis after commit (``workers.channel.PublishFence``), so a previous
+owner that is still running (frozen past its heartbeat timeout, then woken) can no longer publish a
+chunk. Place does not: nobody publishes a waiting session, and the new owner takes the lease with
+its first chunk. Suspend and hand-off bump the epoch without raising it: the suspending worker may
+still be sending its last chunk, and nobody generates a parked session.
 """
 
 from __future__ import annotations
@@ -19,9 +26,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from datetime import datetime
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
+import redis
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -29,6 +38,7 @@ from gpu.models import GpuWorker
 from sessions.broadcast import session_status_broadcast
 from sessions.models import GenerationSession, SessionEvent
 from sessions.signals import session_event_committed
+from workers.channel import EPOCH_ENDED, PublishFence
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +65,21 @@ def _announce(*, session_id: str, kind: str, detail: dict) -> None:
     session_event_committed.send(sender=SessionEvent, session_id=session_id, kind=kind, detail=detail)
 
 
+@cache
+def _publish_fence() -> PublishFence:
+    return PublishFence(redis.Redis.from_url(settings.REDIS_URL))
+
+
+def _lease_raise(*, session_id: str, epoch: int) -> None:
+    """After commit (so an epoch that rolled back never fences its real owner out). The order
+    against the commands sent after the same commit does not matter: the lease only rises, and a
+    new owner takes it itself on its first publish if this lands later."""
+    try:
+        _publish_fence().raise_to(session_id, epoch)
+    except redis.RedisError:  # the session consumer still drops a stale epoch's chunks
+        logger.exception("raising the publish lease failed session=%s epoch=%s", session_id, epoch)
+
+
 def _transition(
     session: GenerationSession,
     kind: str,
@@ -62,10 +87,12 @@ def _transition(
     source: Iterable[str],
     expect_epoch: int | None = None,
     detail: dict | None = None,
+    lease: int | None = None,
     **changes: Any,
 ) -> bool:
     """Compare-and-set ``changes`` on ``session`` if it is in ``source`` at ``expect_epoch``
-    (default: the instance's epoch); on success update the instance and record ``kind``."""
+    (default: the instance's epoch); on success update the instance and record ``kind``, and
+    after commit raise the session's publish lease to ``lease`` if given."""
     expected = session.epoch if expect_epoch is None else expect_epoch
     applied = GenerationSession.objects.filter(pk=session.pk, status__in=list(source), epoch=expected).update(
         **changes
@@ -75,6 +102,8 @@ def _transition(
     for name, value in changes.items():
         setattr(session, name, value)
     event_record(session, kind, **(detail or {}))
+    if lease is not None:
+        transaction.on_commit(partial(_lease_raise, session_id=str(session.pk), epoch=lease))
     return True
 
 
@@ -162,6 +191,7 @@ def session_migration_finish(
         source=(Status.MIGRATING,),
         expect_epoch=epoch,
         detail={"worker": target.name, "epoch": new_epoch},
+        lease=new_epoch,
         **_placed_on(target, new_epoch),
     )
 
@@ -215,6 +245,7 @@ def session_recover(*, session: GenerationSession, lost: GpuWorker, has_checkpoi
         Kind.RECOVER,
         source=LIVE,
         detail={"worker": lost.name, "checkpoint": has_checkpoint},
+        lease=session.epoch + 1,
         epoch=session.epoch + 1,
         worker=None,
         host_worker=None,
@@ -234,6 +265,7 @@ def session_end(*, session: GenerationSession, reason: str) -> bool:
         Kind.DEPART,
         source=LIVE,
         detail={"reason": reason, "held_by": held_by, "was_active": was_active},
+        lease=EPOCH_ENDED,
         status=Status.TERMINATED,
         activity=GenerationSession.Activity.IDLE,
         worker=None,

@@ -1,14 +1,28 @@
-"""Durable per-worker command channels on Redis streams (no Django).
+"""What the control plane and the workers share in Redis (no Django): durable per-worker command
+channels, and each session's publish lease.
 
-The control plane appends commands to ``ss:cmd:<worker>``; the worker reads them through the
+Commands: the control plane appends them to ``ss:cmd:<worker>``; the worker reads them through the
 consumer group ``daemon``, applies them at a chunk boundary and acknowledges each stream entry
 (XACK) after it has answered the command. A worker process that restarts under the same name reads
 its unacknowledged entries again first, so a command is never lost between delivery and answer;
 answers are idempotent because each command carries a unique id the worker remembers.
+
+The publish lease (``PublishFence``) is a fencing token: ``ss:epoch:<session>`` holds the session's
+current ownership epoch (TurboServe §6.1). It only ever rises: the control plane raises it after
+committing a transition that hands the session to a new owner or ends it (``sessions.lifecycle``),
+and a worker that holds a newer epoch (from a committed command) raises it on its first publish.
+Before each chunk the worker's publisher asks ``admit`` — one round trip, a Lua script, so the
+check and the lease renewal are atomic — and a worker whose epoch is older than the lease never
+publishes again for that session: a worker frozen past its heartbeat timeout wakes up fenced out.
+``ss:delivered:<session>`` is the last index actually handed to the channel layer, written *after*
+the send (``mark_delivered``) and only while the lease still holds: the resume point after a
+takeover is never ahead of what was delivered. A chunk sent but not yet marked when its worker
+died is generated again by the next owner; the session consumer drops the second copy.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import uuid
 from dataclasses import dataclass
@@ -25,8 +39,13 @@ def stream_key(worker_name: str) -> str:
 
 
 def delivered_key(session_id: str) -> str:
-    """The last chunk index published for a session (written before each publish)."""
+    """The last chunk index handed to the channel layer for a session (written after the send)."""
     return f"ss:delivered:{session_id}"
+
+
+def epoch_key(session_id: str) -> str:
+    """The session's publish lease: the epoch of the only owner allowed to publish its chunks."""
+    return f"ss:epoch:{session_id}"
 
 
 def heartbeat_key(worker_name: str) -> str:
@@ -85,3 +104,103 @@ class CommandReader:
 
     def ack(self, entry_id: str) -> None:
         self.client.xack(self.key, GROUP, entry_id)
+
+
+# --- the publish lease ------------------------------------------------------------------------
+
+# A session that publishes keeps renewing its lease; one that stopped (ended, or suspended for a
+# week) lets it expire, after which the next owner's first publish takes it again.
+LEASE_TTL_S = 7 * 86400
+# The lease of a terminated session: above every epoch a worker can hold (exact in Lua's doubles).
+EPOCH_ENDED = 2**50
+
+# KEYS[1] lease; ARGV epoch, ttl. Raises the lease to ARGV[1] if it is below; returns the lease.
+_RAISE = """
+local current = tonumber(redis.call('GET', KEYS[1]) or '-1')
+local epoch = tonumber(ARGV[1])
+if epoch > current then
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+  return epoch
+end
+return current
+"""
+
+# KEYS[1] lease, KEYS[2] delivered mark; ARGV epoch, index, ttl. Returns {verdict, lease, delivered}.
+# A newer epoch than the lease comes from a committed command the control plane has not yet
+# announced here (its after-commit raise may land after the command): it takes the lease.
+_ADMIT = """
+local current = tonumber(redis.call('GET', KEYS[1]) or '-1')
+local epoch = tonumber(ARGV[1])
+if current > epoch then
+  return {0, current, -1}
+end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
+local delivered = tonumber(redis.call('GET', KEYS[2]) or '-1')
+if tonumber(ARGV[2]) <= delivered then
+  return {2, epoch, delivered}
+end
+return {1, epoch, delivered}
+"""
+
+# KEYS[1] lease, KEYS[2] delivered mark; ARGV epoch, index, ttl. Advances the mark (never back)
+# only while the lease is still ARGV[1]; returns 1 if the lease held.
+_MARK = """
+if tonumber(redis.call('GET', KEYS[1]) or '-1') ~= tonumber(ARGV[1]) then
+  return 0
+end
+if tonumber(ARGV[2]) > tonumber(redis.call('GET', KEYS[2]) or '-1') then
+  redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+end
+return 1
+"""
+
+
+class Verdict(enum.IntEnum):
+    STALE = 0  # another owner holds a newer epoch, or the session ended: never publish again
+    PUBLISH = 1  # the lease is ours (renewed) and the index is ahead of the delivered mark
+    PASSED = 2  # the lease is ours but this index was already delivered: do not send it twice
+
+
+@dataclass(frozen=True)
+class Admission:
+    verdict: Verdict
+    lease: int  # the session's current epoch
+    delivered: int  # the delivered mark (-1: none; unknown when stale)
+
+
+class PublishFence:
+    """The session publish lease on one Redis client (thread-safe: scripts hold no state)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._raise = client.register_script(_RAISE)
+        self._admit = client.register_script(_ADMIT)
+        self._mark = client.register_script(_MARK)
+
+    def raise_to(self, session_id: str, epoch: int) -> int:
+        """The control plane committed a new owner (or the end): older epochs may not publish."""
+        return int(self._raise(keys=[epoch_key(session_id)], args=[epoch, LEASE_TTL_S]))
+
+    def end(self, session_id: str) -> int:
+        return self.raise_to(session_id, EPOCH_ENDED)
+
+    def admit(self, session_id: str, epoch: int, index: int) -> Admission:
+        """Before a publish: may the holder of ``epoch`` send chunk ``index``?"""
+        verdict, lease, delivered = self._admit(
+            keys=[epoch_key(session_id), delivered_key(session_id)], args=[epoch, index, LEASE_TTL_S]
+        )
+        return Admission(Verdict(int(verdict)), int(lease), int(delivered))
+
+    def mark_delivered(self, session_id: str, epoch: int, index: int) -> bool:
+        """After the send: ``index`` reached the channel layer. False if the lease moved meanwhile
+        (the mark then stays where the new owner resumes from)."""
+        return bool(
+            self._mark(
+                keys=[epoch_key(session_id), delivered_key(session_id)], args=[epoch, index, LEASE_TTL_S]
+            )
+        )
+
+    def holds(self, session_id: str, epoch: int) -> bool:
+        """Whether no newer owner (nor the end) has taken the session from ``epoch``."""
+        raw = self.client.get(epoch_key(session_id))
+        return raw is None or int(raw) <= epoch

@@ -4,7 +4,8 @@ The hot loop (``WorkerDaemon.step``) only touches the engine, Redis (commands in
 queues. Everything slower runs on threads beside it:
 
 - the *publisher* waits for each chunk's encoded frames and sends them once to the session's
-  channel-layer group (wire format: ``workers.streaming``), recording the published index in Redis first;
+  channel-layer group (wire format: ``workers.streaming``) while this worker holds the session's
+  publish lease (``workers.channel.PublishFence``), then records the delivered index in Redis;
 - the *reporter* (``workers.reporting``) writes chunk records in batches with COPY, answers
   commands and reports migrations and progress to PostgreSQL through the control plane's services;
 - the *heartbeat* samples telemetry every ``heartbeat_s`` and reports it;
@@ -18,6 +19,7 @@ quarter chunk of each other are coalesced into one batched step (at most K).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -33,7 +35,7 @@ from typing import Any
 import redis
 
 from gpu.telemetry import sample
-from workers.channel import CommandReader, ReceivedCommand, delivered_key, send_command
+from workers.channel import CommandReader, PublishFence, ReceivedCommand, Verdict, send_command
 from workers.checkpoints import checkpoint_path
 from workers.runtime.engine import ChunkEngine, ChunkResult, HostStateRecord, SessionNotFound, region_to_bytes
 from workers.runtime.transport import send_state
@@ -71,18 +73,34 @@ class Reporter:
 
 
 class ChunkPublisher(threading.Thread):
-    """Waits for encoded frames and publishes each chunk once to its session's group."""
+    """Waits for encoded frames and publishes each chunk once to its session's group, only while
+    this worker holds the session's publish lease (``workers.channel.PublishFence``).
+
+    A chunk whose epoch the lease has passed is dropped, and the session goes on ``superseded``
+    (session id, the lease's epoch) for the hot loop to forget: another owner streams it now.
+    """
 
     def __init__(self, worker_name: str, redis_client: redis.Redis, reporter: Reporter) -> None:
         super().__init__(name="chunk-publisher", daemon=True)
         self.worker_name = worker_name
-        self.redis = redis_client
+        self.fence = PublishFence(redis_client)
         self.reporter = reporter
         self.items: queue.Queue[tuple[ChunkResult, int] | None] = queue.Queue()
+        self.superseded: queue.Queue[tuple[str, int]] = queue.Queue()
+        self.leases_lost: dict[str, int] = {}  # session id → the newer epoch that fenced us out
         self.published = 0
+        self._queued: collections.Counter[str] = collections.Counter()  # session id → chunks not done
+        self._queued_lock = threading.Lock()
 
     def submit(self, result: ChunkResult, epoch: int) -> None:
+        with self._queued_lock:
+            self._queued[result.session_id] += 1
         self.items.put((result, epoch))
+
+    def queued(self, session_id: str) -> int:
+        """Chunks of ``session_id`` submitted and not yet sent (or dropped)."""
+        with self._queued_lock:
+            return self._queued[session_id]
 
     def stop(self) -> None:
         self.items.put(None)
@@ -98,40 +116,67 @@ class ChunkPublisher(threading.Thread):
                 break
             result, epoch = item
             try:
-                frames = result.frames(timeout=30)
-                header = {
-                    "session": result.session_id,
-                    "index": result.chunk_index,
-                    "epoch": epoch,
-                    "generation_ms": round(result.generation_ms, 3),
-                    "worker": self.worker_name,
-                    "batch_size": result.batch_size,
-                    "width": result.width,
-                    "height": result.height,
-                    "fps": result.fps,
-                    "mime": "image/jpeg",
-                    "generated_at": time.time(),
-                }
-                # Recorded before the send: after a crash, nothing at or below it is published again.
-                self.redis.set(delivered_key(result.session_id), result.chunk_index, ex=7 * 86400)
-                loop.run_until_complete(
-                    layer.group_send(group_name(result.session_id), chunk_message(header, frames))
-                )
-                self.published += 1
-                self.reporter.chunk(
-                    {
-                        "session_id": result.session_id,
-                        "chunk_index": result.chunk_index,
-                        "batch_size": result.batch_size,
-                        "generation_ms": result.generation_ms,
-                        "created_at": header["generated_at"],
-                    }
-                )
+                self._publish(loop, layer, result, epoch)
             except Exception:
                 logger.exception(
                     "publishing chunk failed session=%s index=%s", result.session_id, result.chunk_index
                 )
+            finally:
+                with self._queued_lock:
+                    self._queued[result.session_id] -= 1
+                    if self._queued[result.session_id] <= 0:
+                        del self._queued[result.session_id]
         loop.close()
+
+    def _publish(self, loop: asyncio.AbstractEventLoop, layer: Any, result: ChunkResult, epoch: int) -> None:
+        sid, index = result.session_id, result.chunk_index
+        if epoch < self.leases_lost.get(sid, -1):
+            return  # already fenced out at this epoch: no round trip for the rest of the queue
+        frames = result.frames(timeout=30)
+        header = {
+            "session": sid,
+            "index": index,
+            "epoch": epoch,
+            "generation_ms": round(result.generation_ms, 3),
+            "worker": self.worker_name,
+            "batch_size": result.batch_size,
+            "width": result.width,
+            "height": result.height,
+            "fps": result.fps,
+            "mime": "image/jpeg",
+            "generated_at": time.time(),
+        }
+        admission = self.fence.admit(sid, epoch, index)
+        if admission.verdict is Verdict.STALE:
+            logger.warning(
+                "chunk.fenced session=%s index=%d epoch=%d lease=%d: another owner holds the session",
+                sid,
+                index,
+                epoch,
+                admission.lease,
+            )
+            self.leases_lost[sid] = admission.lease
+            self.superseded.put((sid, admission.lease))
+            return
+        if admission.verdict is Verdict.PASSED:
+            logger.info("chunk.passed session=%s index=%d delivered=%d", sid, index, admission.delivered)
+            return
+        if admission.delivered >= 0 and index > admission.delivered + 1:
+            logger.warning("chunk.gap session=%s index=%d delivered=%d", sid, index, admission.delivered)
+        loop.run_until_complete(layer.group_send(group_name(sid), chunk_message(header, frames)))
+        # Marked only now that the channel layer has it: a takeover resumes after the last chunk
+        # actually sent, never after one announced and then lost with a frozen or dead worker.
+        self.fence.mark_delivered(sid, epoch, index)
+        self.published += 1
+        self.reporter.chunk(
+            {
+                "session_id": sid,
+                "chunk_index": index,
+                "batch_size": result.batch_size,
+                "generation_ms": result.generation_ms,
+                "created_at": header["generated_at"],
+            }
+        )
 
 
 class WorkerDaemon:
@@ -218,6 +263,7 @@ class WorkerDaemon:
         did = self._collect_arrivals()
         did = self._apply_commands(block_ms=None if did else (block_ms or None)) or did
         did = self._collect_migrations() or did
+        did = self._collect_superseded() or did
         due = self._due_sessions(self.clock())
         if not due:
             return did
@@ -378,14 +424,38 @@ class WorkerDaemon:
         return {"bytes": report.nbytes, "copy_ms": round(report.copy_ms, 3)}
 
     def _cmd_stop(self, command: dict) -> dict:
-        sid = command["session"]
+        return {} if self._forget(command["session"]) else {"already": True}
+
+    def _forget(self, sid: str) -> bool:
         owned = self.sessions.pop(sid, None)
         if owned is None:
-            return {"already": True}
+            return False
         with contextlib.suppress(SessionNotFound):
             self.engine.remove(sid)
         self.pending_activation.pop(sid, None)
-        return {}
+        return True
+
+    def _collect_superseded(self) -> bool:
+        """Sessions whose publish lease a newer owner took (we were frozen or cut off past the
+        heartbeat timeout and declared lost): stop generating them here. A session we hold at an
+        epoch at least as new as that lease (a later command gave it back) stays."""
+        did = False
+        while True:
+            try:
+                sid, lease = self.publisher.superseded.get_nowait()
+            except queue.Empty:
+                return did
+            owned = self.sessions.get(sid)
+            if owned is None or owned.epoch >= lease or sid in self.migrations:
+                continue
+            logger.warning(
+                "session.superseded worker=%s session=%s epoch=%d lease=%d: stopped here",
+                self.name,
+                sid,
+                owned.epoch,
+                lease,
+            )
+            did = self._forget(sid) or did
 
     def _cmd_drain(self, command: dict) -> dict:
         self.draining = True
@@ -439,7 +509,9 @@ class WorkerDaemon:
     def _collect_migrations(self) -> bool:
         did = False
         for sid, future in list(self.migrations.items()):
-            if not future.done():
+            # The answer flips ownership and the publish lease, and the target resumes after the
+            # delivered mark: every chunk generated here before the freeze must be sent first.
+            if not future.done() or self.publisher.queued(sid):
                 continue
             did = True
             del self.migrations[sid]
@@ -558,6 +630,8 @@ class WorkerDaemon:
         owned = self.sessions.get(sid)
         if owned is None or sid in self.migrations:
             return
+        if not self.publisher.fence.holds(sid, owned.epoch):
+            return  # a newer owner writes this checkpoint now: a stale state must not replace it
         try:
             if owned.parked is not None:
                 data = region_to_bytes(owned.parked.manifest, owned.parked.tensors)

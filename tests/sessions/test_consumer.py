@@ -38,12 +38,13 @@ async def connect(session, user):
     return communicator
 
 
-def a_chunk(session, index: int) -> dict:
+def a_chunk(session, index: int, epoch: int = 1, worker: str = "w1") -> dict:
     header = {
         "session": str(session.pk),
         "index": index,
+        "epoch": epoch,
         "generation_ms": 12.5,
-        "worker": "w1",
+        "worker": worker,
         "batch_size": 1,
         "width": 64,
         "height": 64,
@@ -116,6 +117,7 @@ async def test_a_slow_client_drops_the_oldest_chunks_not_the_worker(monkeypatch)
     consumer.session_id = str(session.pk)
     consumer.outbox = __import__("collections").deque()
     consumer.pending_chunks = 0
+    consumer.position = consumers.StreamPosition()
     consumer.wakeup = __import__("asyncio").Event()
     # Nothing drains the outbox (a socket that does not read): the buffer stays bounded.
     for index in range(10):
@@ -125,3 +127,37 @@ async def test_a_slow_client_drops_the_oldest_chunks_not_the_worker(monkeypatch)
     assert kept == [7, 8, 9]
     assert skipped == [0, 1, 2, 3, 4, 5, 6]
     assert consumer.pending_chunks == 3
+
+
+async def test_a_stale_owner_and_repeated_indices_never_reach_the_client():
+    """Issue 17, defect 1: a worker frozen past its heartbeat timeout woke up and went on under
+    its old epoch while the new owner streamed the same indices (148 chunks for 102 indices)."""
+    position = consumers.StreamPosition()
+    # (index, epoch) as the channel layer delivered them: the old owner before the freeze, the
+    # new owner resuming after the last delivered index, the old owner waking up, the new owner.
+    arrivals = [(15, 1), (16, 1), (17, 3), (18, 3), (17, 1), (18, 1), (19, 1), (19, 3), (20, 3)]
+    admitted = [(i, e) for i, e in arrivals if position.admit({"index": i, "epoch": e})]
+    assert admitted == [(15, 1), (16, 1), (17, 3), (18, 3), (19, 3), (20, 3)]
+
+
+async def test_a_copy_from_a_newer_owner_is_dropped_but_fences_the_older_one():
+    """Defect 2's other order: the old owner's late chunk 17 arrives first, then the new owner's
+    copy of 17. The copy is dropped, and from then on the old owner's chunks are stale."""
+    position = consumers.StreamPosition()
+    arrivals = [(16, 1), (17, 1), (17, 3), (18, 1), (18, 3)]
+    admitted = [(i, e) for i, e in arrivals if position.admit({"index": i, "epoch": e})]
+    assert admitted == [(16, 1), (17, 1), (18, 3)]
+
+
+async def test_the_socket_receives_each_index_once_from_the_current_owner():
+    user = await sync_to_async(UserFactory)()
+    session = await sync_to_async(SessionFactory)(owner=user)
+    communicator = await connect(session, user)
+    await communicator.receive_from()  # status
+    layer, group = get_channel_layer(), group_name(str(session.pk))
+    for index, epoch, worker in [(0, 1, "old"), (1, 2, "new"), (1, 1, "old"), (2, 1, "old"), (2, 2, "new")]:
+        await layer.group_send(group, a_chunk(session, index, epoch, worker))
+    received = [decode_chunk_frame(await communicator.receive_from())[0] for _ in range(3)]
+    assert [(h["index"], h["worker"]) for h in received] == [(0, "old"), (1, "new"), (2, "new")]
+    assert await communicator.receive_nothing(timeout=0.3)
+    await communicator.disconnect()

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import pytest
+import redis
+from django.conf import settings
 
 from sessions import lifecycle
 from sessions.models import GenerationSession, SessionEvent
 from sessions.signals import session_event_committed
 from tests.factories import GpuWorkerFactory, SessionFactory
+from workers.channel import PublishFence, delivered_key, epoch_key
 
 pytestmark = pytest.mark.django_db
 
@@ -128,3 +131,41 @@ def test_events_are_announced_only_after_commit(django_capture_on_commit_callbac
     finally:
         session_event_committed.disconnect(listener)
     assert (str(session.pk), SessionEvent.Kind.PLACE) in heard
+
+
+def test_the_publish_lease_rises_after_commit_when_a_publisher_loses_the_session(
+    django_capture_on_commit_callbacks,
+):
+    """Issue 17, defect 1: once a lost worker's session is recovered, that worker (frozen, then
+    woken) may not publish under its old epoch; a suspend leaves the suspending worker's last
+    chunk publishable."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    fence = PublishFence(client)
+    source, target = GpuWorkerFactory(), GpuWorkerFactory()
+    session = SessionFactory(activity="active")
+    sid = str(session.pk)
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            lifecycle.session_place(session=session, worker=source)
+        assert client.get(epoch_key(sid)) is None  # the new owner takes it with its first chunk
+        fence.admit(sid, 1, 0)
+        with django_capture_on_commit_callbacks(execute=False) as callbacks:
+            assert lifecycle.session_recover(session=session, lost=source, has_checkpoint=False)
+        assert fence.holds(sid, 1)  # not before commit: a rollback must not fence the real owner
+        for callback in callbacks:
+            callback()
+        assert not fence.holds(sid, 1) and fence.holds(sid, 2)
+        with django_capture_on_commit_callbacks(execute=True):
+            lifecycle.session_place(session=session, worker=target)
+            lifecycle.session_suspend(session=session)
+        assert int(client.get(epoch_key(sid))) == 2
+        with django_capture_on_commit_callbacks(execute=True):
+            lifecycle.session_place(session=session, worker=target)
+            lifecycle.session_migration_start(session=session, source=target, target=source, reason="test")
+            lifecycle.session_migration_finish(session=session, target=source, epoch=5, new_epoch=6)
+        assert not fence.holds(sid, 5) and fence.holds(sid, 6)
+        with django_capture_on_commit_callbacks(execute=True):
+            lifecycle.session_end(session=session, reason="user")
+        assert not fence.holds(sid, 6) and not fence.holds(sid, 10**6)
+    finally:
+        client.delete(epoch_key(sid), delivered_key(sid))

@@ -16,7 +16,7 @@ from scheduling.models import WorkerCommand
 from sessions.models import ChunkRecord
 from tests.e2e.conftest import wait_for
 from tests.factories import GpuWorkerFactory, SessionFactory
-from workers.channel import stream_key
+from workers.channel import PublishFence, delivered_key, stream_key
 from workers.daemon import WorkerDaemon
 from workers.reporting import DjangoReporter
 from workers.runtime.engine import ChunkEngine
@@ -123,3 +123,29 @@ def test_malformed_and_unknown_commands_are_refused_not_fatal(daemon):
     row = steps_until(daemon, lambda: answered(body))
     assert row.status == "refused" and "unknown command kind" in row.reason
     assert not daemon.stopping.is_set()
+
+
+def test_a_worker_whose_lease_was_taken_stops_the_session_and_publishes_nothing_more(daemon):
+    """Issue 17, defect 1: a worker declared lost while frozen wakes up under its old epoch."""
+    session = SessionFactory(status="executing", worker=daemon.worker, state_location="worker")
+    sid = str(session.pk)
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    start = send(daemon, "start", session=session, epoch=1, seed=5, prompts=[[0, "a heron"]])
+    steps_until(daemon, lambda: answered(start))
+    steps_until(daemon, lambda: ChunkRecord.objects.filter(session=session).count() >= 2)
+    checkpoint = daemon.checkpoint_dir / f"{sid}.safetensors"
+    # The control plane recovered the session at epoch 2 (its lease rises after commit).
+    PublishFence(client).raise_to(sid, 2)
+    steps_until(daemon, lambda: sid not in daemon.sessions)
+    written = checkpoint.stat().st_mtime_ns
+    marked = int(client.get(delivered_key(sid)))
+    for _ in range(5):
+        daemon.step()
+    # Every chunk delivered has its record (the reporter writes in batches) and the mark stayed
+    # where the new owner resumes; the new owner's checkpoint is not overwritten by this worker's
+    # stale state.
+    last_record = ChunkRecord.objects.filter(session=session).order_by("-chunk_index")
+    wait_for(lambda: last_record.first().chunk_index == marked, 10, message="the last chunk's record")
+    assert int(client.get(delivered_key(sid))) == marked
+    assert checkpoint.stat().st_mtime_ns == written
+    client.delete(delivered_key(sid))
