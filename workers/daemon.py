@@ -4,9 +4,10 @@ The hot loop (``WorkerDaemon.step``) only touches the engine, Redis (commands in
 queues. Everything slower runs on threads beside it:
 
 - the *publisher* waits for each chunk's encoded frames and sends them once to the session's
-  channel-layer group (wire format: ``workers.streaming``), recording the published index in Redis first;
-- the *reporter* (``workers.reporting``) writes chunk records in batches with COPY, answers
-  commands and reports migrations and progress to PostgreSQL through the control plane's services;
+  channel-layer group (wire format: ``workers.streaming``), recording the published index and the
+  chunk's audit record (``workers.records``, ingested by the control plane) in Redis first;
+- the *reporter* (``workers.reporting``) answers commands and reports migrations and heartbeats
+  to PostgreSQL through the control plane's services;
 - the *heartbeat* samples telemetry every ``heartbeat_s`` and reports it;
 - migrations run on their own threads (``workers.runtime.transport``) while other sessions step.
 
@@ -35,6 +36,7 @@ import redis
 from gpu.telemetry import sample
 from workers.channel import CommandReader, ReceivedCommand, delivered_key, send_command
 from workers.checkpoints import checkpoint_path
+from workers.records import chunk_record_append
 from workers.runtime.engine import ChunkEngine, ChunkResult, HostStateRecord, SessionNotFound, region_to_bytes
 from workers.runtime.transport import send_state
 from workers.streaming import chunk_message, group_name
@@ -60,7 +62,6 @@ class OwnedSession:
 class Reporter:
     """Interface of the side-effect sink; ``workers.reporting.DjangoReporter`` is the real one."""
 
-    def chunk(self, row: dict[str, Any]) -> None: ...
     def answer(
         self, command: dict[str, Any], status: str, reason: str = "", result: dict | None = None
     ) -> None: ...
@@ -73,11 +74,10 @@ class Reporter:
 class ChunkPublisher(threading.Thread):
     """Waits for encoded frames and publishes each chunk once to its session's group."""
 
-    def __init__(self, worker_name: str, redis_client: redis.Redis, reporter: Reporter) -> None:
+    def __init__(self, worker_name: str, redis_client: redis.Redis) -> None:
         super().__init__(name="chunk-publisher", daemon=True)
         self.worker_name = worker_name
         self.redis = redis_client
-        self.reporter = reporter
         self.items: queue.Queue[tuple[ChunkResult, int] | None] = queue.Queue()
         self.published = 0
 
@@ -114,19 +114,12 @@ class ChunkPublisher(threading.Thread):
                 }
                 # Recorded before the send: after a crash, nothing at or below it is published again.
                 self.redis.set(delivered_key(result.session_id), result.chunk_index, ex=7 * 86400)
+                # Its audit record is durable before any client can see it (raises: not published).
+                chunk_record_append(self.redis, header)
                 loop.run_until_complete(
                     layer.group_send(group_name(result.session_id), chunk_message(header, frames))
                 )
                 self.published += 1
-                self.reporter.chunk(
-                    {
-                        "session_id": result.session_id,
-                        "chunk_index": result.chunk_index,
-                        "batch_size": result.batch_size,
-                        "generation_ms": result.generation_ms,
-                        "created_at": header["generated_at"],
-                    }
-                )
             except Exception:
                 logger.exception(
                     "publishing chunk failed session=%s index=%s", result.session_id, result.chunk_index
@@ -164,7 +157,7 @@ class WorkerDaemon:
         self.lookahead_chunks = lookahead_chunks
         self.clock = clock
         self.commands = CommandReader(redis_client, name)
-        self.publisher = ChunkPublisher(name, redis_client, reporter)
+        self.publisher = ChunkPublisher(name, redis_client)
         self.sessions: dict[str, OwnedSession] = {}
         self.answered: dict[str, str] = {}  # command id → status (idempotency)
         self.migrations: dict[str, Future] = {}  # session id → transfer in flight
