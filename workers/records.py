@@ -161,7 +161,8 @@ class RecordReader:
         # (one reader, runs serialised), so only the backlog stays in Redis. Exact trimming: its cost
         # is the entries it removes, and a quiet stream is emptied too (approximate trimming only
         # drops whole nodes of 100 entries).
-        self.client.xtrim(STREAM, minid=max(ids, key=_id_key), approximate=False)
+        ms, seq = max(_id_key(i) for i in ids)
+        self.client.xtrim(STREAM, minid=f"{ms}-{seq + 1}", approximate=False)  # MINID keeps ids >= it
 
     def backlog(self) -> dict[str, int]:
         """Entries in the stream and entries read but not yet acknowledged (for operators)."""
