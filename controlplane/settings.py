@@ -251,6 +251,7 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 PERIODIC_TASKS = {
     "scheduler tick": {"task": "scheduling.tasks.scheduler_tick", "every_s": 2},
     "cost ledger": {"task": "gpu.tasks.ledger_accrue", "every_s": 60},
+    "chunk records ingest": {"task": "sessions.tasks.chunk_records_drain", "every_s": 1},
     "chunk rollups": {"task": "sessions.tasks.chunk_rollup", "every_s": 60},
     "chunk retention": {"task": "sessions.tasks.chunk_records_prune", "every_s": 60},
 }

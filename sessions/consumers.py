@@ -23,6 +23,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.core.exceptions import ValidationError
@@ -30,6 +31,7 @@ from django.core.exceptions import ValidationError
 from sessions import services
 from sessions.models import GenerationSession
 from sessions.selectors import session_status_message, sessions_visible_to
+from workers.records import chunk_row
 from workers.streaming import CHUNK_MESSAGE, STATUS_MESSAGE, encode_chunk_frame, group_name
 
 logger = logging.getLogger(__name__)
@@ -77,7 +79,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
         self.pending_chunks = 0
         self.position = StreamPosition()
         self.wakeup = asyncio.Event()
-        self.deliveries: list[tuple[str, int, float]] = []
+        self.deliveries: list[dict] = []  # headers of sent chunks, with their delivery_ms
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
         self.sender = asyncio.create_task(self._drain())
@@ -209,7 +211,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
                 generated_at = header.get("generated_at")
                 if generated_at is not None:
                     header["delivery_ms"] = max(0.0, (time.time() - generated_at) * 1000.0)
-                    self.deliveries.append((self.session_id, int(header["index"]), header["delivery_ms"]))
+                    self.deliveries.append(header)
                 await self.send(bytes_data=encode_chunk_frame(header, frames))
 
     async def _flush_deliveries_periodically(self) -> None:
@@ -221,6 +223,8 @@ class SessionConsumer(AsyncWebsocketConsumer):
     async def _flush_deliveries(self) -> None:
         batch, self.deliveries = self.deliveries, []
         try:
-            await database_sync_to_async(services.chunk_deliveries_record)(deliveries=batch)
+            rows = [chunk_row(header, delivery_ms=header["delivery_ms"]) for header in batch]
+            # Redis, not the ORM: off the sync thread that the ORM calls share.
+            await sync_to_async(services.chunk_deliveries_record, thread_sensitive=False)(deliveries=rows)
         except Exception:  # the audit plane must never break a live stream
             logger.exception("recording delivery latencies failed session=%s", self.session_id)

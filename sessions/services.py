@@ -14,13 +14,14 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.core.exceptions import ValidationError
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Count, F, Func, IntegerField, Max, Min, Sum, Value
 from django.db.models import FloatField as _Float
 from django.db.models.functions import Coalesce, Trunc
 from django.utils import timezone
 
 from sessions import lifecycle
+from sessions.ingest import records_client
 from sessions.lifecycle import event_record
 from sessions.models import (
     LATENCY_BUCKETS_MS,
@@ -31,6 +32,7 @@ from sessions.models import (
     SessionEvent,
 )
 from workers.catalog import PRESETS, parse_resolution
+from workers.records import ChunkRow, chunk_deliveries_append
 
 Status = GenerationSession.Status
 Activity = GenerationSession.Activity
@@ -291,20 +293,12 @@ def chunk_records_prune(*, now: datetime | None = None, batch_size: int = 10_000
         deleted += ChunkRecord.objects.filter(id__in=ids).delete()[0]
 
 
-def chunk_deliveries_record(*, deliveries: list[tuple[str, int, float]]) -> int:
-    """Fill in delivery latencies measured by WebSocket consumers, in one UPDATE … FROM (VALUES …).
+def chunk_deliveries_record(*, deliveries: list[ChunkRow]) -> None:
+    """Hand delivery latencies measured by WebSocket consumers to the chunk-record stream.
 
-    A chunk record may not be written yet (the worker batches them); such deliveries are simply not
-    matched, and the record keeps a NULL delivery latency. Returns the rows updated.
+    Each is a full row (the chunk's header plus ``delivery_ms``), which the ingester
+    (``sessions.ingest``) upserts: a delivery measured before the worker's record is ingested lands
+    all the same, and one measured after it fills the record's empty ``delivery_ms``. Redis, not
+    PostgreSQL: a busy socket's flush costs one pipelined round trip.
     """
-    if not deliveries:
-        return 0
-    placeholders = ", ".join(["(%s::uuid, %s::integer, %s::double precision)"] * len(deliveries))
-    params = [value for row in deliveries for value in row]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE streams_chunkrecord AS c SET delivery_ms = v.d FROM (VALUES {placeholders}) AS v(s, i, d) "
-            "WHERE c.session_id = v.s AND c.chunk_index = v.i",
-            params,
-        )
-        return cursor.rowcount
+    chunk_deliveries_append(records_client(), deliveries)

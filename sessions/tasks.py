@@ -1,11 +1,18 @@
-"""Celery entry points of the sessions app: the audit plane's periodic rollups and retention (beat)."""
+"""Celery entry points of the sessions app: the audit plane's ingester, rollups and retention (beat)."""
 
 from __future__ import annotations
 
 from celery import shared_task
 from django.db import close_old_connections
 
-from sessions import services
+from sessions import ingest, services
+
+
+@shared_task(name="sessions.tasks.chunk_records_drain", time_limit=60, soft_time_limit=50, ignore_result=True)
+def chunk_records_drain() -> int:
+    """Beat: ingest the chunk-record stream's backlog into PostgreSQL; returns the new records."""
+    close_old_connections()
+    return ingest.chunk_records_drain(client=ingest.records_client())
 
 
 @shared_task(name="sessions.tasks.chunk_rollup", time_limit=300, soft_time_limit=280, ignore_result=True)

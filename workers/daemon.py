@@ -5,9 +5,11 @@ queues. Everything slower runs on threads beside it:
 
 - the *publisher* waits for each chunk's encoded frames and sends them once to the session's
   channel-layer group (wire format: ``workers.streaming``) while this worker holds the session's
-  publish lease (``workers.channel.PublishFence``), then records the delivered index in Redis;
-- the *reporter* (``workers.reporting``) writes chunk records in batches with COPY, answers
-  commands and reports migrations and progress to PostgreSQL through the control plane's services;
+  publish lease (``workers.channel.PublishFence``): the chunk's audit record goes to a durable Redis
+  stream first (``workers.records``, ingested by the control plane), the delivered index is marked
+  after the send;
+- the *reporter* (``workers.reporting``) answers commands and reports migrations and heartbeats
+  to PostgreSQL through the control plane's services;
 - the *heartbeat* samples telemetry every ``heartbeat_s`` and reports it;
 - migrations run on their own threads (``workers.runtime.transport``) while other sessions step.
 
@@ -37,6 +39,7 @@ import redis
 from gpu.telemetry import sample
 from workers.channel import CommandReader, PublishFence, ReceivedCommand, Verdict, send_command
 from workers.checkpoints import checkpoint_path
+from workers.records import chunk_record_append
 from workers.runtime.engine import ChunkEngine, ChunkResult, HostStateRecord, SessionNotFound, region_to_bytes
 from workers.runtime.transport import send_state
 from workers.streaming import chunk_message, group_name
@@ -62,7 +65,6 @@ class OwnedSession:
 class Reporter:
     """Interface of the side-effect sink; ``workers.reporting.DjangoReporter`` is the real one."""
 
-    def chunk(self, row: dict[str, Any]) -> None: ...
     def answer(
         self, command: dict[str, Any], status: str, reason: str = "", result: dict | None = None
     ) -> None: ...
@@ -80,11 +82,11 @@ class ChunkPublisher(threading.Thread):
     (session id, the lease's epoch) for the hot loop to forget: another owner streams it now.
     """
 
-    def __init__(self, worker_name: str, redis_client: redis.Redis, reporter: Reporter) -> None:
+    def __init__(self, worker_name: str, redis_client: redis.Redis) -> None:
         super().__init__(name="chunk-publisher", daemon=True)
         self.worker_name = worker_name
+        self.redis = redis_client
         self.fence = PublishFence(redis_client)
-        self.reporter = reporter
         self.items: queue.Queue[tuple[ChunkResult, int] | None] = queue.Queue()
         self.superseded: queue.Queue[tuple[str, int]] = queue.Queue()
         self.leases_lost: dict[str, int] = {}  # session id → the newer epoch that fenced us out
@@ -163,20 +165,14 @@ class ChunkPublisher(threading.Thread):
             return
         if admission.delivered >= 0 and index > admission.delivered + 1:
             logger.warning("chunk.gap session=%s index=%d delivered=%d", sid, index, admission.delivered)
+        # Its audit record is durable before any client can see it (raises: not published). After
+        # the fence: a stale owner records nothing the current owner will also record.
+        chunk_record_append(self.redis, header)
         loop.run_until_complete(layer.group_send(group_name(sid), chunk_message(header, frames)))
         # Marked only now that the channel layer has it: a takeover resumes after the last chunk
         # actually sent, never after one announced and then lost with a frozen or dead worker.
         self.fence.mark_delivered(sid, epoch, index)
         self.published += 1
-        self.reporter.chunk(
-            {
-                "session_id": sid,
-                "chunk_index": index,
-                "batch_size": result.batch_size,
-                "generation_ms": result.generation_ms,
-                "created_at": header["generated_at"],
-            }
-        )
 
 
 class WorkerDaemon:
@@ -209,7 +205,7 @@ class WorkerDaemon:
         self.lookahead_chunks = lookahead_chunks
         self.clock = clock
         self.commands = CommandReader(redis_client, name)
-        self.publisher = ChunkPublisher(name, redis_client, reporter)
+        self.publisher = ChunkPublisher(name, redis_client)
         self.sessions: dict[str, OwnedSession] = {}
         self.answered: dict[str, str] = {}  # command id → status (idempotency)
         self.migrations: dict[str, Future] = {}  # session id → transfer in flight

@@ -16,7 +16,9 @@ import time
 
 import httpx
 import pytest
+import redis
 import websockets
+from django.conf import settings
 from PIL import Image
 from rest_framework.authtoken.models import Token
 
@@ -25,6 +27,7 @@ from scheduling.models import Migration, ScalingAction
 from sessions.models import ChunkRecord, GenerationSession, SessionEvent
 from tests.e2e.conftest import wait_for
 from tests.factories import StaffFactory, UserFactory
+from workers.records import STREAM as RECORD_STREAM
 from workers.streaming import decode_chunk_frame
 
 # Each test reads through its own (rolled back) transaction; at READ COMMITTED it still sees every
@@ -90,6 +93,11 @@ def collect(platform, session_id, token, **kwargs) -> Stream:
     return asyncio.run(Stream(platform, session_id, token).collect(**kwargs))
 
 
+def records_ingested() -> bool:
+    """The chunk-record stream is drained: every record published so far is in PostgreSQL."""
+    return redis.Redis.from_url(settings.REDIS_URL).xlen(RECORD_STREAM) == 0
+
+
 def session_row(session_id) -> GenerationSession:
     return GenerationSession.objects.select_related("worker").get(pk=session_id)
 
@@ -124,8 +132,8 @@ def test_idle_session_is_suspended_and_resumes_at_the_next_index(platform, accou
     )
     row = session_row(session_id)
     assert row.status == "suspended" and row.state_location == "host" and row.host_worker_id is not None
-    # The worker stopped at a chunk boundary; once its batched records are in, nothing more comes.
-    time.sleep(1.0)
+    # The worker stopped at a chunk boundary; once its records are ingested, nothing more comes.
+    wait_for(records_ingested, 15, message="the record stream to be drained")
     paused_index = session_row(session_id).delivered_index
     assert paused_index >= max(before.indices(), default=-1)
     time.sleep(1.5)
@@ -231,17 +239,44 @@ def test_scale_out_adds_a_worker_and_sessions_spread_onto_it(platform, accounts,
 def test_killed_worker_sessions_continue_elsewhere_without_duplicate_indices(platform, accounts, live_db):
     victim_session = GenerationSession.objects.filter(status="executing").order_by("created_at").last()
     sid = str(victim_session.pk)
-    before = collect(platform, sid, accounts["user"], chunks=3, timeout=30)
     worker = session_row(sid).worker
-    os.kill(int(worker.external_id.split("@")[0]), signal.SIGKILL)
+    pid = int(worker.external_id.split("@")[0])
+
+    def kill_after_third_chunk(stream: Stream) -> bool:
+        # Checked right after each chunk arrives: the worker dies within a millisecond of the third.
+        if len(stream.chunks) == 3:
+            os.kill(pid, signal.SIGKILL)
+            return True
+        return False
+
+    before = collect(platform, sid, accounts["user"], chunks=4, timeout=30, until=kill_after_third_chunk)
+    assert len(before.chunks) == 3 and before.chunks[-1][0]["worker"] == worker.name
     wait_for(lambda: GpuWorker.objects.get(pk=worker.pk).status == "failed", 30, message="failure detection")
     after = collect(platform, sid, accounts["user"], chunks=3, timeout=90)
     assert after.indices(), platform.logs()
     assert after.indices()[0] > max(before.indices())
     assert all(h["worker"] != worker.name for h, _ in after.chunks)
     assert SessionEvent.objects.filter(session_id=sid, kind="restart").exists()
-    indices = list(ChunkRecord.objects.filter(session_id=sid).values_list("chunk_index", flat=True))
+
+    # No audit loss (issue 17, defect 8): every chunk the client received has a record, the last one
+    # from the killed worker included; indices have no hole; the counters agree with the records.
+    received = set(before.indices()) | set(after.indices())
+
+    def recorded() -> list[int]:
+        return list(ChunkRecord.objects.filter(session_id=sid).values_list("chunk_index", flat=True))
+
+    wait_for(lambda: received <= set(recorded()), 15, message="a record for every received chunk")
+    indices = recorded()
     assert len(indices) == len(set(indices))
+    assert sorted(indices) == list(range(min(indices), max(indices) + 1))
+    with api(platform, accounts["user"]) as client:
+        client.post(f"/api/sessions/{sid}/terminate/")
+
+    def counters_agree() -> bool:
+        row, last = session_row(sid), max(recorded())
+        return (row.chunks_generated, row.delivered_index) == (last + 1, last)
+
+    wait_for(counters_agree, 15, message="the counters to match the highest recorded index")
 
 
 def test_scale_in_hands_parked_state_over_then_drains_and_releases(platform, accounts, live_db):

@@ -6,15 +6,20 @@ import json
 
 import pytest
 import pytest_asyncio
+import redis
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
+from django.conf import settings
 from django.db import connections
 
 from sessions import consumers
+from sessions.ingest import chunk_records_drain
+from sessions.models import ChunkRecord
 from sessions.routing import websocket_urlpatterns
 from tests.factories import SessionFactory, UserFactory
+from workers.records import INGEST_LOCK, STREAM
 from workers.streaming import chunk_message, decode_chunk_frame, group_name
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -161,3 +166,23 @@ async def test_the_socket_receives_each_index_once_from_the_current_owner():
     assert [(h["index"], h["worker"]) for h in received] == [(0, "old"), (1, "new"), (2, "new")]
     assert await communicator.receive_nothing(timeout=0.3)
     await communicator.disconnect()
+
+
+async def test_measured_deliveries_go_to_the_record_stream_and_land_without_a_record():
+    """Issue 17, defect 8: a delivery measured before the chunk's record was written was dropped
+    (an UPDATE that matched no row). Now it travels on the record stream as a full row."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.delete(STREAM, INGEST_LOCK)
+    user = await sync_to_async(UserFactory)()
+    session = await sync_to_async(SessionFactory)(owner=user)
+    communicator = await connect(session, user)
+    await communicator.receive_from()  # status
+    await get_channel_layer().group_send(group_name(str(session.pk)), a_chunk(session, 4))
+    header, _ = decode_chunk_frame(await communicator.receive_from())
+    await communicator.disconnect()  # flushes the measured deliveries
+    # No worker record was ever written for chunk 4: the ingester stores it from the delivery.
+    await sync_to_async(chunk_records_drain)(client=client)
+    record = await sync_to_async(ChunkRecord.objects.get)(session=session, chunk_index=4)
+    assert record.delivery_ms == pytest.approx(header["delivery_ms"])
+    assert (record.generation_ms, record.batch_size) == (12.5, 1)
+    client.delete(STREAM, INGEST_LOCK)

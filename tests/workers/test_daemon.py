@@ -1,5 +1,6 @@
 """The worker daemon driven step by step: real tiny engine, real Redis command stream, the real
-Django reporter writing to PostgreSQL (so the test is transactional: threads commit)."""
+Django reporter writing to PostgreSQL and the record stream's ingester (so the test is
+transactional: threads commit)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from django.conf import settings
 
 from scheduling.live.outbox import Outbox
 from scheduling.models import WorkerCommand
+from sessions.ingest import chunk_records_drain
 from sessions.models import ChunkRecord
 from tests.e2e.conftest import wait_for
 from tests.factories import GpuWorkerFactory, SessionFactory
@@ -61,6 +63,10 @@ def answered(body):
     return row if row.status != "sent" else None
 
 
+def recorded(session) -> int:
+    return ChunkRecord.objects.filter(session=session).count()
+
+
 def steps_until(daemon, predicate, timeout=30):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -76,7 +82,8 @@ def test_start_generates_publishes_and_records_chunks(daemon):
     start = send(daemon, "start", session=session, epoch=1, seed=3, prompts=[[0, "a fox"]], deliver_from=0)
     row = steps_until(daemon, lambda: answered(start))
     assert row.status == "acked" and row.result["next_chunk"] == 0
-    steps_until(daemon, lambda: ChunkRecord.objects.filter(session=session).count() >= 3)
+    # The publisher appends each record to the durable stream; the control plane's ingester drains it.
+    steps_until(daemon, lambda: chunk_records_drain(client=daemon.redis) >= 0 and recorded(session) >= 3)
     records = list(ChunkRecord.objects.filter(session=session).order_by("chunk_index"))
     assert [r.chunk_index for r in records[:3]] == [0, 1, 2]
     assert all(r.worker_id == daemon.worker.pk and r.batch_size == 1 for r in records)
@@ -132,7 +139,7 @@ def test_a_worker_whose_lease_was_taken_stops_the_session_and_publishes_nothing_
     client = redis.Redis.from_url(settings.REDIS_URL)
     start = send(daemon, "start", session=session, epoch=1, seed=5, prompts=[[0, "a heron"]])
     steps_until(daemon, lambda: answered(start))
-    steps_until(daemon, lambda: ChunkRecord.objects.filter(session=session).count() >= 2)
+    steps_until(daemon, lambda: chunk_records_drain(client=client) >= 0 and recorded(session) >= 2)
     checkpoint = daemon.checkpoint_dir / f"{sid}.safetensors"
     # The control plane recovered the session at epoch 2 (its lease rises after commit).
     PublishFence(client).raise_to(sid, 2)
@@ -141,11 +148,15 @@ def test_a_worker_whose_lease_was_taken_stops_the_session_and_publishes_nothing_
     marked = int(client.get(delivered_key(sid)))
     for _ in range(5):
         daemon.step()
-    # Every chunk delivered has its record (the reporter writes in batches) and the mark stayed
-    # where the new owner resumes; the new owner's checkpoint is not overwritten by this worker's
-    # stale state.
+    # Every chunk delivered has its record (on the record stream, drained by the ingester) and the
+    # mark stayed where the new owner resumes; the new owner's checkpoint is not overwritten by this
+    # worker's stale state.
     last_record = ChunkRecord.objects.filter(session=session).order_by("-chunk_index")
-    wait_for(lambda: last_record.first().chunk_index == marked, 10, message="the last chunk's record")
+    wait_for(
+        lambda: chunk_records_drain(client=client) >= 0 and last_record.first().chunk_index == marked,
+        10,
+        message="the last chunk's record",
+    )
     assert int(client.get(delivered_key(sid))) == marked
     assert checkpoint.stat().st_mtime_ns == written
     client.delete(delivered_key(sid))

@@ -7,6 +7,7 @@ resumed at 18 and 17 arrived ten seconds later from the old worker.
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass, field
 
@@ -22,7 +23,8 @@ from workers.channel import (
     delivered_key,
     epoch_key,
 )
-from workers.daemon import ChunkPublisher, Reporter
+from workers.daemon import ChunkPublisher
+from workers.records import STREAM
 
 
 @pytest.fixture
@@ -142,19 +144,23 @@ class RecordingLayer:
         self.sent.append((header["index"], header["epoch"], delivered(self.client, header["session"])))
 
 
-class RecordingReporter(Reporter):
-    def __init__(self) -> None:
-        self.rows: list[dict] = []
+class StreamRecords:
+    """The chunk records the publisher appended to the record stream, for one session."""
 
-    def chunk(self, row: dict) -> None:
-        self.rows.append(row)
+    def __init__(self, client, sid: str) -> None:
+        self.client, self.sid = client, sid
+
+    @property
+    def rows(self) -> list[dict]:
+        rows = [json.loads(fields[b"row"]) for _, fields in self.client.xrange(STREAM)]
+        return [{"chunk_index": row["index"]} for row in rows if row["session"] == self.sid]
 
 
 def publish(client, monkeypatch, items: list[tuple[str, int, int]]):
     layer = RecordingLayer(client)
     monkeypatch.setattr("channels.layers.get_channel_layer", lambda: layer)
-    reporter = RecordingReporter()
-    publisher = ChunkPublisher("w-test", client, reporter)
+    reporter = StreamRecords(client, items[0][0])
+    publisher = ChunkPublisher("w-test", client)
     for sid, index, epoch in items:
         publisher.submit(FakeResult(sid, index), epoch)
     publisher.start()

@@ -5,7 +5,8 @@ Publishes chunks exactly as ``workers.daemon.ChunkPublisher`` does — header wi
 ``generated_at = time.time()``, the delivered-index write to Redis, then ``group_send`` of
 ``session.chunk`` with real JPEG frames through the configured channel layer — one chunk per session
 every ``--period`` seconds, sessions' phases spread evenly over the period. It is the worker's side,
-so it lives with the workers (and reports chunk records through the worker's own reporter).
+so it lives with the workers (and, given ``--worker-id``, appends each chunk's record to the record
+stream before the send, as the worker's publisher does).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 from PIL import Image
 
 from controlplane.bench import summarize
+from workers.records import chunk_record_append
 from workers.streaming import chunk_message, group_name
 
 # --- frames ------------------------------------------------------------------------------------
@@ -60,8 +62,8 @@ def run_publisher(
     phase: float = 0.0,
 ) -> dict[str, Any]:
     """ChunkPublisher's per-chunk work, on the preset's real-time schedule; returns lateness figures."""
-    # Django is loaded and set up here, when the publisher's process starts: the channel layer and
-    # the reporter need the configured settings and the app registry.
+    # Django is loaded and set up here, when the publisher's process starts: the channel layer
+    # needs the configured settings and the app registry.
     import django
     import redis
     from channels.layers import get_channel_layer
@@ -69,14 +71,11 @@ def run_publisher(
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
     django.setup()
-    # The worker's own channel key and reporter need the app registry set up just above.
+    # The worker's own channel key needs the app registry set up just above.
     from workers.channel import delivered_key
-    from workers.reporting import DjangoReporter
 
     client = redis.Redis.from_url(settings.REDIS_URL)
-    # The worker's real reporter: chunk records written in batches (COPY) beside the publishing,
-    # so the consumers' delivery-latency UPDATEs find their rows as they do in production.
-    reporter = DjangoReporter(worker_id, "bench-delivery") if worker_id is not None else None
+    record = worker_id is not None
     layer = get_channel_layer()
     loop = asyncio.new_event_loop()
     variants = [jpeg_frames(width, height, frames_per_chunk, seed=seed) for seed in range(4)]
@@ -110,23 +109,13 @@ def run_publisher(
         }
         late_ms.append(max(0.0, header["generated_at"] - due) * 1000.0)
         client.set(delivered_key(sid), index, ex=3600)
+        if record:
+            chunk_record_append(client, header)
         loop.run_until_complete(
             layer.group_send(group_name(sid), chunk_message(header, variants[index % len(variants)]))
         )
         send_ms.append((time.time() - header["generated_at"]) * 1000.0)
-        if reporter is not None:
-            reporter.chunk(
-                {
-                    "session_id": sid,
-                    "chunk_index": index,
-                    "batch_size": 1,
-                    "generation_ms": 0.0,
-                    "created_at": header["generated_at"],
-                }
-            )
     loop.close()
-    if reporter is not None:
-        reporter.close()
     client.delete(*[delivered_key(sid) for sid in session_ids])
     return {
         "published": len(schedule),
@@ -148,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--height", type=int, default=64)
     parser.add_argument("--frames", type=int, default=4)
     parser.add_argument("--phase", type=float, default=0.0, help="offset of this publisher's phases (slots)")
-    parser.add_argument("--worker-id", type=int, default=None, help="write chunk records as this worker")
+    parser.add_argument("--worker-id", type=int, default=None, help="append chunk records (as a worker does)")
     args = parser.parse_args(argv)
     result = run_publisher(
         session_ids=json.loads(Path(args.sessions_file).read_text()),

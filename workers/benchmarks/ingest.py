@@ -1,7 +1,8 @@
 """Chunk-record ingest rate into PostgreSQL through the workers' own path (docs/benchmarks-live.md).
 
 Calls ``sessions.ingest.chunk_records_ingest`` with batches of ``batch`` rows spread over
-``sessions`` sessions, as a worker's reporter flushes them, until ``records`` rows are in.
+``sessions`` sessions, as the ingester writes what it drained from the record stream, until
+``records`` rows are in.
 Everything it writes (a user, a released worker row, the sessions and their chunk records, all
 named ``bench-ingest-<run>``) is deleted afterwards.
 """
@@ -22,25 +23,31 @@ from gpu.models import GpuWorker
 from sessions.ingest import chunk_records_ingest
 from sessions.models import ChunkRecord, GenerationSession
 from workers.benchmarks.live import bench_sessions, use_bench_database
+from workers.records import ChunkRow
 
 TARGET_RECORDS_PER_S = 5000.0
 WINDOWS = 10
 
 
-def ingest_rows(*, session_ids: list[str], records: int, batch: int, start: float) -> list[list[dict]]:
+def ingest_rows(
+    *, session_ids: list[str], worker: str, records: int, batch: int, start: float
+) -> list[list[ChunkRow]]:
     """Batches of rows in the order a worker produces them: round-robin over its sessions, each
-    session's chunk indices increasing, ``created_at`` advancing like wall time."""
-    batches, current = [], []
+    session's chunk indices increasing, ``generated_at`` advancing like wall time."""
+    batches: list[list[ChunkRow]] = []
+    current: list[ChunkRow] = []
     for n in range(records):
         session = session_ids[n % len(session_ids)]
         current.append(
-            {
-                "session_id": session,
-                "chunk_index": n // len(session_ids),
-                "batch_size": min(len(session_ids), 4),
-                "generation_ms": 80.0 + (n % 37),
-                "created_at": start + n * 1e-4,
-            }
+            ChunkRow(
+                session=session,
+                index=n // len(session_ids),
+                worker=worker,
+                batch_size=min(len(session_ids), 4),
+                generation_ms=80.0 + (n % 37),
+                generated_at=start + n * 1e-4,
+                delivery_ms=None,
+            )
         )
         if len(current) == batch:
             batches.append(current)
@@ -61,7 +68,9 @@ def run_ingest(
     load_before = machine_load()
     try:
         worker, session_ids = _create_rows(run, sessions)
-        batches = ingest_rows(session_ids=session_ids, records=records, batch=batch, start=time.time())
+        batches = ingest_rows(
+            session_ids=session_ids, worker=worker.name, records=records, batch=batch, start=time.time()
+        )
         batch_ms: list[float] = []
         inserted = 0
         backend = _backend_process()
@@ -70,7 +79,7 @@ def run_ingest(
         began = time.perf_counter()
         for rows in batches:
             t = time.perf_counter()
-            inserted += chunk_records_ingest(rows=rows, worker_id=worker.pk)
+            inserted += chunk_records_ingest(rows=rows)
             batch_ms.append((time.perf_counter() - t) * 1000.0)
         elapsed = time.perf_counter() - began
         own_cpu = time.process_time() - own_cpu
