@@ -70,6 +70,7 @@ def live_platform(
     ready_timeout: float,
     keep_logs: str | None,
     say: Callable[[str], Any],
+    sessions_per_user: int = 10,
 ) -> Iterator[LivePlatform]:
     """Start the platform, wait for ``min_gpus`` ready workers, yield it; stop it all on exit."""
     redis_url = redis_url_with_db(settings.REDIS_URL, redis_db)
@@ -86,6 +87,8 @@ def live_platform(
         "WORKER_DEVICE": "cpu",
         "CHECKPOINT_DIR": str(tmp / "checkpoints"),
         "PYTHONUNBUFFERED": "1",
+        # One benchmark user holds every session of the run.
+        "MAX_LIVE_SESSIONS_PER_USER": str(max(sessions_per_user, 10)),
     }
     redis.Redis.from_url(env["CELERY_BROKER_URL"]).flushdb()
     get_provisioner("local").release_all()  # leftovers of an interrupted run (benchmark database only)

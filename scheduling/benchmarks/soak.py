@@ -91,6 +91,7 @@ def run_soak(
             ready_timeout=ready_timeout,
             keep_logs=keep_logs,
             say=say,
+            sessions_per_user=sessions,
         ) as platform:
             token = _user_token(run)
             started = time.time()
