@@ -6,7 +6,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -38,6 +38,11 @@ from workers.catalog import PRESETS
 MAX_SLO_MS = 600_000.0
 
 
+class TooManyLiveSessions(APIException):
+    status_code = status.HTTP_429_TOO_MANY_REQUESTS
+    default_code = "too_many_live_sessions"
+
+
 class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Generation sessions. Users see only their own (another user's session is a 404); staff see all."""
 
@@ -66,7 +71,10 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
             resolution=data.validated_data.get("resolution"),
             seed=data.validated_data.get("seed"),
         )
-        session = services.session_create(owner=request.user, spec=spec)
+        try:
+            session = services.session_create(owner=request.user, spec=spec)
+        except services.LiveSessionLimit as exc:
+            raise TooManyLiveSessions(str(exc)) from exc
         return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(methods=["GET"], filters=False, responses=PromptSerializer(many=True))
