@@ -319,7 +319,7 @@ STREAMSERVE = {
     "HEARTBEAT_TIMEOUT_S": _typed("HEARTBEAT_TIMEOUT_S", env.float, 5.0),
     "QUEUE_MAX": _typed("QUEUE_MAX", env.int, 100),
     # Sessions one user may hold alive (not terminated) at once; creating one more is a 429.
-    "MAX_LIVE_SESSIONS_PER_USER": _typed("MAX_LIVE_SESSIONS_PER_USER", env.int, 4),
+    "MAX_LIVE_SESSIONS_PER_USER": _typed("MAX_LIVE_SESSIONS_PER_USER", env.int, 10),
     "PROVISIONER": env.str("PROVISIONER", default="local"),
     # Model presets this deployment runs workers for; sessions of other presets are refused.
     "SERVED_MODELS": _typed("SERVED_MODELS", env.list, ["tiny"]),

@@ -105,6 +105,25 @@ def _known_id(path: str, existing: dict[str, str]) -> dict[str, str] | None:
     return {"id": next(value for prefix, value in existing.items() if path.startswith(prefix))}
 
 
+def fuzz(operation, *, mode, path_parameters, headers, excluded) -> None:
+    """Up to EXAMPLES generated calls of one operation; raises schemathesis' failures."""
+
+    @given(case=operation.as_strategy(generation_mode=mode, path_parameters=path_parameters))
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+        database=None,
+    )
+    def call(case):
+        # A savepoint per request: one failed statement must not poison the next ones.
+        with transaction.atomic():
+            case.call_and_validate(headers=headers, excluded_checks=excluded)
+
+    call()
+
+
 def test_api_conforms_to_its_schema(in_process_api, existing):
     headers = {"Authorization": f"Token {existing['token']}"}
     failures: dict[str, str] = {}
@@ -114,24 +133,15 @@ def test_api_conforms_to_its_schema(in_process_api, existing):
         known = _known_id(operation.path, existing)
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             for path_parameters in [None, known] if known else [None]:
-                strategy = operation.as_strategy(generation_mode=mode, path_parameters=path_parameters)
-
-                @given(case=strategy)
-                @settings(
-                    max_examples=EXAMPLES,
-                    deadline=None,
-                    phases=[Phase.generate],
-                    suppress_health_check=list(HealthCheck),
-                    database=None,
-                )
-                def call(case, excluded=excluded):
-                    # A savepoint per request: one failed statement must not poison the next ones.
-                    with transaction.atomic():
-                        case.call_and_validate(headers=headers, excluded_checks=excluded)
-
                 label = f"{operation.label} [{mode.value}{', existing id' if path_parameters else ''}]"
                 try:
-                    call()
+                    fuzz(
+                        operation,
+                        mode=mode,
+                        path_parameters=path_parameters,
+                        headers=headers,
+                        excluded=excluded,
+                    )
                 except Unsatisfiable:
                     continue  # no invalid request exists for an operation without inputs
                 except (AssertionError, BaseExceptionGroup) as exc:  # schemathesis failures
