@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from datetime import timedelta
 
 import pytest
@@ -9,7 +10,10 @@ from django.core.cache import cache
 from django.test import Client
 from django.urls import clear_url_caches
 from django.utils import timezone
+from rest_framework.throttling import UserRateThrottle
 
+import controlplane.urls
+import scheduling.urls
 from scheduling.models import Migration, ScalingAction, SchedulerConfig, SchedulerDecision
 from tests.factories import GpuWorkerFactory, SessionFactory
 
@@ -155,9 +159,7 @@ def test_api_requests_are_throttled_per_user(user_api, settings):
         **settings.REST_FRAMEWORK,
         "DEFAULT_THROTTLE_RATES": {"user": "3/minute", "anon": "3/minute"},
     }
-    # DRF reads its rates when the throttle class is created.
-    from rest_framework.throttling import UserRateThrottle
-
+    # DRF reads its rates when the throttle class is defined.
     settings_rates = UserRateThrottle.THROTTLE_RATES
     UserRateThrottle.THROTTLE_RATES = settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]
     try:
@@ -175,11 +177,7 @@ def reload_urls():
 
 
 def _urls_with(settings, **overrides):
-    import importlib
-
-    import controlplane.urls
-    import scheduling.urls
-
+    """The URL modules read the exposure settings when imported: import them again under them."""
     for name, value in overrides.items():
         setattr(settings, name, value)
     importlib.reload(scheduling.urls)
