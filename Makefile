@@ -12,6 +12,10 @@ TORCH_PIN ?= torch==2.13.0
 
 .PHONY: run test lint format venv services migrate demo-user bench clean
 
+# DEBUG is off unless set (controlplane/settings.py); the development runner turns it on, which
+# also lets it run without a SECRET_KEY. `DEBUG=false SECRET_KEY=… make run` runs as in production.
+run migrate: export DEBUG ?= true
+
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip

@@ -74,11 +74,15 @@ def _strict_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"Environment variable {name}={raw!r} is malformed: expected true or false")
 
 
-DEBUG = _strict_bool("DEBUG", True)
+# Off unless asked for: a 500 with DEBUG on shows settings and source. The development runner
+# (`make run`) and the test harnesses that start servers turn it on explicitly.
+DEBUG = _strict_bool("DEBUG", False)
 SECRET_KEY = env.str("SECRET_KEY", default="")
 if not SECRET_KEY:
     if not DEBUG:
-        raise ImproperlyConfigured("Environment variable SECRET_KEY must be set when DEBUG is off")
+        raise ImproperlyConfigured(
+            "Environment variable SECRET_KEY must be set when DEBUG is off (DEBUG=true for development)"
+        )
     SECRET_KEY = "dev-only-insecure-key-change-me"
 ALLOWED_HOSTS = _typed("ALLOWED_HOSTS", env.list, ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = _typed("CSRF_TRUSTED_ORIGINS", env.list, [])
@@ -203,29 +207,78 @@ STATIC_ROOT = BASE_DIR / "staticfiles"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 WHITENOISE_USE_FINDERS = True
 
+
+def _rate(name: str, default: str) -> str | None:
+    """A DRF throttle rate ``<count>/<second|minute|hour|day>``; ``off`` disables that throttle."""
+    raw = env.str(name, default=default).strip()
+    if raw.lower() == "off":
+        return None
+    count, _, period = raw.partition("/")
+    if not count.isdigit() or int(count) < 1 or period[:1] not in {"s", "m", "h", "d"}:
+        raise ImproperlyConfigured(
+            f"Environment variable {name}={raw!r} is malformed: expected e.g. 600/minute, or off"
+        )
+    return raw
+
+
+def _choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = env.str(name, default=default).strip().lower()
+    if value not in choices:
+        raise ImproperlyConfigured(
+            f"Environment variable {name}={value!r} is malformed: one of {', '.join(choices)}"
+        )
+    return value
+
+
+# Who may read the OpenAPI schema (/api/schema/) and its docs page (/api/docs/): anyone, logged-in
+# users and token holders, or nobody (the routes are not served).
+API_SCHEMA_ACCESS = _choice("API_SCHEMA_ACCESS", "authenticated", ("public", "authenticated", "off"))
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # JSON bodies only: a form field cannot say null, a number or a list, so a form body is
+    # reinterpreted (a list becomes its text) instead of refused.
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
     "DEFAULT_FILTER_BACKENDS": [
-        "django_filters.rest_framework.DjangoFilterBackend",
+        "controlplane.api.StrictFilterBackend",
         "rest_framework.filters.OrderingFilter",
     ],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "controlplane.api.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "controlplane.api.exception_handler",
     # `?format=csv` on audit endpoints is ours, not content negotiation.
     "URL_FORMAT_OVERRIDE": None,
+    # Per user (per client address before login); the counters live in the Redis cache.
+    "DEFAULT_THROTTLE_CLASSES": [
+        "rest_framework.throttling.UserRateThrottle",
+        "rest_framework.throttling.AnonRateThrottle",
+    ],
+    "DEFAULT_THROTTLE_RATES": {
+        "user": _rate("API_THROTTLE_USER", "1200/minute"),
+        "anon": _rate("API_THROTTLE_ANON", "60/minute"),
+    },
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "StreamServe API",
     "DESCRIPTION": "Sessions, GPU workers, scheduler history and audit of a streaming video generation cluster.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": [
+        "rest_framework.permissions.AllowAny"
+        if API_SCHEMA_ACCESS == "public"
+        else "rest_framework.permissions.IsAuthenticated"
+    ],
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "controlplane.api.document_error_responses",
+    ],
 }
 
 # Celery (controlplane/celery.py reads every CELERY_* setting).
@@ -268,6 +321,8 @@ STREAMSERVE = {
     "HEARTBEAT_INTERVAL_S": _typed("HEARTBEAT_INTERVAL_S", env.float, 1.0),
     "HEARTBEAT_TIMEOUT_S": _typed("HEARTBEAT_TIMEOUT_S", env.float, 5.0),
     "QUEUE_MAX": _typed("QUEUE_MAX", env.int, 100),
+    # Sessions one user may hold alive (not terminated) at once; creating one more is a 429.
+    "MAX_LIVE_SESSIONS_PER_USER": _typed("MAX_LIVE_SESSIONS_PER_USER", env.int, 10),
     "PROVISIONER": env.str("PROVISIONER", default="local"),
     # Model presets this deployment runs workers for; sessions of other presets are refused.
     "SERVED_MODELS": _typed("SERVED_MODELS", env.list, ["tiny"]),
@@ -301,7 +356,8 @@ STREAMSERVE = {
     "K8S_GPU_TYPE_NODE_LABEL": env.str("K8S_GPU_TYPE_NODE_LABEL", default=""),
     # ``name@host:device[/gpu_type],...``; the static backend parses it and names it when malformed.
     "STATIC_WORKERS": env.str("STATIC_WORKERS", default=""),
-    # /metrics (docs/observability.md): bearer token (empty: open) and latency histogram window.
+    # /metrics (docs/observability.md): served at all, bearer token (empty: open), histogram window.
+    "METRICS_ENABLED": _strict_bool("METRICS_ENABLED", True),
     "METRICS_TOKEN": env.str("METRICS_TOKEN", default=""),
     "METRICS_WINDOW_S": _typed("METRICS_WINDOW_S", env.float, 300.0),
     # `runplatform` binds here; `create_demo_user` sets these passwords.
@@ -319,10 +375,9 @@ for _name in (
 ):
     if STREAMSERVE[_name] <= 0:
         raise ImproperlyConfigured(f"Environment variable {_name} must be positive")
-if STREAMSERVE["WORKER_CAPACITY"] < 1 or STREAMSERVE["CHECKPOINT_EVERY"] < 1:
-    raise ImproperlyConfigured(
-        "Environment variables WORKER_CAPACITY and CHECKPOINT_EVERY must be at least 1"
-    )
+for _name in ("WORKER_CAPACITY", "CHECKPOINT_EVERY", "MAX_LIVE_SESSIONS_PER_USER"):
+    if STREAMSERVE[_name] < 1:
+        raise ImproperlyConfigured(f"Environment variable {_name} must be at least 1")
 
 LOG_LEVEL = env.str("LOG_LEVEL", default="INFO").upper()
 if LOG_LEVEL not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:

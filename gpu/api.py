@@ -12,7 +12,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.api import AUDIT_PARAMETERS, csv_cell, csv_response
+from controlplane.api import AUDIT_PARAMETERS, audit_format, audit_responses, csv_cell, csv_response
 from controlplane.timerange import parse_time_range
 from gpu import selectors, services
 from gpu.models import GpuWorker
@@ -89,12 +89,13 @@ class CostAuditView(APIView):
 
     permission_classes = [permissions.IsAdminUser]
 
-    @extend_schema(parameters=AUDIT_PARAMETERS, responses=OpenApiTypes.OBJECT)
+    @extend_schema(parameters=AUDIT_PARAMETERS, responses=audit_responses(OpenApiTypes.OBJECT))
     def get(self, request):
         time_range = parse_time_range(request.query_params)
+        output = audit_format(request.query_params)
         services.ledger_accrue()
         report = selectors.cost_buckets(time_range=time_range)
-        if request.query_params.get("format") == "csv":
+        if output == "csv":
             rows = []
             for bucket in report["buckets"]:
                 for gpu_type, figures in sorted(bucket["by_gpu_type"].items()):

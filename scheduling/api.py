@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import django_filters
+from django.db import models
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
@@ -10,6 +11,8 @@ from rest_framework import generics, permissions, serializers, status, viewsets
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
+from controlplane.api import StrictCharField
+from controlplane.timerange import UtcIsoDateTimeFilter
 from scheduling.core.policy import PolicyError, resolve_policy_class
 from scheduling.live.operator import MigrationRefused, migration_request
 from scheduling.models import Migration, ScalingAction, SchedulerConfig, SchedulerDecision
@@ -41,8 +44,8 @@ class SchedulerDecisionSerializer(serializers.ModelSerializer):
 
 
 class MigrationSerializer(serializers.ModelSerializer):
-    source = serializers.CharField(source="source.name")
-    target = serializers.CharField(source="target.name")
+    source = serializers.CharField(source="source.name", read_only=True)
+    target = serializers.CharField(source="target.name", read_only=True)
 
     class Meta:
         model = Migration
@@ -84,6 +87,11 @@ class ScalingActionSerializer(serializers.ModelSerializer):
 
 
 class SchedulerConfigSerializer(serializers.ModelSerializer):
+    serializer_field_mapping = {
+        **serializers.ModelSerializer.serializer_field_mapping,
+        models.CharField: StrictCharField,
+    }
+
     class Meta:
         model = SchedulerConfig
         fields = [
@@ -98,26 +106,12 @@ class SchedulerConfigSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = ["updated_at"]
 
-    def validate_target_utilization(self, value):
-        if value is not None and not 0 < value <= 1:
-            raise serializers.ValidationError("must be in (0, 1]")
-        return value
-
+    # Single-field bounds come from the model's validators (and so appear in the schema).
     def validate_policy(self, value):
         try:
             resolve_policy_class(value)
         except (PolicyError, ImportError, AttributeError, ValueError) as exc:
             raise serializers.ValidationError(str(exc)) from exc
-        return value
-
-    def validate_scale_in_cooldown_s(self, value):
-        if value < 0:
-            raise serializers.ValidationError("must be zero or positive")
-        return value
-
-    def validate_slo_ms(self, value):
-        if value <= 0:
-            raise serializers.ValidationError("must be positive")
         return value
 
     def validate(self, attrs):
@@ -129,8 +123,8 @@ class SchedulerConfigSerializer(serializers.ModelSerializer):
 
 
 class TimeWindowFilter(django_filters.FilterSet):
-    after = django_filters.IsoDateTimeFilter(method="filter_after")
-    before = django_filters.IsoDateTimeFilter(method="filter_before")
+    after = UtcIsoDateTimeFilter(method="filter_after")
+    before = UtcIsoDateTimeFilter(method="filter_before")
     time_field = "created_at"
 
     def filter_after(self, qs, name, value):
@@ -150,6 +144,8 @@ class DecisionFilter(TimeWindowFilter):
 
 class MigrationFilter(TimeWindowFilter):
     time_field = "started_at"
+    # By id, not by choice among existing rows: an unknown session lists nothing (not a 400).
+    session = django_filters.UUIDFilter(field_name="session_id")
 
     class Meta:
         model = Migration
@@ -203,7 +199,7 @@ class SchedulerConfigView(generics.RetrieveUpdateAPIView):
 
 
 class MigrateSerializer(serializers.Serializer):
-    target = serializers.CharField(help_text="name of a ready worker")
+    target = StrictCharField(help_text="name of a ready worker", max_length=100)
 
 
 class SessionMigrateView(generics.GenericAPIView):

@@ -5,24 +5,48 @@ Also the operator-editable scheduler configuration (a single row).
 
 from __future__ import annotations
 
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
 from scheduling.core.types import EventKind
 
+# Bounds of the scheduler configuration (SchedulerConfig).
+MAX_GPUS = 1024
+MIN_UTILIZATION = 0.01
+MAX_SLO_MS = 600_000.0  # ten minutes per chunk
+MAX_QUEUE = 100_000
+MAX_COOLDOWN_S = 86_400.0  # a day
+
 
 class SchedulerConfig(models.Model):
-    """Operator-tunable knobs of the live scheduler (one row, id=1)."""
+    """Operator-tunable knobs of the live scheduler (one row, id=1).
+
+    Every knob is bounded to what a deployment can mean (the validators give the API its 400s and
+    its schema; the constraints hold for every writer): an SLO of 7·10¹⁶ ms or a pool of 2³¹ GPUs is
+    a typo, and the policy would act on it.
+    """
 
     policy = models.CharField(max_length=200, default="turboserve")
-    min_gpus = models.PositiveIntegerField(default=1)
-    max_gpus = models.PositiveIntegerField(default=4)
+    min_gpus = models.PositiveIntegerField(default=1, validators=[MaxValueValidator(MAX_GPUS)])
+    max_gpus = models.PositiveIntegerField(
+        default=4, validators=[MinValueValidator(1), MaxValueValidator(MAX_GPUS)]
+    )
     # None: the workload detector's volatility table chooses ρ̂ (TurboServe Appendix A).
-    target_utilization = models.FloatField(null=True, blank=True)
-    slo_ms = models.FloatField(default=1000.0)
-    queue_max = models.PositiveIntegerField(default=100)
+    target_utilization = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(MIN_UTILIZATION), MaxValueValidator(1.0)],
+    )
+    slo_ms = models.FloatField(
+        default=1000.0, validators=[MinValueValidator(1.0), MaxValueValidator(MAX_SLO_MS)]
+    )
+    # 0: no queue, a session that cannot be placed at once is refused.
+    queue_max = models.PositiveIntegerField(default=100, validators=[MaxValueValidator(MAX_QUEUE)])
     # No scale-in until this long after the last scale-out (anti-flapping; beyond the paper).
-    scale_in_cooldown_s = models.FloatField(default=60.0)
+    scale_in_cooldown_s = models.FloatField(
+        default=60.0, validators=[MinValueValidator(0.0), MaxValueValidator(MAX_COOLDOWN_S)]
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -31,13 +55,21 @@ class SchedulerConfig(models.Model):
                 name="config_bounds_ordered", condition=Q(min_gpus__lte=models.F("max_gpus"))
             ),
             models.CheckConstraint(
+                name="config_gpus_range",
+                condition=Q(max_gpus__gte=1) & Q(max_gpus__lte=MAX_GPUS),
+            ),
+            models.CheckConstraint(
                 name="config_utilization_range",
                 condition=Q(target_utilization__isnull=True)
-                | (Q(target_utilization__gt=0) & Q(target_utilization__lte=1)),
+                | (Q(target_utilization__gte=MIN_UTILIZATION) & Q(target_utilization__lte=1)),
             ),
-            models.CheckConstraint(name="config_slo_positive", condition=Q(slo_ms__gt=0)),
             models.CheckConstraint(
-                name="config_cooldown_nonnegative", condition=Q(scale_in_cooldown_s__gte=0)
+                name="config_slo_range", condition=Q(slo_ms__gte=1) & Q(slo_ms__lte=MAX_SLO_MS)
+            ),
+            models.CheckConstraint(name="config_queue_range", condition=Q(queue_max__lte=MAX_QUEUE)),
+            models.CheckConstraint(
+                name="config_cooldown_range",
+                condition=Q(scale_in_cooldown_s__gte=0) & Q(scale_in_cooldown_s__lte=MAX_COOLDOWN_S),
             ),
         ]
 

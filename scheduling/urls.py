@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.conf import settings
 from django.urls import path
 
 from scheduling import views
@@ -16,6 +17,7 @@ urlpatterns = [
         name="console-session-terminate",
     ),
     path("console/config/", views.console_config, name="console-config"),
-    # Prometheus exposition (scheduling/metrics.py) at the path Prometheus scrapes by default.
-    path("metrics", metrics_view, name="metrics"),
 ]
+if settings.STREAMSERVE["METRICS_ENABLED"]:
+    # Prometheus exposition (scheduling/metrics.py) at the path Prometheus scrapes by default.
+    urlpatterns.append(path("metrics", metrics_view, name="metrics"))

@@ -6,15 +6,26 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.api import AUDIT_PARAMETERS, csv_cell, csv_response
+from controlplane.api import (
+    AUDIT_PARAMETERS,
+    NO_NUL,
+    audit_format,
+    audit_responses,
+    csv_cell,
+    csv_response,
+    filterset_check,
+)
 from controlplane.timerange import parse_time_range
 from sessions import selectors, services
 from sessions.filters import ChunkRecordFilter, SessionFilter
+from sessions.models import GenerationSession
 from sessions.serializers import (
     ChunkRecordSerializer,
+    ModelPresetSerializer,
     PromptCreateSerializer,
     PromptSerializer,
     SessionCreateSerializer,
@@ -22,6 +33,14 @@ from sessions.serializers import (
     SessionSerializer,
 )
 from workers.catalog import PRESETS
+
+# The latency audit's SLO threshold, as bounded as the scheduler's (scheduling.models.SchedulerConfig).
+MAX_SLO_MS = 600_000.0
+
+
+class TooManyLiveSessions(APIException):
+    status_code = status.HTTP_429_TOO_MANY_REQUESTS
+    default_code = "too_many_live_sessions"
 
 
 class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -32,7 +51,14 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     ordering_fields = ["created_at", "last_active_at", "chunks_generated", "status"]
     ordering = ["-created_at"]
 
+    def filter_queryset(self, queryset):
+        # The list filters choose sessions; on one session's routes (its chunks, its events) they
+        # would only turn a visible session into a 404.
+        return super().filter_queryset(queryset) if self.action == "list" else queryset
+
     def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # schema generation: no user, only the model
+            return GenerationSession.objects.none()
         return selectors.sessions_visible_to(self.request.user)
 
     @extend_schema(request=SessionCreateSerializer, responses={201: SessionSerializer})
@@ -45,13 +71,16 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
             resolution=data.validated_data.get("resolution"),
             seed=data.validated_data.get("seed"),
         )
-        session = services.session_create(owner=request.user, spec=spec)
+        try:
+            session = services.session_create(owner=request.user, spec=spec)
+        except services.LiveSessionLimit as exc:
+            raise TooManyLiveSessions(str(exc)) from exc
         return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(
-        request=PromptCreateSerializer, responses={201: PromptSerializer, 200: PromptSerializer(many=True)}
-    )
-    @action(detail=True, methods=["get", "post"])
+    @extend_schema(methods=["GET"], filters=False, responses=PromptSerializer(many=True))
+    @extend_schema(methods=["POST"], request=PromptCreateSerializer, responses={201: PromptSerializer})
+    # The prompt history is short and read whole: not paginated.
+    @action(detail=True, methods=["get", "post"], pagination_class=None)
     def prompts(self, request, pk=None):
         """The prompt history; POST adds a prompt that applies from the next chunk."""
         session = self.get_object()
@@ -80,16 +109,27 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         """End the session (idempotent)."""
         return Response(SessionSerializer(services.session_terminate(session=self.get_object())).data)
 
-    @extend_schema(responses=ChunkRecordSerializer(many=True))
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("since_index", {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}),
+            OpenApiParameter(
+                "worker", {"type": "string", "minLength": 1, "pattern": NO_NUL}, description="worker name"
+            ),
+            OpenApiParameter("batch_size", {"type": "integer", "minimum": 1, "maximum": 32767}),
+        ],
+        filters=False,
+        responses=ChunkRecordSerializer(many=True),
+    )
     @action(detail=True, methods=["get"])
     def chunks(self, request, pk=None):
         """The session's chunk records (generation and delivery latency, worker, batch size)."""
         session = self.get_object()
-        qs = ChunkRecordFilter(request.query_params, queryset=session.chunks.select_related("worker")).qs
-        page = self.paginate_queryset(qs.order_by("chunk_index"))
+        records = ChunkRecordFilter(request.query_params, queryset=session.chunks.select_related("worker"))
+        filterset_check(records, request.query_params)
+        page = self.paginate_queryset(records.qs.order_by("chunk_index"))
         return self.get_paginated_response(ChunkRecordSerializer(page, many=True).data)
 
-    @extend_schema(responses=SessionEventSerializer(many=True))
+    @extend_schema(filters=False, responses=SessionEventSerializer(many=True))
     @action(detail=True, methods=["get"])
     def events(self, request, pk=None):
         """The session's lifecycle events."""
@@ -100,21 +140,9 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
 class ModelCatalogView(APIView):
     """The model presets a session can ask for, with their resolutions."""
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(responses=ModelPresetSerializer(many=True))
     def get(self, request):
-        return Response(
-            [
-                {
-                    "name": p.name,
-                    "description": p.description,
-                    "fps": p.fps,
-                    "frames_per_chunk": p.frames_per_chunk,
-                    "resolutions": list(p.resolutions),
-                    "default_resolution": p.default_resolution,
-                }
-                for p in PRESETS.values()
-            ]
-        )
+        return Response(ModelPresetSerializer(PRESETS.values(), many=True).data)
 
 
 class LatencyAuditView(APIView):
@@ -125,31 +153,35 @@ class LatencyAuditView(APIView):
     @extend_schema(
         parameters=[
             *AUDIT_PARAMETERS,
-            OpenApiParameter("slo_ms", OpenApiTypes.FLOAT),
+            OpenApiParameter(
+                "slo_ms",
+                {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": MAX_SLO_MS},
+                description="SLO threshold in ms; default: the SLO_MS setting",
+            ),
             OpenApiParameter("source", OpenApiTypes.STR, enum=["auto", "raw", "rollup"]),
         ],
-        responses=OpenApiTypes.OBJECT,
+        responses=audit_responses(OpenApiTypes.OBJECT),
     )
     def get(self, request):
         time_range = parse_time_range(request.query_params)
+        output = audit_format(request.query_params)
         slo = request.query_params.get("slo_ms")
         source = request.query_params.get("source", "auto")
         errors = {}
         if slo is not None:
             try:
                 slo = float(slo)
-                if not slo > 0:
-                    raise ValueError
             except ValueError:
-                errors["slo_ms"] = "must be a positive number"
+                slo = float("nan")
+            # NaN fails both comparisons.
+            if not 0 < slo <= MAX_SLO_MS:
+                errors["slo_ms"] = f"must be a number in (0, {MAX_SLO_MS:g}]"
         if source not in {"auto", "raw", "rollup"}:
             errors["source"] = "must be auto, raw or rollup"
         if errors:
-            from rest_framework.exceptions import ValidationError
-
             raise ValidationError(errors)
         report = selectors.latency_buckets(time_range=time_range, slo_ms=slo, source=source)
-        if request.query_params.get("format") == "csv":
+        if output == "csv":
             header = ["bucket_start", "count", "p50_ms", "p95_ms", "p99_ms", "max_ms", "slo_passed"]
             rows = [[csv_cell(b["start"]), *(csv_cell(b[k]) for k in header[1:])] for b in report["buckets"]]
             return csv_response("latency.csv", header, rows)

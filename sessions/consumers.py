@@ -39,6 +39,9 @@ logger = logging.getLogger(__name__)
 MAX_PENDING_CHUNKS = 8
 DELIVERY_FLUSH_S = 1.0
 CLIENT_MESSAGE_TYPES = ("prompt", "pause", "resume", "terminate")
+# The largest client message: a prompt of MAX_PROMPT_CHARS written as JSON escapes (6 characters
+# each) plus its envelope fits in 16 KiB at the default 2,000; longer frames are refused unparsed.
+MAX_CLIENT_MESSAGE_CHARS = 16_384
 
 
 @dataclass
@@ -115,16 +118,28 @@ class SessionConsumer(AsyncWebsocketConsumer):
     # --- inbound ------------------------------------------------------------------------------
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        """One client message: a flat JSON object. Anything else is an ``error`` frame; the socket
+        stays open (a client's mistake must not cost it its stream)."""
         if text_data is None:
             await self._error("bad_message", "send JSON text messages, not binary")
+            return
+        if len(text_data) > MAX_CLIENT_MESSAGE_CHARS:
+            await self._error("bad_message", f"messages are at most {MAX_CLIENT_MESSAGE_CHARS} characters")
             return
         try:
             message = json.loads(text_data)
         except json.JSONDecodeError as exc:
             await self._error("bad_message", f"not valid JSON: {exc.msg}")
             return
+        except RecursionError:
+            # Deep nesting ("[[[[…") exhausts the parser's stack before any shape check can run.
+            await self._error("bad_message", "JSON nested too deeply")
+            return
         if not isinstance(message, dict) or message.get("type") not in CLIENT_MESSAGE_TYPES:
             await self._error("bad_message", f"'type' must be one of {', '.join(CLIENT_MESSAGE_TYPES)}")
+            return
+        if any(isinstance(value, dict | list) for value in message.values()):
+            await self._error("bad_message", "a message is a flat object: no nested objects or lists")
             return
         kind = message["type"]
         if kind == "prompt" and not isinstance(message.get("text"), str):

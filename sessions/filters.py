@@ -2,13 +2,14 @@ from __future__ import annotations
 
 import django_filters
 
+from controlplane.timerange import UtcIsoDateTimeFilter
 from sessions.models import ChunkRecord, GenerationSession
 
 
 class SessionFilter(django_filters.FilterSet):
     model = django_filters.CharFilter(field_name="model_name")
-    created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    created_after = UtcIsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_before = UtcIsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
     owner = django_filters.CharFilter(field_name="owner__username")
 
     class Meta:
@@ -17,9 +18,12 @@ class SessionFilter(django_filters.FilterSet):
 
 
 class ChunkRecordFilter(django_filters.FilterSet):
-    since_index = django_filters.NumberFilter(field_name="chunk_index", lookup_expr="gte")
+    since_index = django_filters.NumberFilter(
+        field_name="chunk_index", lookup_expr="gte", min_value=0, max_value=2**31 - 1
+    )
     worker = django_filters.CharFilter(field_name="worker__name")
+    batch_size = django_filters.NumberFilter(min_value=1, max_value=32767)
 
     class Meta:
         model = ChunkRecord
-        fields = ["batch_size"]
+        fields = ["since_index", "worker", "batch_size"]

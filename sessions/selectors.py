@@ -11,7 +11,13 @@ from django.db.models.functions import Trunc
 from django.utils import timezone
 
 from controlplane.timerange import TimeRange
-from sessions.models import LATENCY_BUCKETS_MS, ChunkLatencyRollup, ChunkRecord, GenerationSession
+from sessions.models import (
+    LATENCY_BUCKETS_MS,
+    ChunkLatencyRollup,
+    ChunkRecord,
+    GenerationSession,
+    SessionEvent,
+)
 
 
 def sessions_visible_to(user) -> QuerySet[GenerationSession]:
@@ -155,8 +161,24 @@ def session_chunk_summary(session: GenerationSession) -> dict:
     return agg
 
 
+def session_end_reason(session: GenerationSession) -> str | None:
+    """Why a terminated session ended (its depart event's reason: ``user``, ``queue full (…)``, …)."""
+    if session.status != GenerationSession.Status.TERMINATED:
+        return None
+    return (
+        session.events.filter(kind=SessionEvent.Kind.DEPART)
+        .order_by("-at", "-id")
+        .values_list("detail__reason", flat=True)
+        .first()
+    )
+
+
 def session_status_message(session: GenerationSession) -> dict:
-    """The ``status`` message clients receive on connect and on every change."""
+    """The ``status`` message clients receive on connect and on every change.
+
+    ``reason`` says why a terminated session ended, so a client refused by admission control (or
+    ended by an operator) is told so rather than seeing only ``terminated``.
+    """
     return {
         "session": str(session.pk),
         "status": session.status,
@@ -164,4 +186,5 @@ def session_status_message(session: GenerationSession) -> dict:
         "queue_position": session.queue_position,
         "worker": session.worker.name if session.worker_id else None,
         "chunks_generated": session.chunks_generated,
+        "reason": session_end_reason(session),
     }

@@ -1,10 +1,29 @@
 from __future__ import annotations
 
+from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from controlplane.api import StrictCharField
 from sessions.models import ChunkRecord, GenerationSession, Prompt, SessionEvent
 from workers.catalog import PRESETS
 from workers.runtime.presets import DEFAULT_PRESET
+
+# What this deployment serves, for the schema: the request a client can build from it is accepted.
+SERVED = [name for name in sorted(PRESETS) if name in settings.STREAMSERVE["SERVED_MODELS"]]
+SERVED_RESOLUTIONS = sorted({r for name in SERVED for r in PRESETS[name].resolutions})
+
+
+@extend_schema_field(
+    {
+        "type": "string",
+        "pattern": r"^[^\u0000]*\S[^\u0000]*$",
+        "maxLength": settings.STREAMSERVE["MAX_PROMPT_CHARS"],
+        "description": "not blank; no NUL character",
+    }
+)
+class PromptField(StrictCharField):
+    """Validated by ``validate_prompt``; the schema says what it accepts."""
 
 
 class PromptSerializer(serializers.ModelSerializer):
@@ -15,15 +34,18 @@ class PromptSerializer(serializers.ModelSerializer):
 
 
 class PromptCreateSerializer(serializers.Serializer):
-    text = serializers.CharField(allow_blank=True, trim_whitespace=False)
+    text = PromptField(trim_whitespace=False)
 
 
 class SessionSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username", read_only=True)
     model = serializers.CharField(source="model_name", read_only=True)
     resolution = serializers.CharField(read_only=True)
-    worker = serializers.CharField(source="worker.name", read_only=True, default=None)
-    host_worker = serializers.CharField(source="host_worker.name", read_only=True, default=None)
+    # None while the session runs nowhere (queued, terminated) or holds no state in host memory.
+    worker = serializers.CharField(source="worker.name", read_only=True, default=None, allow_null=True)
+    host_worker = serializers.CharField(
+        source="host_worker.name", read_only=True, default=None, allow_null=True
+    )
     prompt = serializers.SerializerMethodField()
 
     class Meta:
@@ -59,21 +81,43 @@ class SessionSerializer(serializers.ModelSerializer):
         return prompt.text if prompt else None
 
 
+@extend_schema_field({"type": "string", "enum": SERVED, "default": DEFAULT_PRESET})
+class ServedModelField(serializers.ChoiceField):
+    """Any preset is parsed (a known but unserved one gets its own message); the schema lists the served."""
+
+
+@extend_schema_field({"type": "string", "enum": SERVED_RESOLUTIONS})
+class ResolutionField(StrictCharField):
+    """``WIDTHxHEIGHT``, checked against the model's resolutions by ``session_spec_build``."""
+
+
 class SessionCreateSerializer(serializers.Serializer):
     """Field types only; domain validation (catalogue, lengths) lives in ``session_spec_build``."""
 
-    prompt = serializers.CharField(allow_blank=True, trim_whitespace=False)
-    model = serializers.ChoiceField(choices=sorted(PRESETS), default=DEFAULT_PRESET)
-    resolution = serializers.CharField(required=False, allow_blank=False)
+    prompt = PromptField(trim_whitespace=False)
+    model = ServedModelField(choices=sorted(PRESETS), default=DEFAULT_PRESET)
+    resolution = ResolutionField(required=False, allow_blank=False)
     seed = serializers.IntegerField(required=False, min_value=0, max_value=2**63 - 1)
 
 
 class ChunkRecordSerializer(serializers.ModelSerializer):
-    worker = serializers.CharField(source="worker.name", read_only=True, default=None)
+    # None once the worker row is gone (the record outlives it).
+    worker = serializers.CharField(source="worker.name", read_only=True, default=None, allow_null=True)
 
     class Meta:
         model = ChunkRecord
         fields = ["chunk_index", "worker", "batch_size", "generation_ms", "delivery_ms", "created_at"]
+
+
+class ModelPresetSerializer(serializers.Serializer):
+    """A model preset of the catalogue (``workers.catalog.PRESETS``)."""
+
+    name = serializers.CharField()
+    description = serializers.CharField()
+    fps = serializers.IntegerField()
+    frames_per_chunk = serializers.IntegerField()
+    resolutions = serializers.ListField(child=serializers.CharField())
+    default_resolution = serializers.CharField()
 
 
 class SessionEventSerializer(serializers.ModelSerializer):

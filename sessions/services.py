@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.contrib.postgres.fields import ArrayField
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -55,8 +56,20 @@ class SessionSpec:
 
 
 def validate_prompt(text: object, *, field: str = "prompt") -> str:
+    """A prompt PostgreSQL can store: a non-empty string, bounded, no NUL, no lone surrogate.
+
+    Every entry point (REST, the session socket) comes through here, so none of them can hand the
+    database a text it refuses (NUL: ``DataError``; a lone surrogate such as a JSON ``"\\ud800"``:
+    ``UnicodeEncodeError``).
+    """
     if not isinstance(text, str):
         raise ValidationError({field: "must be a string"})
+    if "\x00" in text:
+        raise ValidationError({field: "must not contain NUL characters"})
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValidationError({field: "must be valid Unicode text (it holds a lone surrogate)"}) from None
     cleaned = text.strip()
     if not cleaned:
         raise ValidationError({field: "must not be empty"})
@@ -115,9 +128,25 @@ def session_spec_build(
     )
 
 
+class LiveSessionLimit(Exception):
+    """The owner already holds ``MAX_LIVE_SESSIONS_PER_USER`` sessions that are not terminated."""
+
+
 @transaction.atomic
 def session_create(*, owner, spec: SessionSpec) -> GenerationSession:
-    """A new session: it arrives and, since its user is typing into it, becomes active at once."""
+    """A new session: it arrives and, since its user is typing into it, becomes active at once.
+
+    Raises ``LiveSessionLimit`` when the owner already holds ``MAX_LIVE_SESSIONS_PER_USER`` live
+    sessions: one user must not fill the queue and the GPUs on their own.
+    """
+    limit = settings.STREAMSERVE["MAX_LIVE_SESSIONS_PER_USER"]
+    # The owner's row is the lock: two concurrent creations cannot both count limit - 1.
+    get_user_model().objects.select_for_update().get(pk=owner.pk)
+    live = GenerationSession.objects.filter(owner=owner).exclude(status=Status.TERMINATED).count()
+    if live >= limit:
+        raise LiveSessionLimit(
+            f"you already have {live} live sessions (the limit is {limit}); terminate one to start another"
+        )
     now = timezone.now()
     session = GenerationSession.objects.create(
         owner=owner,

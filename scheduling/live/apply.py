@@ -96,17 +96,22 @@ def decision_apply(
             continue
         if _assign(sessions[sid], target, record, outbox):
             changed += 1
-    # 5. Admission queue: active sessions with no GPU memory left wait, oldest first.
+    # 5. Admission queue: active sessions with no GPU memory left wait, oldest first. queue_max
+    # bounds admission, not the sessions already admitted: after an operator lowers it, those
+    # waiting keep their turn, and only arrivals that would make the queue longer are refused.
+    waiting = sum(1 for sid in decision.queue if _waiting(sessions[sid]))
     position = 0
     for sid in decision.queue:
         session = sessions[sid]
         if session.status not in (Status.QUEUED, Status.SUSPENDED):
             continue
+        if not _waiting(session):
+            if waiting >= config.queue_max:
+                session_terminate(session=session, reason=f"queue full ({config.queue_max} waiting)")
+                queue_changes += 1
+                continue
+            waiting += 1
         position += 1
-        if position > config.queue_max:
-            session_terminate(session=session, reason=f"queue full ({config.queue_max} waiting)")
-            queue_changes += 1
-            continue
         if session.status != Status.QUEUED or session.queue_position != position:
             queue_changes += lifecycle.session_queue(session=session, position=position)
     # 6. Drain, then release only empty workers (parked states are handed to another host first).
@@ -124,6 +129,11 @@ def decision_apply(
         scale_in(decision=record, worker=worker, budget=budget, outbox=outbox)
         budget -= 1
     return Applied(placements=changed, queue=queue_changes)
+
+
+def _waiting(session: GenerationSession) -> bool:
+    """Already admitted to the queue (it holds a position) rather than arriving at it."""
+    return session.status == Status.QUEUED and session.queue_position is not None
 
 
 def _has_residents(worker: GpuWorker) -> bool:

@@ -18,6 +18,7 @@ from gpu import services as gpu_services
 from gpu.models import GpuWorker
 from scheduling.live.answers import migration_failed
 from scheduling.live.outbox import Outbox
+from scheduling.live.scaling import command_streams_prune
 from scheduling.live.state import checkpoint_file
 from scheduling.models import Migration, WorkerCommand
 from sessions import lifecycle
@@ -57,6 +58,7 @@ def workers_check(*, now: datetime | None = None) -> list[str]:
         if sessions_recover(worker=worker):
             lost.append(worker.name)
     commands_expire(now=now)
+    command_streams_prune()
     return lost
 
 

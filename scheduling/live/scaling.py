@@ -3,7 +3,8 @@
 Scale-out is recorded in the decision's transaction and the provisioner is asked right after commit,
 still under the scheduler lock, so the next decision already sees the new workers as provisioning.
 Scale-in drains the (empty) worker in the transaction; a Celery task stops its process, which may
-take a grace period, outside the transaction and the lock.
+take a grace period, outside the transaction and the lock. A worker that ended leaves its command
+stream behind until every command sent to it is answered or timed out; the tick then deletes it.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from gpu import services as gpu_services
 from gpu.models import GpuWorker
 from gpu.provisioners.registry import get_provisioner
 from scheduling.live.enqueue import worker_release_enqueue
-from scheduling.live.outbox import Outbox
+from scheduling.live.outbox import Outbox, redis_client
 from scheduling.live.profiles import gpu_profiles
-from scheduling.models import ScalingAction, SchedulerDecision
+from scheduling.models import ScalingAction, SchedulerDecision, WorkerCommand
+from workers.channel import stream_key
 
 logger = logging.getLogger("scheduling.live")
 
@@ -96,3 +98,32 @@ def release(*, worker_id: int, action_id: int | None) -> None:
     if action is not None:
         action.outcome, action.provisioner_result = outcome, details
         action.save(update_fields=["outcome", "provisioner_result"])
+
+
+def command_streams_prune() -> list[str]:
+    """Delete the command streams (``ss:cmd:<worker>``) nobody will read again; returns the names.
+
+    That is the stream of a worker that ended (released or failed) once none of its commands still
+    waits for an answer: an answer that can still come is matched to its ``WorkerCommand`` row and
+    a late reader would find its backlog, so the stream stays until ``commands_expire`` has timed the
+    rest out. Streams of names this database does not know are left alone (another deployment's).
+    """
+    client = redis_client()
+    prefix = stream_key("")
+    names = [
+        (key.decode() if isinstance(key, bytes) else key).removeprefix(prefix)
+        for key in client.scan_iter(match=stream_key("*"), count=1000)
+    ]
+    if not names:
+        return []
+    ended = list(
+        GpuWorker.objects.filter(
+            name__in=names, status__in=[GpuWorker.Status.RELEASED, GpuWorker.Status.FAILED]
+        )
+        .exclude(commands__status=WorkerCommand.Status.SENT)
+        .values_list("name", flat=True)
+    )
+    if ended:
+        client.delete(*(stream_key(name) for name in ended))
+        logger.info("command streams deleted workers=%s", ",".join(sorted(ended)))
+    return ended

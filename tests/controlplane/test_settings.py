@@ -42,6 +42,11 @@ def load_settings(expression: str = "settings.DEBUG", **env: str) -> subprocess.
         ("GPU_PRICES", "h100"),
         ("GPU_PRICES", "h100=-1"),
         ("PORT", "eighty"),
+        ("API_THROTTLE_USER", "lots"),
+        ("API_THROTTLE_ANON", "5/fortnight"),
+        ("API_SCHEMA_ACCESS", "everyone"),
+        ("METRICS_ENABLED", "sometimes"),
+        ("MAX_LIVE_SESSIONS_PER_USER", "0"),
     ],
 )
 def test_malformed_variable_fails_at_start_naming_it(variable, value):
@@ -57,8 +62,32 @@ def test_secret_key_is_required_when_debug_is_off():
     assert load_settings(DEBUG="false", SECRET_KEY="s3cret").stdout.strip() == "False"
 
 
+def test_debug_is_off_unless_asked_for():
+    """A production 500 must never show settings: DEBUG defaults to off, so a SECRET_KEY is needed."""
+    environment = {k: v for k, v in os.environ.items() if k not in {"DEBUG", "SECRET_KEY"}}
+    result = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        cwd=ROOT,
+        env={**environment, "DJANGO_SETTINGS_MODULE": "controlplane.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0 and "SECRET_KEY must be set when DEBUG is off" in result.stderr
+    assert load_settings().stdout.strip() == "False"  # the test run's SECRET_KEY (pytest-env)
+
+
+def test_the_development_runner_turns_debug_on():
+    """`make run` (and its migrate step) run with DEBUG on unless the environment says otherwise."""
+    environment = {k: v for k, v in os.environ.items() if k != "DEBUG"}
+    database = subprocess.run(
+        ["make", "-n", "-p", "run"], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=60
+    ).stdout
+    assert "run: DEBUG = true" in database and "migrate: DEBUG = true" in database
+
+
 def test_defaults_work_on_this_machine():
-    result = load_settings()
+    result = load_settings(DEBUG="true", SECRET_KEY="")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "True"
 

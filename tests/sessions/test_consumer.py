@@ -100,6 +100,32 @@ async def test_malformed_messages_get_error_frames_and_the_socket_stays_open():
     await communicator.disconnect()
 
 
+async def test_input_the_database_cannot_store_is_an_error_frame_and_the_socket_stays_open():
+    """A NUL byte (psycopg DataError), a lone surrogate (UnicodeEncodeError) and 100,000 nested "["
+    (RecursionError) used to drop the socket without a close frame."""
+    user = await sync_to_async(UserFactory)()
+    session = await sync_to_async(SessionFactory)(owner=user)
+    communicator = await connect(session, user)
+    await communicator.receive_from()  # status
+    for bad, code, reason in [
+        (json.dumps({"type": "prompt", "text": "snow\x00fall"}), "rejected", "NUL"),
+        ('{"type": "prompt", "text": "snow \\ud800 fall"}', "rejected", "lone surrogate"),
+        ("[" * 10_000, "bad_message", "nested too deeply"),
+        ("[" * 100_000, "bad_message", "at most"),
+        (json.dumps({"type": "prompt", "text": "x" * 20_000}), "bad_message", "at most"),
+        ('{"type": "pause", "extra": [[1]]}', "bad_message", "flat object"),
+    ]:
+        await communicator.send_to(text_data=bad)
+        error = json.loads(await communicator.receive_from())
+        assert error["type"] == "error" and error["code"] == code and reason in error["detail"], error
+    await communicator.send_to(text_data=json.dumps({"type": "prompt", "text": "now snowing"}))
+    accepted = json.loads(await communicator.receive_from())
+    assert accepted == {"type": "prompt", "text": "now snowing", "from_chunk": 0}
+    texts = await sync_to_async(lambda: list(session.prompts.values_list("text", flat=True)))()
+    assert "now snowing" in texts and not any("\x00" in t for t in texts)
+    await communicator.disconnect()
+
+
 async def test_other_users_and_anonymous_are_refused_with_a_reason():
     owner, other = await sync_to_async(UserFactory)(), await sync_to_async(UserFactory)()
     session = await sync_to_async(SessionFactory)(owner=owner)

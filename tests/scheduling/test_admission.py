@@ -1,0 +1,84 @@
+"""Admission control (lowering queue_max refuses new arrivals only; a refused client is told why)
+and the command streams of workers that ended."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from django.utils import timezone
+
+from scheduling.core.types import Decision
+from scheduling.live.apply import Pool, decision_apply
+from scheduling.live.liveness import workers_check
+from scheduling.live.outbox import Outbox, redis_client
+from scheduling.live.scaling import command_streams_prune
+from scheduling.models import SchedulerConfig, SchedulerDecision, WorkerCommand
+from sessions import lifecycle
+from sessions.models import GenerationSession
+from sessions.selectors import session_status_message
+from tests.factories import GpuWorkerFactory, SessionFactory
+from workers.channel import new_command, send_command, stream_key
+
+pytestmark = pytest.mark.django_db
+
+Status = GenerationSession.Status
+
+
+def apply_queue(sessions: list[GenerationSession], queue_max: int) -> None:
+    config = SchedulerConfig.load()
+    config.queue_max = queue_max
+    config.save()
+    record = SchedulerDecision.objects.create(
+        trigger="tick", decided_at=timezone.now(), policy="turboserve", active_sessions=len(sessions),
+        budget=0, target_budget=0, duration_ms=0.1,
+    )  # fmt: skip
+    decision = Decision(time=0.0, queue=tuple(str(s.pk) for s in sessions))
+    pool = Pool(preset="tiny", workers={}, sessions={str(s.pk): s for s in sessions})
+    decision_apply(decision=decision, record=record, pool=pool, config=config, outbox=Outbox())
+
+
+def test_lowering_queue_max_keeps_the_waiting_and_refuses_only_new_arrivals():
+    waiting = [SessionFactory(activity="active") for _ in range(3)]
+    apply_queue(waiting, queue_max=5)
+    assert [s.queue_position for s in waiting] == [1, 2, 3]
+    arrival = SessionFactory(activity="active")
+    # The operator lowers the limit below the number already waiting.
+    apply_queue([*waiting, arrival], queue_max=2)
+    for session in waiting:
+        session.refresh_from_db()
+    arrival.refresh_from_db()
+    assert [(s.status, s.queue_position) for s in waiting] == [(Status.QUEUED, i) for i in (1, 2, 3)]
+    assert arrival.status == Status.TERMINATED
+    # The refused client's status message says why, not only "terminated".
+    message = session_status_message(arrival)
+    assert message["status"] == "terminated" and message["reason"] == "queue full (2 waiting)"
+    assert session_status_message(waiting[0])["reason"] is None
+
+
+def test_a_terminated_sessions_status_names_who_ended_it():
+    session = SessionFactory()
+    lifecycle.session_end(session=session, reason="user")
+    session.refresh_from_db()
+    assert session_status_message(session)["reason"] == "user"
+
+
+def test_command_streams_of_ended_workers_are_deleted_once_their_commands_are_answered():
+    client = redis_client()
+    released = GpuWorkerFactory(status="released", released_at=timezone.now())
+    failed_waiting = GpuWorkerFactory(status="failed", released_at=timezone.now())
+    ready = GpuWorkerFactory()
+    for worker in (released, failed_waiting, ready):
+        send_command(client, worker.name, new_command("drain"))
+    WorkerCommand.objects.create(
+        id=uuid.uuid4(), worker=failed_waiting, kind="stop", created_at=timezone.now()
+    )  # still waiting for its answer
+    try:
+        assert command_streams_prune() == [released.name]
+        assert not client.exists(stream_key(released.name))
+        assert client.exists(stream_key(failed_waiting.name)) and client.exists(stream_key(ready.name))
+        # Once the tick times the command out, the failed worker's stream goes too.
+        WorkerCommand.objects.filter(worker=failed_waiting).update(status="timed_out")
+        assert workers_check() == [] and not client.exists(stream_key(failed_waiting.name))
+    finally:
+        client.delete(*(stream_key(w.name) for w in (released, failed_waiting, ready)))
