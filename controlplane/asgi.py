@@ -9,6 +9,13 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 django_asgi_app = get_asgi_application()
 
+from django.conf import settings  # noqa: E402  (configured by the line above)
+from django.core.exceptions import ImproperlyConfigured  # noqa: E402
+
+if not settings.DEBUG and not os.environ.get("SECRET_KEY"):
+    # The web server signs sessions and CSRF tokens: never with a missing or development key.
+    raise ImproperlyConfigured(settings.SECRET_KEY_MISSING)
+
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402  (needs the app registry ready)
 
 from controlplane.routing import websocket_urlpatterns  # noqa: E402

@@ -78,12 +78,14 @@ def _strict_bool(name: str, default: bool) -> bool:
 # (`make run`) and the test harnesses that start servers turn it on explicitly.
 DEBUG = _strict_bool("DEBUG", False)
 SECRET_KEY = env.str("SECRET_KEY", default="")
-if not SECRET_KEY:
-    if not DEBUG:
-        raise ImproperlyConfigured(
-            "Environment variable SECRET_KEY must be set when DEBUG is off (DEBUG=true for development)"
-        )
+SECRET_KEY_MISSING = (
+    "Environment variable SECRET_KEY must be set when DEBUG is off (DEBUG=true for development)"
+)
+if not SECRET_KEY and DEBUG:
     SECRET_KEY = "dev-only-insecure-key-change-me"
+# Without DEBUG and without a key, commands that sign nothing (simulate, benchmarks, migrate) still
+# run; the web server refuses to start (controlplane/asgi.py) and
+# Django refuses any use of the empty key.
 ALLOWED_HOSTS = _typed("ALLOWED_HOSTS", env.list, ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = _typed("CSRF_TRUSTED_ORIGINS", env.list, [])
 

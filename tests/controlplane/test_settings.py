@@ -57,23 +57,37 @@ def test_malformed_variable_fails_at_start_naming_it(variable, value):
 
 
 def test_secret_key_is_required_when_debug_is_off():
-    result = load_settings(DEBUG="false", SECRET_KEY="")
-    assert result.returncode != 0 and "SECRET_KEY" in result.stderr
+    result = load_settings("__import__('controlplane.asgi')", DEBUG="false", SECRET_KEY="")
+    assert result.returncode != 0 and "SECRET_KEY must be set" in result.stderr
     assert load_settings(DEBUG="false", SECRET_KEY="s3cret").stdout.strip() == "False"
 
 
 def test_debug_is_off_unless_asked_for():
     """A production 500 must never show settings: DEBUG defaults to off, so a SECRET_KEY is needed."""
     environment = {k: v for k, v in os.environ.items() if k not in {"DEBUG", "SECRET_KEY"}}
-    result = subprocess.run(
-        [sys.executable, "-c", "import django; django.setup()"],
-        cwd=ROOT,
-        env={**environment, "DJANGO_SETTINGS_MODULE": "controlplane.settings"},
-        capture_output=True,
-        text=True,
-        timeout=60,
+
+    def run(code: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=ROOT,
+            env={**environment, "DJANGO_SETTINGS_MODULE": "controlplane.settings"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    # The web server refuses to start without a key …
+    served = run("import controlplane.asgi")
+    assert served.returncode != 0 and "SECRET_KEY must be set when DEBUG is off" in served.stderr
+    # … and nothing can sign with the empty one, while commands that sign nothing still run.
+    signing = run("import django; django.setup(); from django.core import signing; signing.dumps(1)")
+    assert signing.returncode != 0 and "SECRET_KEY" in signing.stderr
+    assert (
+        run(
+            "import django; django.setup(); from django.conf import settings; print(settings.DEBUG)"
+        ).stdout.strip()
+        == "False"
     )
-    assert result.returncode != 0 and "SECRET_KEY must be set when DEBUG is off" in result.stderr
     assert load_settings().stdout.strip() == "False"  # the test run's SECRET_KEY (pytest-env)
 
 
