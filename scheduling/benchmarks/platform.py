@@ -8,6 +8,7 @@ context stops every process and releases every worker the run started.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import tempfile
 import time
@@ -87,6 +88,8 @@ def live_platform(
         "WORKER_DEVICE": "cpu",
         "CHECKPOINT_DIR": str(tmp / "checkpoints"),
         "PYTHONUNBUFFERED": "1",
+        # The run's own signing key unless one is configured (DEBUG stays as configured: off by default).
+        "SECRET_KEY": os.environ.get("SECRET_KEY") or secrets.token_urlsafe(32),
         # One benchmark user holds every session of the run.
         "MAX_LIVE_SESSIONS_PER_USER": str(max(sessions_per_user, 10)),
     }
