@@ -28,7 +28,8 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 from scheduling.models import Migration, ScalingAction, SchedulerDecision
 from tests.factories import ChunkRecordFactory, GpuWorkerFactory, SessionFactory, StaffFactory
 
-pytestmark = [pytest.mark.django_db, pytest.mark.slow]
+# ~1 min alone on the 2-core box; the bound leaves room for a loaded machine.
+pytestmark = [pytest.mark.django_db, pytest.mark.slow, pytest.mark.timeout(900)]
 
 WSGI = get_wsgi_application()
 EXAMPLES = 12
