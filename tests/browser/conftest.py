@@ -24,6 +24,8 @@ import pytest
 from django.conf import settings
 from playwright.sync_api import expect
 
+from workers.streaming import chunk_message, group_name
+
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
@@ -289,12 +291,10 @@ class WorkerStandIn:
             "height": session.height,
             "fps": session.fps,
             "mime": "image/jpeg",
+            # The owner's epoch, as a real worker's header carries it (the consumer filters on it).
+            "epoch": session.epoch,
         }
-        self._run(
-            self.layer.group_send(
-                f"session.{session.pk}", {"type": "session.chunk", "header": header, "frames": frames}
-            )
-        )
+        self._run(self.layer.group_send(group_name(str(session.pk)), chunk_message(header, frames)))
 
     def close(self):
         self.loop.call_soon_threadsafe(self.loop.stop)
