@@ -19,7 +19,6 @@ import websockets
 from rest_framework.authtoken.models import Token
 
 from gpu.models import GpuWorker
-from gpu.provisioners.registry import get_provisioner
 from sessions.models import GenerationSession, SessionEvent
 from tests.e2e.conftest import wait_for
 from tests.factories import StaffFactory, UserFactory
@@ -116,11 +115,9 @@ def test_a_frozen_worker_woken_after_the_takeover_publishes_nothing(platform, to
         takeover = next(i for i, name in enumerate(owners) if name != worker.name)
         assert set(owners[takeover:]) == {owners[takeover]} != {worker.name}, owners
         assert [h["epoch"] for h in headers] == sorted(h["epoch"] for h in headers)
-        # If the woken worker tried to publish (it may instead have been told to stop first), the
-        # fence refused it and it stopped generating the session.
-        log = get_provisioner("local").log_path(worker)
-        if "chunk.fenced" in log.read_text(errors="replace"):
-            wait_for(lambda: "session.superseded" in log.read_text(errors="replace"), 10, message="the fence")
+        # What the client saw above is the guarantee. The woken worker's own reaction (its log's
+        # chunk.fenced / session.superseded) is covered by tests/workers/test_fence.py and
+        # tests/workers/test_daemon.py, where the timing is under the test's control.
         with api(platform, tokens["user"]) as client:
             client.post(f"/api/sessions/{sid}/terminate/")
     finally:
