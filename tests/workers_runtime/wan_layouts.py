@@ -15,10 +15,11 @@ from pathlib import Path
 
 import torch
 
-WORDS = (
-    "a the red blue green cat dog fox robot walking running through snow forest city night beach "
-    "waves at dusk volcano erupting quiet lake over sea storm library harbour dawn"
-).split()
+WORDS = [
+    *("a", "the", "red", "blue", "green", "cat", "dog", "fox", "robot", "walking", "running", "through"),
+    *("snow", "forest", "city", "night", "beach", "waves", "at", "dusk", "volcano", "erupting", "quiet"),
+    *("lake", "over", "sea", "storm", "library", "harbour", "dawn"),
+]
 
 # Streaming settings of the tiny model: 64×64 video (8×8 latents, 16 tokens per frame), chunks of
 # 2 latent frames, a window of 6 latent frames with 2 sink frames.
@@ -46,7 +47,9 @@ def write_tokenizer(path: Path) -> None:
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>"
+    )
     fast.save_pretrained(str(path))
 
 

@@ -168,22 +168,6 @@ def read_wan_architecture(path: str | Path) -> WanCausalArchitecture:
     )
 
 
-def parse_model_paths(raw: str) -> dict[str, str]:
-    """``"name=/path,other=/path2"`` → {"name": "/path", ...}; ValueError naming the bad entry."""
-    paths: dict[str, str] = {}
-    for part in raw.split(","):
-        if not part.strip():
-            continue
-        name, sep, path = part.partition("=")
-        name, path = name.strip(), path.strip()
-        if not sep or not name or not path:
-            raise ValueError(f"expected preset=/path/to/checkpoint, got {part!r}")
-        if name in paths:
-            raise ValueError(f"preset {name!r} is given twice")
-        paths[name] = path
-    return paths
-
-
 def register_model_path(name: str, path: str | Path) -> Preset:
     """Register preset `name` served from the checkpoint directory `path` (see the module docstring).
 

@@ -35,7 +35,9 @@ def model_class(preset: str) -> type[StreamingVideoModel]:
     dotted = MODEL_REGISTRY.get(preset) or (PRESETS[preset].model if preset in PRESETS else None)
     if dotted is None:
         available = sorted(set(MODEL_REGISTRY) | set(PRESETS))
-        raise UnknownPresetError(f"unknown model preset {preset!r}; available presets: {', '.join(available)}")
+        raise UnknownPresetError(
+            f"unknown model preset {preset!r}; available presets: {', '.join(available)}"
+        )
     return pkgutil.resolve_name(dotted)
 
 

@@ -151,7 +151,9 @@ def read_generator_checkpoint(
         raise ModelLayoutError(f"{path}: no generator state dict under {list(keys)} (found {found})")
     # The original Wan names (`blocks.N.self_attn.q`, `head.head`, ...) go through diffusers' own
     # converter one key at a time, so that an error can name the parameter as the file spells it.
-    original_names = any(re.search(r"(^|\.)(self_attn|cross_attn|time_embedding|head\.head)\.", k) for k in state)
+    original_names = any(
+        re.search(r"(^|\.)(self_attn|cross_attn|time_embedding|head\.head)\.", k) for k in state
+    )
     tensors: dict[str, torch.Tensor] = {}
     described_as: dict[str, str] = {}
     for original, tensor in state.items():
@@ -167,12 +169,18 @@ def read_generator_checkpoint(
     return tensors, described_as
 
 
-def place(module: torch.nn.Module, device: torch.device, dtype: torch.dtype, keep_fp32: tuple[str, ...] | list[str]) -> None:
-    """Move parameters to `device` in `dtype`, those under a module named in `keep_fp32` in float32."""
+def place(
+    module: torch.nn.Module, device: torch.device, dtype: torch.dtype, keep_fp32: tuple[str, ...] | list[str]
+) -> None:
+    """Copy parameters to `device` in `dtype`, those under a module named in `keep_fp32` in float32.
+
+    Always a fresh allocation: weights read from a memory-mapped checkpoint would otherwise keep the
+    file's alignment, and CPU kernels round differently on differently aligned operands — the same
+    weights must give the same chunks whichever file they came from."""
     with torch.no_grad():
         for name, param in module.named_parameters():
             target = torch.float32 if any(part in keep_fp32 for part in name.split(".")) else dtype
-            param.data = param.data.to(device=device, dtype=target)
+            param.data = param.data.to(device=device, dtype=target, copy=True)
 
 
 class WanCausalNetwork:
@@ -263,9 +271,10 @@ class WanCausalModel(StreamingVideoModel):
         self.dim = tcfg.num_attention_heads * tcfg.attention_head_dim
         self.heads = tcfg.num_attention_heads
         self.latent_channels = tcfg.in_channels
-        if tuple(tcfg.patch_size)[0] != 1 or tcfg.patch_size[1] != tcfg.patch_size[2]:
+        p_t, p_h, p_w = tcfg.patch_size
+        if p_t != 1 or p_h != p_w:
             raise ModelLayoutError(f"{arch.path}/transformer: patch_size {tcfg.patch_size} is not (1, p, p)")
-        self.patch = int(tcfg.patch_size[1])
+        self.patch = int(p_h)
         if self.net.vae.config.z_dim != self.latent_channels:
             raise ModelLayoutError(
                 f"{arch.path}/vae: z_dim {self.net.vae.config.z_dim} != transformer in_channels "
@@ -577,7 +586,8 @@ class WanCausalModel(StreamingVideoModel):
             return latents
         shift, scale = (dit.scale_shift_table + temb.float().unsqueeze(1)).chunk(2, dim=1)
         out = dit.proj_out((dit.norm_out(x.float()) * (1 + scale) + shift).type_as(x))
-        out = out.view(b, f, h // p, w // p, c, p, p).permute(0, 1, 4, 2, 5, 3, 6).reshape(b, f, c, h, w)
+        # proj_out lays each token out as (p_t, p_h, p_w, C), as diffusers unpatchifies it.
+        out = out.view(b, f, h // p, w // p, p, p, c).permute(0, 1, 6, 2, 4, 3, 5).reshape(b, f, c, h, w)
         return out.float()
 
     def _block(
@@ -593,9 +603,11 @@ class WanCausalModel(StreamingVideoModel):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A diffusers `WanTransformerBlock` with causal self-attention over cache + chunk. Returns
         (x, k, v) with this chunk's RoPE'd keys and values [B, N, D] for the cache pass."""
-        b, n, d = x.shape
+        b, n, _ = x.shape
         heads = self.heads
-        shift, scale, gate, c_shift, c_scale, c_gate = (block.scale_shift_table + modulation.float()).chunk(6, dim=1)
+        shift, scale, gate, c_shift, c_scale, c_gate = (block.scale_shift_table + modulation.float()).chunk(
+            6, dim=1
+        )
         attn = block.attn1
         y = (block.norm1(x.float()) * (1 + scale) + shift).type_as(x)
         q = apply_rope(attn.norm_q(attn.to_q(y)).unflatten(2, (heads, -1)), rope)
@@ -619,14 +631,22 @@ class WanCausalModel(StreamingVideoModel):
         x = (x.float() + block.ffn(y).float() * c_gate).type_as(x)
         return x, k.flatten(2), v.flatten(2)
 
-    def _decode(self, states: list[SessionState], latents: torch.Tensor, frames_written: list[int]) -> torch.Tensor:
+    def _decode(
+        self, states: list[SessionState], latents: torch.Tensor, frames_written: list[int]
+    ) -> torch.Tensor:
         """uint8 frames [B, video_frames_per_chunk, H, W, 3] through each session's decoder cache.
 
         A stream's first latent frame decodes to one image (the causal VAE's start); it is shown for
         `temporal_upsample` frames so every chunk has the same length and duration.
         """
         out = torch.empty(
-            len(states), self.frames_per_chunk, self.height, self.width, 3, dtype=torch.uint8, device=self.device
+            len(states),
+            self.frames_per_chunk,
+            self.height,
+            self.width,
+            3,
+            dtype=torch.uint8,
+            device=self.device,
         )
         started = [i for i, fw in enumerate(frames_written) if fw > 0]
         fresh = [i for i, fw in enumerate(frames_written) if fw == 0]
@@ -651,7 +671,9 @@ class WanCausalModel(StreamingVideoModel):
             )
         video = torch.cat(pieces, dim=2).clamp(-1.0, 1.0)  # [B, 3, T, H, W]
         if first:
-            video = torch.cat([video[:, :, :1].expand(-1, -1, self.arch.temporal_upsample - 1, -1, -1), video], 2)
+            video = torch.cat(
+                [video[:, :, :1].expand(-1, -1, self.arch.temporal_upsample - 1, -1, -1), video], 2
+            )
         for index, _ in self.vae_cache_shapes:
             for j, state in enumerate(states):
                 state.tensors[f"vae_cache.{index:02d}"].copy_(cache[index][j])
