@@ -277,3 +277,33 @@ def test_state_size_formula_matches_the_allocation(wan_model):
     names = list(state.tensors)
     assert names[:3] == ["kv_cache", "prompt_embeds", "latent_window"]
     assert all(name.startswith("vae_cache.") for name in names[3:]) and len(names) > 3
+
+
+# -- MODEL_PATHS -----------------------------------------------------------------------------------
+
+
+def test_model_paths_registers_a_catalogue_preset_at_startup(wan_dir):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    script = (
+        "import django, json; django.setup();"
+        "from django.conf import settings; from workers.catalog import PRESETS;"
+        "from workers.runtime.models import model_class; p = PRESETS['wan-local'];"
+        "print(json.dumps([p.default_resolution, p.fps, p.frames_per_chunk, "
+        "settings.STREAMSERVE['SERVED_MODELS'], model_class('wan-local').__name__]))"
+    )
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="controlplane.settings", MODEL_PATHS=f"wan-local={wan_dir}")
+    env.pop("SERVED_MODELS", None)
+    done = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    resolution, fps, frames, served, cls = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (resolution, fps, frames, cls) == ("64x64", 8, 8, "WanCausalModel")
+    assert "wan-local" in served
+    env["MODEL_PATHS"] = f"wan-local={wan_dir / 'vae'}"
+    done = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True)
+    assert done.returncode != 0
+    assert "MODEL_PATHS" in done.stderr and "transformer: missing" in done.stderr
