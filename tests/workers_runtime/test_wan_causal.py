@@ -16,7 +16,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.workers_runtime.wan_layouts import write_diffusers_layout, write_generator_checkpoint
+from tests.workers_runtime.wan_layouts import (
+    write_diffusers_layout,
+    write_generator_checkpoint,
+    write_wan_layout,
+)
 from workers.runtime.local_models import ModelLayoutError, read_wan_architecture
 from workers.runtime.models.wan_causal import WanCausalModel
 
@@ -71,6 +75,33 @@ def test_generator_checkpoints_load_the_same_dit_as_the_diffusers_layout(
     _, frames = generate_chunks(model, "a red fox", 3, 2)
     _, reference = generate_chunks(wan_model, "a red fox", 3, 2)
     assert all(torch.equal(a, b) for a, b in zip(frames, reference, strict=True))
+
+
+def test_original_wan_release_loads_the_same_model_as_its_diffusers_twin(tmp_path):
+    # Given the original Wan2.1 folder (Wan's own names, .pth pickles) and the same weights as diffusers
+    original, twin = write_wan_layout(tmp_path)
+    arch = read_wan_architecture(original)
+    assert arch.layout == "wan" and read_wan_architecture(twin).layout == "diffusers"
+    # When both load
+    a = WanCausalModel(arch, preset="wan-test")
+    b = WanCausalModel(read_wan_architecture(twin), preset="wan-test")
+    # Then every component holds the same parameters and the streams are identical
+    for part in ("text_encoder", "transformer", "vae"):
+        sa, sb = getattr(a.net, part).state_dict(), getattr(b.net, part).state_dict()
+        assert sa.keys() == sb.keys(), part
+        assert all(torch.equal(sa[k], sb[k]) for k in sa), part
+    _, frames_a = generate_chunks(a, "a red fox", 3, 2)
+    _, frames_b = generate_chunks(b, "a red fox", 3, 2)
+    assert all(torch.equal(x, y) for x, y in zip(frames_a, frames_b, strict=True))
+    # ... and a gap in Wan's T5 pickle is named as Wan spells it
+    path = original / "models_t5_umt5-xxl-enc-bf16.pth"
+    t5 = torch.load(str(path), weights_only=True)
+    del t5["blocks.0.ffn.fc2.weight"]
+    torch.save(t5, str(path))
+    with pytest.raises(
+        ModelLayoutError, match=r"missing parameter\(s\) encoder\.block\.0\.layer\.1\.DenseReluDense\.wo"
+    ):
+        WanCausalModel(arch, preset="wan-test")
 
 
 def test_first_chunk_step_equals_the_diffusers_transformer_forward(wan_dir, wan_model):

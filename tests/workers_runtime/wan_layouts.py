@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import torch
@@ -53,7 +54,9 @@ def write_tokenizer(path: Path) -> None:
     fast.save_pretrained(str(path))
 
 
-def write_diffusers_layout(root: Path, *, seed: int = 0, settings: dict | None = None) -> Path:
+def write_diffusers_layout(
+    root: Path, *, seed: int = 0, settings: dict | None = None, latent_channels: int = 4
+) -> Path:
     from diffusers import AutoencoderKLWan, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
@@ -68,7 +71,8 @@ def write_diffusers_layout(root: Path, *, seed: int = 0, settings: dict | None =
     )  # fmt: skip
     text.save_pretrained(str(root / "text_encoder"))
     transformer = WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=latent_channels,
+        out_channels=latent_channels,
         text_dim=16, freq_dim=32, ffn_dim=32, num_layers=2, cross_attn_norm=True,
     )  # fmt: skip
     with torch.no_grad():  # zero-initialised tables would hide modulation bugs
@@ -137,3 +141,105 @@ def write_generator_checkpoint(
     torch.save(checkpoint, str(path))
     (root / "transformer" / "diffusion_pytorch_model.safetensors").unlink()
     return path
+
+
+# -- the original Wan2.1 release -------------------------------------------------------------------
+
+# transformers' UMT5 names → Wan's T5 names (wan/modules/t5.py).
+UMT5_TO_WAN = [
+    (r"^shared\.weight$", "token_embedding.weight"),
+    (r"^encoder\.final_layer_norm\.weight$", "norm.weight"),
+    (r"^encoder\.block\.(\d+)\.layer\.0\.layer_norm\.", r"blocks.\1.norm1."),
+    (
+        r"^encoder\.block\.(\d+)\.layer\.0\.SelfAttention\.relative_attention_bias\.",
+        r"blocks.\1.pos_embedding.embedding.",
+    ),
+    (r"^encoder\.block\.(\d+)\.layer\.0\.SelfAttention\.([qkvo])\.", r"blocks.\1.attn.\2."),
+    (r"^encoder\.block\.(\d+)\.layer\.1\.layer_norm\.", r"blocks.\1.norm2."),
+    (r"^encoder\.block\.(\d+)\.layer\.1\.DenseReluDense\.wi_0\.", r"blocks.\1.ffn.gate.0."),
+    (r"^encoder\.block\.(\d+)\.layer\.1\.DenseReluDense\.wi_1\.", r"blocks.\1.ffn.fc1."),
+    (r"^encoder\.block\.(\d+)\.layer\.1\.DenseReluDense\.wo\.", r"blocks.\1.ffn.fc2."),
+]
+
+RESIDUAL = {"norm1": "residual.0", "conv1": "residual.2", "norm2": "residual.3", "conv2": "residual.6",
+            "conv_shortcut": "shortcut"}  # fmt: skip
+
+
+def wan_vae_name(name: str) -> str:
+    """diffusers' AutoencoderKLWan name → the name in Wan's Wan2.1_VAE.pth (the inverse of diffusers'
+    converter for the Wan2.1 VAE structure)."""
+    fixed = {"quant_conv": "conv1", "post_quant_conv": "conv2"}
+    head, _, leaf = name.rpartition(".")
+    if head in fixed:
+        return f"{fixed[head]}.{leaf}"
+    m = re.match(r"^(encoder|decoder)\.(conv_in|conv_out|norm_out)\.(.*)$", name)
+    if m:
+        part = {"conv_in": "conv1", "conv_out": "head.2", "norm_out": "head.0"}[m.group(2)]
+        return f"{m.group(1)}.{part}.{m.group(3)}"
+    m = re.match(r"^(encoder|decoder)\.mid_block\.(resnets|attentions)\.(\d)\.(.*)$", name)
+    if m:
+        side, kind, index, rest = m.groups()
+        if kind == "attentions":
+            return f"{side}.middle.1.{rest}"
+        slot = 0 if index == "0" else 2
+        return f"{side}.middle.{slot}.{_residual(rest)}"
+    m = re.match(r"^encoder\.down_blocks\.(\d+)\.(.*)$", name)
+    if m:
+        return f"encoder.downsamples.{m.group(1)}.{_residual(m.group(2))}"
+    m = re.match(r"^decoder\.up_blocks\.(\d+)\.resnets\.(\d+)\.(.*)$", name)
+    if m:
+        block, resnet, rest = int(m.group(1)), int(m.group(2)), m.group(3)
+        return f"decoder.upsamples.{4 * block + resnet}.{_residual(rest)}"
+    m = re.match(r"^decoder\.up_blocks\.(\d+)\.upsamplers\.0\.(.*)$", name)
+    if m:
+        return f"decoder.upsamples.{4 * int(m.group(1)) + 3}.{m.group(2)}"
+    return name
+
+
+def _residual(rest: str) -> str:
+    for ours, theirs in RESIDUAL.items():
+        if rest.startswith(ours + "."):
+            return theirs + rest[len(ours) :]
+    return rest
+
+
+def write_wan_layout(root: Path, *, seed: int = 0) -> tuple[Path, Path]:
+    """The original Wan2.1 release of a tiny random model (config.json and the DiT in Wan's names,
+    models_t5_umt5-xxl-enc-bf16.pth, Wan2.1_VAE.pth, google/umt5-xxl/), and beside it the same
+    weights in the diffusers layout. Returns (original, diffusers)."""
+    from diffusers import AutoencoderKLWan
+    from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
+    from safetensors.torch import load_file, save_file
+
+    diffusers_dir = write_diffusers_layout(root / "diffusers", seed=seed, latent_channels=16)
+    # The Wan2.1 VAE structure (2 residual blocks a level, what diffusers' converter maps) at width 8.
+    vae = AutoencoderKLWan(base_dim=8, z_dim=16)
+    vae.save_pretrained(str(diffusers_dir / "vae"))
+    original = root / "Wan2.1-T2V-tiny"
+    original.mkdir(parents=True)
+    write_tokenizer(original / "google" / "umt5-xxl")
+    dit = load_file(str(diffusers_dir / "transformer" / "diffusion_pytorch_model.safetensors"))
+    save_file({wan_name(k): v for k, v in dit.items()}, str(original / "diffusion_pytorch_model.safetensors"))
+    cfg = json.loads((diffusers_dir / "transformer" / "config.json").read_text())
+    heads = cfg["num_attention_heads"]
+    (original / "config.json").write_text(json.dumps({
+        "_class_name": "WanModel", "model_type": "t2v", "dim": heads * cfg["attention_head_dim"],
+        "num_heads": heads, "in_dim": cfg["in_channels"], "out_dim": cfg["out_channels"],
+        "ffn_dim": cfg["ffn_dim"], "freq_dim": cfg["freq_dim"], "num_layers": cfg["num_layers"],
+        "text_dim": cfg["text_dim"], "text_len": 512, "eps": 1e-06,
+    }))  # fmt: skip
+    t5 = load_file(str(diffusers_dir / "text_encoder" / "model.safetensors"))
+    t5_wan = {}
+    for name, tensor in t5.items():
+        for pattern, repl in UMT5_TO_WAN:
+            name, hits = re.subn(pattern, repl, name)
+            if hits:
+                break
+        t5_wan[name] = tensor
+    t5_wan.pop("encoder.embed_tokens.weight", None)
+    torch.save(t5_wan, str(original / "models_t5_umt5-xxl-enc-bf16.pth"))
+    vae_wan = {wan_vae_name(k): v for k, v in vae.state_dict().items()}
+    assert convert_wan_vae_to_diffusers(dict(vae_wan)).keys() == vae.state_dict().keys()
+    torch.save(vae_wan, str(original / "Wan2.1_VAE.pth"))
+    shutil.copy(diffusers_dir / "streamserve.json", original / "streamserve.json")
+    return original, diffusers_dir

@@ -27,6 +27,14 @@ from workers.runtime.presets import PRESETS, Preset
 WAN_CAUSAL = "workers.runtime.models.wan_causal:WanCausalModel"
 SETTINGS_FILE = "streamserve.json"
 COMPONENTS = ("transformer", "text_encoder", "tokenizer", "vae")
+# The original Wan2.1 release (`Wan-AI/Wan2.1-T2V-1.3B`, what Self-Forcing, CausVid and LongLive put
+# under `wan_models/`): the DiT config and weights at the top, the UMT5 encoder and the VAE as torch
+# pickles in Wan's own parameter names, the tokenizer under google/umt5-xxl/.
+WAN_FILES = {
+    "text_encoder": "models_t5_umt5-xxl-enc-bf16.pth",
+    "vae": "Wan2.1_VAE.pth",
+    "tokenizer": "google/umt5-xxl",
+}
 # Where the causal projects put their generator checkpoint, relative to the model directory.
 GENERATOR_CHECKPOINTS = (
     "checkpoints/self_forcing_dmd.pt",
@@ -74,6 +82,7 @@ class WanCausalArchitecture:
     spatial_upsample: int = 8
     temporal_upsample: int = 4
     patch: tuple[int, int, int] = (1, 2, 2)
+    layout: str = "diffusers"  # or "wan": the original Wan2.1 release (WAN_FILES)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -138,18 +147,29 @@ def read_wan_architecture(path: str | Path) -> WanCausalArchitecture:
     root = Path(path)
     if not root.is_dir():
         raise ModelLayoutError(f"{root}: not a directory")
-    for component in COMPONENTS:
-        if not (root / component).is_dir():
-            raise ModelLayoutError(
-                f"{root / component}: missing (expected the diffusers Wan2.1 layout: "
-                f"{', '.join(c + '/' for c in COMPONENTS)})"
-            )
-    transformer = read_json(root / "transformer" / "config.json")
-    vae = read_json(root / "vae" / "config.json")
+    top = read_json(root / "config.json") if (root / "config.json").is_file() else {}
+    if (root / "transformer").is_dir() or not {"dim", "num_heads"} <= set(top):
+        layout = "diffusers"
+        for component in COMPONENTS:
+            if not (root / component).is_dir():
+                raise ModelLayoutError(
+                    f"{root / component}: missing (expected the diffusers Wan2.1 layout: "
+                    f"{', '.join(c + '/' for c in COMPONENTS)}, or the original one: config.json, "
+                    f"{', '.join(WAN_FILES.values())})"
+                )
+        transformer = read_json(root / "transformer" / "config.json")
+        vae = read_json(root / "vae" / "config.json")
+    else:
+        layout = "wan"
+        transformer = top
+        for name in WAN_FILES.values():
+            if not (root / name).exists():
+                raise ModelLayoutError(f"{root / name}: missing (the original Wan2.1 layout)")
+        vae = {}  # the Wan2.1 VAE: 8× spatial, 4× temporal
     settings: dict[str, Any] = {}
     if (root / SETTINGS_FILE).is_file():
         settings = read_json(root / SETTINGS_FILE)
-    known = {f.name for f in fields(WanCausalArchitecture)} - {"path", "extra", "patch"}
+    known = {f.name for f in fields(WanCausalArchitecture)} - {"path", "extra", "patch", "layout"}
     unknown = sorted(set(settings) - known)
     if unknown:
         raise ModelLayoutError(
@@ -161,6 +181,7 @@ def read_wan_architecture(path: str | Path) -> WanCausalArchitecture:
     temporal = vae.get("temperal_downsample", [False, True, True])
     return WanCausalArchitecture(
         path=str(root),
+        layout=layout,
         patch=tuple(transformer.get("patch_size", (1, 2, 2))),
         spatial_upsample=2 ** len(vae.get("dim_mult", [1, 2, 4, 4])[1:]),
         temporal_upsample=2 ** sum(bool(t) for t in temporal),

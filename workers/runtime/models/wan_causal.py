@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from workers.runtime.local_models import ModelLayoutError, WanCausalArchitecture, read_json
+from workers.runtime.local_models import WAN_FILES, ModelLayoutError, WanCausalArchitecture, read_json
 from workers.runtime.models import UnknownPresetError
 from workers.runtime.models.base import (
     DTYPES_BY_NAME,
@@ -132,8 +132,6 @@ def read_generator_checkpoint(
     `{"generator": sd}`; `sd` is their diffusion wrapper's state dict (`model.` + the original Wan
     parameter names). A bare state dict, or one already in diffusers names, is accepted too.
     """
-    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
-
     if path.suffix == ".safetensors":
         raw: dict[str, Any] = load_file(str(path))
     else:
@@ -149,6 +147,14 @@ def read_generator_checkpoint(
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         found = sorted(raw) if isinstance(raw, dict) else type(raw).__name__
         raise ModelLayoutError(f"{path}: no generator state dict under {list(keys)} (found {found})")
+    return dit_in_diffusers_names(state)
+
+
+def dit_in_diffusers_names(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """A Wan DiT state dict in diffusers names (wrapper prefixes stripped, original Wan names mapped),
+    and diffusers name → the name in the file."""
+    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+
     # The original Wan names (`blocks.N.self_attn.q`, `head.head`, ...) go through diffusers' own
     # converter one key at a time, so that an error can name the parameter as the file spells it.
     original_names = any(
@@ -167,6 +173,126 @@ def read_generator_checkpoint(
         tensors[name] = tensor
         described_as[name] = original
     return tensors, described_as
+
+
+# Wan's own T5 encoder names (wan/modules/t5.py) → transformers' UMT5EncoderModel names.
+WAN_T5_NAMES = [
+    (r"^token_embedding\.weight$", "shared.weight"),
+    (r"^norm\.weight$", "encoder.final_layer_norm.weight"),
+    (r"^blocks\.(\d+)\.norm1\.weight$", r"encoder.block.\1.layer.0.layer_norm.weight"),
+    (r"^blocks\.(\d+)\.attn\.([qkvo])\.weight$", r"encoder.block.\1.layer.0.SelfAttention.\2.weight"),
+    (
+        r"^blocks\.(\d+)\.pos_embedding\.embedding\.weight$",
+        r"encoder.block.\1.layer.0.SelfAttention.relative_attention_bias.weight",
+    ),
+    (r"^blocks\.(\d+)\.norm2\.weight$", r"encoder.block.\1.layer.1.layer_norm.weight"),
+    (r"^blocks\.(\d+)\.ffn\.gate\.0\.weight$", r"encoder.block.\1.layer.1.DenseReluDense.wi_0.weight"),
+    (r"^blocks\.(\d+)\.ffn\.fc1\.weight$", r"encoder.block.\1.layer.1.DenseReluDense.wi_1.weight"),
+    (r"^blocks\.(\d+)\.ffn\.fc2\.weight$", r"encoder.block.\1.layer.1.DenseReluDense.wo.weight"),
+]
+# The parameters the T5 encoder's shape is read from: transformers' name, Wan's name.
+WAN_T5_SHAPE_FROM = {
+    "embedding": ("shared.weight", "token_embedding.weight"),
+    "position_bias": (
+        "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+        "blocks.0.pos_embedding.embedding.weight",
+    ),
+    "query": ("encoder.block.0.layer.0.SelfAttention.q.weight", "blocks.0.attn.q.weight"),
+    "gate": ("encoder.block.0.layer.1.DenseReluDense.wi_0.weight", "blocks.0.ffn.gate.0.weight"),
+}
+
+
+def read_torch_state(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:
+        raise ModelLayoutError(f"{path}: not a readable torch checkpoint ({exc})") from exc
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ModelLayoutError(f"{path}: expected a state dict of tensors")
+    return state
+
+
+def wan_t5_encoder(path: Path) -> tuple[Any, dict[str, torch.Tensor], dict[str, str]]:
+    """A meta-device UMT5EncoderModel shaped like Wan's T5 checkpoint `path`, its tensors in
+    transformers' names, and transformers' name → Wan's name."""
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    tensors: dict[str, torch.Tensor] = {}
+    described_as: dict[str, str] = {}
+    for original, tensor in read_torch_state(path).items():
+        name = original
+        for pattern, repl in WAN_T5_NAMES:
+            name, hits = re.subn(pattern, repl, name)
+            if hits:
+                break
+        tensors[name] = tensor
+        described_as[name] = original
+    absent = [wan for name, wan in WAN_T5_SHAPE_FROM.values() if name not in tensors]
+    if absent:
+        raise ModelLayoutError(f"{path}: missing parameter(s) {_names(absent)}")
+    shape = {key: tensors[name].shape for key, (name, _) in WAN_T5_SHAPE_FROM.items()}
+    vocab, d_model = shape["embedding"]
+    buckets, heads = shape["position_bias"]
+    layers = len({m.group(1) for k in tensors if (m := re.match(r"encoder\.block\.(\d+)\.", k))})
+    config = UMT5Config(
+        vocab_size=vocab, d_model=d_model, d_kv=shape["query"][0] // heads, d_ff=shape["gate"][0],
+        num_layers=layers, num_heads=heads, relative_attention_num_buckets=buckets,
+        relative_attention_max_distance=128, feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6,
+    )  # fmt: skip
+    with torch.device("meta"):
+        encoder = UMT5EncoderModel(config)
+    # Tied in transformers: the one embedding under both names.
+    tensors["encoder.embed_tokens.weight"] = tensors["shared.weight"]
+    described_as["encoder.embed_tokens.weight"] = "token_embedding.weight"
+    return encoder, tensors, described_as
+
+
+def wan_transformer_config(config: dict[str, Any], origin: Path) -> dict[str, Any]:
+    """The diffusers WanTransformer3DModel config of an original Wan2.1 `config.json`."""
+    try:
+        dim, heads = int(config["dim"]), int(config["num_heads"])
+        return {
+            "patch_size": tuple(config.get("patch_size", (1, 2, 2))),
+            "num_attention_heads": heads,
+            "attention_head_dim": dim // heads,
+            "in_channels": int(config["in_dim"]),
+            "out_channels": int(config["out_dim"]),
+            "text_dim": int(config.get("text_dim", 4096)),
+            "freq_dim": int(config.get("freq_dim", 256)),
+            "ffn_dim": int(config["ffn_dim"]),
+            "num_layers": int(config["num_layers"]),
+            "cross_attn_norm": bool(config.get("cross_attn_norm", True)),
+            "qk_norm": "rms_norm_across_heads" if config.get("qk_norm", True) else None,
+            "eps": float(config.get("eps", 1e-6)),
+        }
+    except KeyError as exc:
+        raise ModelLayoutError(f"{origin}: lacks {exc.args[0]!r} (a Wan2.1 WanModel config)") from None
+
+
+def wan_vae(path: Path) -> tuple[Any, dict[str, torch.Tensor], dict[str, str]]:
+    """A meta-device AutoencoderKLWan for Wan's own `Wan2.1_VAE.pth`, its tensors in diffusers' names
+    (diffusers' converter, one key at a time), and diffusers' name → Wan's name."""
+    from diffusers import AutoencoderKLWan
+    from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
+
+    tensors: dict[str, torch.Tensor] = {}
+    described_as: dict[str, str] = {}
+    for original, tensor in read_torch_state(path).items():
+        (name,) = convert_wan_vae_to_diffusers({original: tensor})
+        tensors[name] = tensor
+        described_as[name] = original
+    for name, wan in (
+        ("encoder.conv_in.weight", "encoder.conv1.weight"),
+        ("post_quant_conv.weight", "conv2.weight"),
+    ):
+        if name not in tensors:
+            raise ModelLayoutError(f"{path}: missing parameter(s) {wan}")
+    z_dim = tensors["post_quant_conv.weight"].shape[0]
+    if z_dim != 16:
+        raise ModelLayoutError(f"{path}: a {z_dim}-channel VAE is not the Wan2.1 VAE (16 latent channels)")
+    with torch.device("meta"):
+        vae = AutoencoderKLWan(base_dim=tensors["encoder.conv_in.weight"].shape[0], z_dim=z_dim)
+    return vae, tensors, described_as
 
 
 def place(
@@ -189,12 +315,63 @@ class WanCausalNetwork:
 
     def __init__(self, arch: WanCausalArchitecture, device: torch.device, dtype: torch.dtype) -> None:
         from diffusers import AutoencoderKLWan, WanTransformer3DModel
-        from transformers import AutoTokenizer, UMT5EncoderModel
+        from transformers import AutoTokenizer
 
         root = Path(arch.path)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(root / "tokenizer"), local_files_only=True)
+        original = arch.layout == "wan"
+        tokenizer_dir = root / (WAN_FILES["tokenizer"] if original else "tokenizer")
+        self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
 
-        text_dir = root / "text_encoder"
+        if original:
+            t5_path = root / WAN_FILES["text_encoder"]
+            encoder, tensors, described_as = wan_t5_encoder(t5_path)
+            load_strict(encoder, tensors, described_as, str(t5_path))
+            encoder.encoder.embed_tokens.weight = encoder.shared.weight
+            place(encoder, device, dtype, keep_fp32=())
+            self.text_encoder = encoder.eval().requires_grad_(False)
+        else:
+            self.text_encoder = self._load_umt5(root / "text_encoder", device, dtype)
+
+        transformer_dir = root if original else root / "transformer"
+        config = read_json(transformer_dir / "config.json")
+        if original:
+            config = wan_transformer_config(config, transformer_dir / "config.json")
+        with torch.device("meta"):
+            transformer = WanTransformer3DModel.from_config(config)
+        transformer.rope = torch.nn.Identity()  # non-persistent buffers; the streaming step has its own RoPE
+        generator = arch.generator_path()
+        if generator is not None:
+            tensors, described_as = read_generator_checkpoint(generator, arch.checkpoint_keys)
+            load_strict(transformer, tensors, described_as, str(generator))
+        else:
+            tensors, sources = read_safetensors(transformer_dir, "diffusion_pytorch_model")
+            origin = ", ".join(sorted({str(p) for p in sources.values()}))
+            described_as = {}
+            if original:
+                tensors, described_as = dit_in_diffusers_names(tensors)
+            load_strict(transformer, tensors, described_as, origin)
+        # As diffusers does for Wan: time embedding, modulation tables and norms stay in float32.
+        place(transformer, device, dtype, keep_fp32=WanTransformer3DModel._keep_in_fp32_modules)
+        self.transformer = transformer.eval().requires_grad_(False)
+
+        if original:
+            vae_path = root / WAN_FILES["vae"]
+            vae, tensors, described_as = wan_vae(vae_path)
+            load_strict(vae, tensors, described_as, str(vae_path))
+        else:
+            vae_dir = root / "vae"
+            with torch.device("meta"):
+                vae = AutoencoderKLWan.from_config(read_json(vae_dir / "config.json"))
+            tensors, sources = read_safetensors(vae_dir, "diffusion_pytorch_model")
+            load_strict(vae, tensors, {}, ", ".join(sorted({str(p) for p in sources.values()})))
+        place(vae, device, dtype, keep_fp32=())
+        self.vae = vae.eval().requires_grad_(False)
+
+    @staticmethod
+    def _load_umt5(text_dir: Path, device: torch.device, dtype: torch.dtype) -> Any:
+        """transformers' own loader for the diffusers layout's text_encoder/, made strict."""
+        from transformers import UMT5EncoderModel
+
         read_json(text_dir / "config.json")
         try:
             encoder, info = UMT5EncoderModel.from_pretrained(
@@ -211,32 +388,7 @@ class WanCausalNetwork:
             problems.append(f"mismatched parameter(s) {_names([str(k) for k in info['mismatched_keys']])}")
         if problems:
             raise ModelLayoutError(f"{text_dir}: " + "; ".join(problems))
-        self.text_encoder = encoder.to(device).eval().requires_grad_(False)
-
-        transformer_dir = root / "transformer"
-        config = read_json(transformer_dir / "config.json")
-        with torch.device("meta"):
-            transformer = WanTransformer3DModel.from_config(config)
-        transformer.rope = torch.nn.Identity()  # non-persistent buffers; the streaming step has its own RoPE
-        generator = arch.generator_path()
-        if generator is not None:
-            tensors, described_as = read_generator_checkpoint(generator, arch.checkpoint_keys)
-            load_strict(transformer, tensors, described_as, str(generator))
-        else:
-            tensors, sources = read_safetensors(transformer_dir, "diffusion_pytorch_model")
-            origin = ", ".join(sorted({str(p) for p in sources.values()}))
-            load_strict(transformer, tensors, {}, origin)
-        # As diffusers does for Wan: time embedding, modulation tables and norms stay in float32.
-        place(transformer, device, dtype, keep_fp32=WanTransformer3DModel._keep_in_fp32_modules)
-        self.transformer = transformer.eval().requires_grad_(False)
-
-        vae_dir = root / "vae"
-        with torch.device("meta"):
-            vae = AutoencoderKLWan.from_config(read_json(vae_dir / "config.json"))
-        tensors, sources = read_safetensors(vae_dir, "diffusion_pytorch_model")
-        load_strict(vae, tensors, {}, ", ".join(sorted({str(p) for p in sources.values()})))
-        place(vae, device, dtype, keep_fp32=())
-        self.vae = vae.eval().requires_grad_(False)
+        return encoder.to(device).eval().requires_grad_(False)
 
 
 # -- the model -------------------------------------------------------------------------------------
