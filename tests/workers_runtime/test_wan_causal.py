@@ -93,6 +93,25 @@ def test_original_wan_release_loads_the_same_model_as_its_diffusers_twin(tmp_pat
     _, frames_a = generate_chunks(a, "a red fox", 3, 2)
     _, frames_b = generate_chunks(b, "a red fox", 3, 2)
     assert all(torch.equal(x, y) for x, y in zip(frames_a, frames_b, strict=True))
+    # ... and so does Self-Forcing's own tree: the release under wan_models/, the generator beside it
+    project = tmp_path / "Self-Forcing"
+    shutil.copytree(original, project / "wan_models" / "Wan2.1-T2V-1.3B")
+    shutil.move(project / "wan_models" / "Wan2.1-T2V-1.3B" / "streamserve.json", project / "streamserve.json")
+    dit_path = project / "wan_models" / "Wan2.1-T2V-1.3B" / "diffusion_pytorch_model.safetensors"
+    dit = load_file(str(dit_path))
+    (project / "checkpoints").mkdir()
+    torch.save(
+        {"generator_ema": {f"model.{k}": v for k, v in dit.items()}},
+        str(project / "checkpoints" / "self_forcing_dmd.pt"),
+    )
+    save_file({k: v + 1.0 for k, v in dit.items()}, str(dit_path))  # the bidirectional base: not served
+    arch_sf = read_wan_architecture(project)
+    assert (
+        arch_sf.layout == "wan"
+        and arch_sf.generator_path() == project / "checkpoints" / "self_forcing_dmd.pt"
+    )
+    _, frames_sf = generate_chunks(WanCausalModel(arch_sf, preset="wan-test"), "a red fox", 3, 2)
+    assert all(torch.equal(x, y) for x, y in zip(frames_sf, frames_b, strict=True))
     # ... and a gap in Wan's T5 pickle is named as Wan spells it
     path = original / "models_t5_umt5-xxl-enc-bf16.pth"
     t5 = torch.load(str(path), weights_only=True)

@@ -39,6 +39,7 @@ WAN_FILES = {
 GENERATOR_CHECKPOINTS = (
     "checkpoints/self_forcing_dmd.pt",
     "self_forcing_dmd.pt",
+    "longlive_models/models/longlive_base.pt",
     "models/longlive_base.pt",
     "longlive_base.pt",
     "autoregressive_checkpoint/model.pt",
@@ -83,6 +84,7 @@ class WanCausalArchitecture:
     temporal_upsample: int = 4
     patch: tuple[int, int, int] = (1, 2, 2)
     layout: str = "diffusers"  # or "wan": the original Wan2.1 release (WAN_FILES)
+    base: str = ""  # the Wan2.1 folder: `path` itself, or its PROJECT_BASE
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -142,11 +144,20 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
+# A causal project's own tree: the Wan2.1 release where their READMEs download it, the generator
+# checkpoint beside it (Self-Forcing `checkpoints/`, LongLive `longlive_models/models/`, CausVid).
+PROJECT_BASE = "wan_models/Wan2.1-T2V-1.3B"
+
+
 def read_wan_architecture(path: str | Path) -> WanCausalArchitecture:
-    """Check the directory's layout (component folders and configs) and read its streaming settings."""
-    root = Path(path)
-    if not root.is_dir():
-        raise ModelLayoutError(f"{root}: not a directory")
+    """Check the directory's layout (component folders and configs) and read its streaming settings.
+
+    `path` is a Wan2.1 folder (diffusers or original layout), optionally holding a generator
+    checkpoint, or a causal project's tree whose `wan_models/Wan2.1-T2V-1.3B` is the Wan2.1 folder."""
+    project = Path(path)
+    if not project.is_dir():
+        raise ModelLayoutError(f"{project}: not a directory")
+    root = project / PROJECT_BASE if (project / PROJECT_BASE).is_dir() else project
     top = read_json(root / "config.json") if (root / "config.json").is_file() else {}
     if (root / "transformer").is_dir() or not {"dim", "num_heads"} <= set(top):
         layout = "diffusers"
@@ -167,20 +178,21 @@ def read_wan_architecture(path: str | Path) -> WanCausalArchitecture:
                 raise ModelLayoutError(f"{root / name}: missing (the original Wan2.1 layout)")
         vae = {}  # the Wan2.1 VAE: 8× spatial, 4× temporal
     settings: dict[str, Any] = {}
-    if (root / SETTINGS_FILE).is_file():
-        settings = read_json(root / SETTINGS_FILE)
-    known = {f.name for f in fields(WanCausalArchitecture)} - {"path", "extra", "patch", "layout"}
+    if (project / SETTINGS_FILE).is_file():
+        settings = read_json(project / SETTINGS_FILE)
+    known = {f.name for f in fields(WanCausalArchitecture)} - {"path", "extra", "patch", "layout", "base"}
     unknown = sorted(set(settings) - known)
     if unknown:
         raise ModelLayoutError(
-            f"{root / SETTINGS_FILE}: unknown setting(s) {unknown}; known: {sorted(known)}"
+            f"{project / SETTINGS_FILE}: unknown setting(s) {unknown}; known: {sorted(known)}"
         )
     for key in ("denoising_timesteps", "checkpoint_keys"):
         if key in settings:
             settings[key] = tuple(settings[key])
     temporal = vae.get("temperal_downsample", [False, True, True])
     return WanCausalArchitecture(
-        path=str(root),
+        path=str(project),
+        base=str(root),
         layout=layout,
         patch=tuple(transformer.get("patch_size", (1, 2, 2))),
         spatial_upsample=2 ** len(vae.get("dim_mult", [1, 2, 4, 4])[1:]),

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import re
 import types
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,13 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from workers.runtime.local_models import WAN_FILES, ModelLayoutError, WanCausalArchitecture, read_json
+from workers.runtime.local_models import (
+    WAN_FILES,
+    ModelLayoutError,
+    WanCausalArchitecture,
+    read_json,
+    read_wan_architecture,
+)
 from workers.runtime.models import UnknownPresetError
 from workers.runtime.models.base import (
     DTYPES_BY_NAME,
@@ -317,7 +323,7 @@ class WanCausalNetwork:
         from diffusers import AutoencoderKLWan, WanTransformer3DModel
         from transformers import AutoTokenizer
 
-        root = Path(arch.path)
+        root = Path(arch.base or arch.path)
         original = arch.layout == "wan"
         tokenizer_dir = root / (WAN_FILES["tokenizer"] if original else "tokenizer")
         self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
@@ -463,7 +469,7 @@ class WanCausalModel(StreamingVideoModel):
             raise UnknownPresetError(f"{preset!r} is not a Wan causal preset (register it with MODEL_PATHS)")
         arch = entry.architecture
         if weights_path is not None:
-            arch = replace(arch, path=weights_path)
+            arch = read_wan_architecture(weights_path)
         return cls(arch, preset=preset, device=device, dtype=dtype)
 
     def describe(self) -> dict[str, Any]:
