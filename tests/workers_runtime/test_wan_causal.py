@@ -77,6 +77,45 @@ def test_generator_checkpoints_load_the_same_dit_as_the_diffusers_layout(
     assert all(torch.equal(a, b) for a, b in zip(frames, reference, strict=True))
 
 
+def test_longlive_lora_is_merged_into_the_generator(wan_dir, wan_model, tmp_path):
+    # Given LongLive's base generator and a rank-2 peft LoRA over two of its layers (alpha 4: scale 2)
+    root = causal_copy(wan_dir, tmp_path, "models/longlive_base.pt", ema_offset=None)
+    down, up = torch.randn(2, 24), torch.randn(24, 2)
+    ffn_down, ffn_up = torch.randn(2, 24), torch.randn(32, 2)
+    lora = {
+        "base_model.model.blocks.0.self_attn.q.lora_A.weight": down,
+        "base_model.model.blocks.0.self_attn.q.lora_B.weight": up,
+        "base_model.model.blocks.1.ffn.0.lora_A.weight": ffn_down,
+        "base_model.model.blocks.1.ffn.0.lora_B.weight": ffn_up,
+    }
+    torch.save({"generator_lora": lora}, str(root / "models" / "lora.pt"))
+    settings = json.loads((root / "streamserve.json").read_text())
+    (root / "streamserve.json").write_text(json.dumps(dict(settings, lora_alpha=4.0)))
+    # When the adapter loads the tree
+    arch = read_wan_architecture(root)
+    assert arch.lora_path() == root / "models" / "lora.pt"
+    merged = WanCausalModel(arch, preset="wan-test").net.transformer.state_dict()
+    # Then exactly those weights moved, by alpha / rank · B A
+    base = wan_model.net.transformer.state_dict()
+    torch.testing.assert_close(
+        merged["blocks.0.attn1.to_q.weight"], base["blocks.0.attn1.to_q.weight"] + 2 * up @ down
+    )
+    torch.testing.assert_close(
+        merged["blocks.1.ffn.net.0.proj.weight"],
+        base["blocks.1.ffn.net.0.proj.weight"] + 2 * ffn_up @ ffn_down,
+    )
+    changed = {k for k in base if not torch.equal(base[k], merged[k])}
+    assert changed == {"blocks.0.attn1.to_q.weight", "blocks.1.ffn.net.0.proj.weight"}
+    # ... and a LoRA for a layer the DiT lacks is named
+    lora["base_model.model.blocks.7.self_attn.q.lora_A.weight"] = down
+    lora["base_model.model.blocks.7.self_attn.q.lora_B.weight"] = up
+    torch.save({"generator_lora": lora}, str(root / "models" / "lora.pt"))
+    with pytest.raises(
+        ModelLayoutError, match=r"lora\.pt: unexpected parameter\(s\) base_model\.model\.blocks\.7"
+    ):
+        WanCausalModel(arch, preset="wan-test")
+
+
 def test_original_wan_release_loads_the_same_model_as_its_diffusers_twin(tmp_path):
     # Given the original Wan2.1 folder (Wan's own names, .pth pickles) and the same weights as diffusers
     original, twin = write_wan_layout(tmp_path)

@@ -45,6 +45,7 @@ GENERATOR_CHECKPOINTS = (
     "autoregressive_checkpoint/model.pt",
     "generator.safetensors",
 )
+LORA_CHECKPOINTS = ("longlive_models/models/lora.pt", "models/lora.pt", "lora.pt")
 
 
 class ModelLayoutError(ValueError):
@@ -77,6 +78,10 @@ class WanCausalArchitecture:
     kv_recache: bool = True
     # Relative to `path`; "" = look for the published names (GENERATOR_CHECKPOINTS), none = plain Wan.
     generator_checkpoint: str = ""
+    # LongLive's LoRA over the generator (peft state dict, rank 256 / alpha 256), merged at load;
+    # "" = look for the published names (LORA_CHECKPOINTS). lora_alpha None = the rank (scale 1).
+    lora_checkpoint: str = ""
+    lora_alpha: float | None = None
     # Which state dict of a training checkpoint to serve: the EMA weights when present.
     checkpoint_keys: tuple[str, ...] = ("generator_ema", "generator", "model", "state_dict")
     dtype: str = "auto"  # bfloat16 on CUDA, float32 on CPU
@@ -117,6 +122,19 @@ class WanCausalArchitecture:
     @property
     def video_frames_per_chunk(self) -> int:
         return self.frames_per_chunk * self.temporal_upsample
+
+    def lora_path(self) -> Path | None:
+        """LongLive's LoRA checkpoint merged into the generator, or None."""
+        root = Path(self.path)
+        if self.lora_checkpoint:
+            candidate = root / self.lora_checkpoint
+            if not candidate.is_file():
+                raise ModelLayoutError(f"{candidate}: lora_checkpoint of {SETTINGS_FILE} not found")
+            return candidate
+        for name in LORA_CHECKPOINTS:
+            if (root / name).is_file():
+                return root / name
+        return None
 
     def generator_path(self) -> Path | None:
         """The generator checkpoint overlaid on ``transformer/``, or None for plain Wan weights."""

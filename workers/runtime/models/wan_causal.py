@@ -65,6 +65,8 @@ from workers.runtime.presets import PRESETS
 # Prefixes the training code of the causal projects puts in front of the Wan DiT parameter names:
 # the diffusion wrapper's `.model`, FSDP and DDP wrappers, torch.compile.
 WRAPPER_PREFIXES = ("model.", "module.", "_orig_mod.")
+# A parameter name only the original Wan2.1 DiT spells this way (diffusers: attn1, attn2, condition_embedder).
+ORIGINAL_WAN_NAME = re.compile(r"(^|\.)(self_attn|cross_attn|time_embedding|head\.head)\.")
 WRAPPER_INFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
 
 
@@ -156,20 +158,50 @@ def read_generator_checkpoint(
     return dit_in_diffusers_names(state)
 
 
-def dit_in_diffusers_names(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def merge_lora(tensors: dict[str, torch.Tensor], path: Path, alpha: float | None) -> None:
+    """Merge a peft LoRA over the Wan DiT (LongLive's `lora.pt`: `{"generator_lora": sd}` or `sd`, with
+    `base_model.model.<module>.lora_A.weight` / `.lora_B.weight` in the original Wan names) into
+    `tensors` (diffusers names): W += alpha / rank · B A. A LoRA for a module the DiT does not have
+    raises `ModelLayoutError` naming it."""
+    raw = torch.load(str(path), map_location="cpu", weights_only=True)
+    state = raw.get("generator_lora", raw) if isinstance(raw, dict) else raw
+    if not isinstance(state, dict) or not any(".lora_A." in k for k in state):
+        raise ModelLayoutError(f"{path}: no LoRA weights (lora_A/lora_B) found")
+    original = any(ORIGINAL_WAN_NAME.search(k) for k in state)
+    for key_a, down in state.items():
+        if ".lora_A." not in key_a:
+            continue
+        key_b = key_a.replace(".lora_A.", ".lora_B.")
+        if key_b not in state:
+            raise ModelLayoutError(f"{path}: {key_b} missing for {key_a}")
+        module = key_a.split(".lora_A.")[0]
+        weight, _ = dit_in_diffusers_names(
+            {module.removeprefix("base_model.model.") + ".weight": down}, original
+        )
+        (name,) = weight
+        if name not in tensors:
+            raise ModelLayoutError(f"{path}: unexpected parameter(s) {key_a} (no {name} in the DiT)")
+        up = state[key_b]
+        rank = down.shape[0]
+        scale = (alpha if alpha is not None else rank) / rank
+        merged = tensors[name].float() + scale * (up.float() @ down.float())
+        tensors[name] = merged.to(tensors[name].dtype)
+
+
+def dit_in_diffusers_names(
+    state: dict[str, torch.Tensor], original: bool | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """A Wan DiT state dict in diffusers names (wrapper prefixes stripped, original Wan names mapped),
     and diffusers name → the name in the file."""
     from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 
     # The original Wan names (`blocks.N.self_attn.q`, `head.head`, ...) go through diffusers' own
     # converter one key at a time, so that an error can name the parameter as the file spells it.
-    original_names = any(
-        re.search(r"(^|\.)(self_attn|cross_attn|time_embedding|head\.head)\.", k) for k in state
-    )
+    original_names = original if original is not None else any(ORIGINAL_WAN_NAME.search(k) for k in state)
     tensors: dict[str, torch.Tensor] = {}
     described_as: dict[str, str] = {}
-    for original, tensor in state.items():
-        name = original
+    for spelled, tensor in state.items():
+        name = spelled
         for infix in WRAPPER_INFIXES:
             name = name.replace(infix, "")
         while name.startswith(WRAPPER_PREFIXES) and not name.startswith("model.diffusion_model."):
@@ -177,7 +209,7 @@ def dit_in_diffusers_names(state: dict[str, torch.Tensor]) -> tuple[dict[str, to
         if original_names:
             (name,) = convert_wan_transformer_to_diffusers({name: tensor})
         tensors[name] = tensor
-        described_as[name] = original
+        described_as[name] = spelled
     return tensors, described_as
 
 
@@ -348,6 +380,9 @@ class WanCausalNetwork:
         generator = arch.generator_path()
         if generator is not None:
             tensors, described_as = read_generator_checkpoint(generator, arch.checkpoint_keys)
+            lora = arch.lora_path()
+            if lora is not None:
+                merge_lora(tensors, lora, arch.lora_alpha)
             load_strict(transformer, tensors, described_as, str(generator))
         else:
             tensors, sources = read_safetensors(transformer_dir, "diffusion_pytorch_model")
