@@ -131,3 +131,14 @@ def test_migrated_wan_session_continues_bit_identically_on_the_target(wan_dir, w
     finally:
         source.stop()
         target.stop()
+
+
+def test_profile_and_bench_run_on_the_registered_preset(wan_preset, tiny_model):
+    from scheduling.core.profiles import profile_from_json
+    from workers.benchmarks import runtime
+
+    profile, _ = runtime.profile_model(wan_preset, max_batch=2, steps=1)
+    assert profile_from_json(profile).state_bytes == tiny_model.state_bytes_for()
+    report = runtime.run_bench(wan_preset, batches=(1, 2), steps=1, offload_repeats=1, migration=False)
+    assert [row["batch"] for row in report["coalescing"]] == [1, 2]
+    assert report["model"]["preset"] == wan_preset and report["offload"][wan_preset]["state_bytes"] > 0
