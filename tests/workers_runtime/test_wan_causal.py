@@ -396,3 +396,18 @@ def test_model_paths_registers_a_catalogue_preset_at_startup(wan_dir):
     done = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True)
     assert done.returncode != 0
     assert "MODEL_PATHS" in done.stderr and "transformer: missing" in done.stderr
+
+
+def test_bfloat16_path_as_on_a_gpu(wan_dir):
+    # The CUDA dtype, exercised on CPU: caches in bfloat16, modulation and norms kept in float32
+    model = WanCausalModel(read_wan_architecture(wan_dir), preset="wan-test", dtype="bfloat16")
+    assert model.net.transformer.blocks[0].scale_shift_table.dtype == torch.float32
+    assert model.net.transformer.blocks[0].attn1.to_q.weight.dtype == torch.bfloat16
+    a, b = model.create_state("a red fox", 1), model.create_state("a dog", 2)
+    model.generate([a])
+    model.set_prompt(a, "a cat", 2)
+    for _ in range(2):
+        chunks = model.generate([a, b])
+        assert [c.frames.shape for c in chunks] == [(8, 64, 64, 3)] * 2
+    assert a.tensors["kv_cache"].dtype == a.tensors["vae_cache.00"].dtype == torch.bfloat16
+    assert a.meta["active_prompt"] == "a cat" and a.nbytes == model.state_bytes_for()
