@@ -138,8 +138,11 @@ def _classify(exc: BaseException, stage: str, source: str) -> WeightsTransferErr
 class LinkPacer:
     """A token bucket emulating a link of ``mbps`` megabits per second (shared by a node's links).
 
-    ``take(n)`` returns once the link would have carried ``n`` more bytes after everything taken
-    before, so concurrent links through one pacer share its rate, like flows through one NIC.
+    Each piece occupies the link for ``nbytes / rate`` after the previous one, so concurrent links
+    through one pacer share its rate, like flows through one NIC. The sender waits for the *start*
+    of its piece's slot (``until_start``) and the receiver for the *end* of its slot: a piece counts
+    as arrived one serialization time after it started, which is a real link's store-and-forward
+    delay, charged once per hop (not once per side).
     """
 
     def __init__(self, mbps: float) -> None:
@@ -149,11 +152,11 @@ class LinkPacer:
         self._busy_until = 0.0
         self._lock = threading.Lock()
 
-    def take(self, nbytes: int) -> None:
+    def take(self, nbytes: int, *, until_start: bool = False) -> None:
         with self._lock:
             start = max(time.monotonic(), self._busy_until)
             self._busy_until = start + nbytes / self.bytes_per_s
-            until = self._busy_until
+            until = start if until_start else self._busy_until
         delay = until - time.monotonic()
         if delay > 0:
             time.sleep(delay)
@@ -313,6 +316,9 @@ class WeightServer:
             return (
                 f"this server holds weights {self.holder.manifest.weights_id}, not {hello.get('weights_id')}"
             )
+        if hello.get("piece_bytes") != self.holder.manifest.piece_bytes:
+            # Both sides cut blocks into pieces from their own manifest: the cuts must agree.
+            return f"pieces of {hello.get('piece_bytes')} B requested, this server cuts {self.holder.manifest.piece_bytes} B"
         if hello.get("backend") != self.backend:
             return f"receiver uses {hello.get('backend')}, this server ({self.device}) uses {self.backend}"
         if isinstance(self.holder, _FillingHolder) and self.holder.failed:
@@ -364,7 +370,7 @@ class WeightServer:
                     raise WeightsSourceLost("holder has no such piece (it failed or closed)", stage="serve")
                 start, stop = manifest.piece_range(block, piece)
                 if self.egress is not None:
-                    self.egress.take(stop - start)
+                    self.egress.take(stop - start, until_start=True)
                 window.append(group.isend(holder.buffers[block][start:stop]))
                 sent += stop - start
                 if len(window) > WINDOW:
@@ -564,6 +570,7 @@ class WeightsReceiver:
             hello = {
                 "id": request_id,
                 "weights_id": self.manifest.weights_id,
+                "piece_bytes": self.manifest.piece_bytes,
                 "backend": self.backend,
                 "requests": [list(r) for r in requests],
                 "receiver": f"{socket.gethostname()}:{os.getpid()}",
