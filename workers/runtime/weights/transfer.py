@@ -271,6 +271,10 @@ class WeightServer:
         self._links: set[PairGroup] = set()
         self._lock = threading.Lock()
         self.served: list[dict[str, Any]] = []  # one record per finished request (tests, benchmarks)
+        # Store connections for the per-request threads, reused: a fresh connection to this very
+        # server sometimes took 5 s to open here (torch 2.13, libuv store; 1 in ~20), which a
+        # scale-out cannot afford. Two are opened now, more only under concurrent requests.
+        self._clients: list[Any] = [self._connect() for _ in range(2)]
         self._thread = threading.Thread(target=self._accept_loop, name="weights-serve", daemon=True)
         self._thread.start()
 
@@ -293,8 +297,20 @@ class WeightServer:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def _connect(self) -> Any:
+        return TCPStore(self.host, self.port, None, False, timedelta(60))
+
+    def _take_client(self) -> Any:
+        with self._lock:
+            client = self._clients.pop() if self._clients else None
+        return client if client is not None else self._connect()
+
+    def _give_client(self, client: Any) -> None:
+        with self._lock:
+            self._clients.append(client)
+
     def _accept_loop(self) -> None:
-        client = TCPStore(self.host, self.port, None, False, timedelta(60))
+        client = self._connect()
         pause = _POLL_MIN_S
         while not self._closed.is_set():
             # Polled without blocking: TCPStore's blocking queue_pop can lose wakeups (see
@@ -332,7 +348,7 @@ class WeightServer:
         group: PairGroup | None = None
         client: Any = None
         try:
-            client = TCPStore(self.host, self.port, None, False, timedelta(self.stall_timeout_s))
+            client = self._take_client()
             refusal = self._refusal(hello)
             client.set(_key(request_id, "accept"), json.dumps({"ok": refusal is None, "error": refusal}))
             if refusal is not None:
@@ -350,6 +366,8 @@ class WeightServer:
             record["bytes"] = self._stream(group, hello["requests"])
             client.wait([_key(request_id, "done")], timedelta(self.stall_timeout_s))
             record["ok"] = json.loads(client.get(_key(request_id, "done"))).get("ok", False)
+            # Only a connection that finished cleanly goes back (a failed one may hold a half-read reply).
+            self._give_client(client)
         except Exception as exc:
             record["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         finally:
