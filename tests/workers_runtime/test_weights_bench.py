@@ -30,6 +30,9 @@ def test_report_has_every_source_and_ready_workers_step_exactly(tmp_path):
     assert report["frames_match_reference"] is True
     assert report["chain_vs_single"] > 0 and report["chain_speedup_vs_sequential"] > 0
     assert report["projection"]["weights_bytes"] > report["weights_bytes"]
+    # the scale planner, given the paced links, plans the chain the bench ran
+    assert report["planner"]["chains"] == [["peer", "T1", "T2"]]
+    assert report["planner"]["expected_ready_s"][0] <= report["planner"]["expected_ready_s"][1]
     assert "chain_vs_single" in format_scaleout(report)
     assert not list(tmp_path.iterdir())  # the weights file is removed
 

@@ -243,6 +243,30 @@ def _summary(measured: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def planner_expectation(manifest: WeightsManifest, n: int, link_mbps: float) -> dict[str, Any]:
+    """What the scale planner (``scheduling.core.scaleplan``) expects for this paced set-up.
+
+    One peer and ``n`` targets, each on its own host behind one leaf at ``link_mbps``; the
+    pipeline unit is our piece count; no hop latency and no local disk (``nvme_gbps`` ≈ 0), so the
+    figure is the planner's pure network model, to set beside the measured ``peer_chain``.
+    """
+    from scheduling.core.scaleplan import Endpoint, Topology, plan_scale_out
+
+    pieces = sum(len(block.pieces) for block in manifest.blocks)
+    topology = Topology.flat(link_mbps / 8000, nvme_gbps=1e-12, hop_latency_s=0.0, pipeline_blocks=pieces)
+    plan = plan_scale_out(
+        sources=[Endpoint("peer", host="peer", domain="leaf")],
+        targets=[Endpoint(f"T{i}", host=f"host{i}", domain="leaf") for i in range(1, n + 1)],
+        topology=topology,
+        weights_bytes=manifest.total_bytes,
+    )
+    return {
+        "chains": [[chain.source, *chain.targets] for chain in plan.chains],
+        "expected_ready_s": [round(plan.expected_ready_s[f"T{i}"], 4) for i in range(1, n + 1)],
+        "pipeline_blocks": pieces,
+    }
+
+
 def projections(preset: str = "wan-1.3b") -> dict[str, Any]:
     """Seconds to move one replica's weights over documented links: bytes / bandwidth, labelled."""
     from workers.runtime.models.causal_dit import PRESETS as CONFIGS
@@ -385,6 +409,7 @@ def run_scaleout(
         "host_cache_chain_vs_single": ratio(at("host_cache", high), at("host_cache", low)),
         "chain_speedup_vs_sequential": ratio(at("peer_sequential", high), at("peer_chain", high)),
         "peer_chain_vs_disk_cold": ratio(at("disk", high), at("peer_chain", high)),
+        "planner": None if link_mbps is None else planner_expectation(manifest, high, link_mbps),
         "boot_s": boot,
         "disk_probe": {**disk_probe, "filesystem": _filesystem(folder)},
         "frames_match_reference": all(d == expected_frames for d in digests),
@@ -417,6 +442,13 @@ def format_scaleout(report: dict[str, Any]) -> str:
         f"chain_speedup_vs_sequential: {report['chain_speedup_vs_sequential']}",
         f"peer_chain_vs_disk_cold: {report['peer_chain_vs_disk_cold']}",
         f"frames_match_reference: {report['frames_match_reference']}",
+    ]
+    if report.get("planner"):
+        lines.append(
+            f"scale planner's expectation (pure network model, chains {report['planner']['chains']}): "
+            f"{report['planner']['expected_ready_s']} s"
+        )
+    lines += [
         "",
         f"projection for {report['projection']['preset']} ({report['projection']['weights_bytes']:,} B) — "
         f"{report['projection']['kind']}:",
