@@ -72,7 +72,7 @@ class SeasonalNaiveForecaster(LastValueForecaster):
 class EtsForecaster(LastValueForecaster):
     name = "ets"
 
-    def __init__(self, n_series: int, *, refit_every: int = 20, window: int = 120, min_history: int = 12):
+    def __init__(self, n_series: int, *, refit_every: int = 40, window: int = 80, min_history: int = 12):
         super().__init__(n_series)
         self.refit_every = refit_every
         self.window = window
@@ -114,7 +114,7 @@ class EtsForecaster(LastValueForecaster):
                 warnings.simplefilter("ignore")
                 fit = ExponentialSmoothing(
                     y, trend="add", damped_trend=True, initialization_method="estimated"
-                ).fit()
+                ).fit(method="L-BFGS-B", use_brute=False)
             self.alpha[i] = fit.params["smoothing_level"]
             self.beta[i] = fit.params["smoothing_trend"]
             self.phi[i] = fit.params["damping_trend"]
@@ -131,7 +131,7 @@ class EtsForecaster(LastValueForecaster):
         return np.maximum(self.level[:, None] + damp * self.trend[:, None], 0.0)
 
 
-def make_forecaster(name: str, n_series: int, *, season: int, refit_every: int = 20):
+def make_forecaster(name: str, n_series: int, *, season: int, refit_every: int = 40):
     if name == "ets":
         return EtsForecaster(n_series, refit_every=refit_every)
     if name == "seasonal-naive":

@@ -50,6 +50,32 @@ def cost_matrix(
 
 
 @dataclass(frozen=True)
+class Pools:
+    """The supply side: one column per (region, GPU type) a region may hold, so the plan sees that a
+    region's cheap GPUs run out before its dear ones."""
+
+    region: np.ndarray  # column -> region index
+    capacity: np.ndarray  # column -> load units at the capacity limit
+    price_per_unit_h: np.ndarray  # column -> $ per load unit and hour
+
+    def to_regions(self, flow: np.ndarray, n_regions: int) -> np.ndarray:
+        """origins × columns → origins × regions."""
+        out = np.zeros((flow.shape[0], n_regions))
+        np.add.at(out.T, self.region, flow.T)
+        return out
+
+
+def gpu_pools(limits: np.ndarray, type_capacity: np.ndarray, price_h: np.ndarray) -> Pools:
+    """``limits`` and ``price_h`` are regions × types; ``type_capacity`` per type."""
+    regions, types = np.nonzero(limits > 0)
+    return Pools(
+        regions,
+        limits[regions, types] * type_capacity[types],
+        price_h[regions, types] / type_capacity[types],
+    )
+
+
+@dataclass(frozen=True)
 class TransportPlan:
     flow: np.ndarray  # origins × regions, load units placed within capacity
     overflow: np.ndarray  # per origin, load that fits nowhere within budget and capacity
