@@ -107,7 +107,7 @@ class LeastLoadedPolicy(RegionPolicy):
         # Reactive rebalancing: drain every overloaded region into regions with ready room.
         ready = sim.ready_capacity()
         for r in range(sim.n_regions):
-            for sid in sorted(sim.region_sessions[r], key=lambda s: -sim.sessions[s].load):
+            for sid in sorted(sim.region_sessions[r], key=lambda s: (-sim.sessions[s].load, s)):
                 if sim.region_load()[r] <= ready[r] + 1e-9:
                     break
                 session = sim.sessions[sid]
@@ -148,7 +148,7 @@ class TortaPolicy(RegionPolicy):
         method: str = "emd",
         beta: float = 0.5,
         forecast: str = "ets",
-        sigma: float = 1.0,
+        sigma: float = 0.5,
         refit_every: int = 40,
         w_rtt: float = 1.0,
         w_transfer: float = 100.0,
@@ -299,7 +299,7 @@ class TortaPolicy(RegionPolicy):
             if sim.region_load()[r] <= ready[r] + 1e-9:
                 continue
             relief_s = self._relief_s(sim, r, now, expected_s)
-            for sid in sorted(sim.region_sessions[r], key=lambda s: -sim.sessions[s].load):
+            for sid in sorted(sim.region_sessions[r], key=lambda s: (-sim.sessions[s].load, s)):
                 load_r = sim.region_load()[r]
                 if load_r <= ready[r] + 1e-9:
                     break

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import ot  # POT; imported with the module so that no solve pays for the import
 
 _FORBIDDEN = 1e6  # cost of a route beyond the RTT budget (emd): never chosen while overflow exists
 _OVERFLOW = 1e4  # cost of leaving demand unplaced: above every allowed route
@@ -96,8 +97,6 @@ def solve_plan(
     ``emd``: rows of ``flow`` + ``overflow`` equal ``demand``, columns of ``flow`` are ≤ ``capacity``,
     and no mass goes where ``allowed`` is false. ``sinkhorn``: the same up to the KL relaxation.
     """
-    import ot
-
     demand = np.maximum(np.asarray(demand, dtype=float), 0.0)
     capacity = np.maximum(np.asarray(capacity, dtype=float), 0.0)
     n_o, n_r = cost.shape
