@@ -154,6 +154,7 @@ class TortaPolicy(RegionPolicy):
         w_transfer: float = 100.0,
         w_price: float = 100.0,
         switch_penalty: float = 1.0,
+        reactive_utilisation: float = 1.0,
     ):
         if method not in ("emd", "sinkhorn"):
             raise RegionPolicyError(f"method must be 'emd' or 'sinkhorn', got {method!r}")
@@ -172,6 +173,9 @@ class TortaPolicy(RegionPolicy):
         self.refit_every = refit_every
         self.weights = CostWeights(w_rtt, w_transfer, w_price)
         self.switch_penalty = switch_penalty
+        if not 0 < reactive_utilisation <= 1:
+            raise RegionPolicyError(f"reactive_utilisation must be in (0, 1], got {reactive_utilisation!r}")
+        self.reactive_utilisation = reactive_utilisation
 
     def reset(self, sim):
         config = sim.config
@@ -195,13 +199,19 @@ class TortaPolicy(RegionPolicy):
             season=season,
             refit_every=self.refit_every,
         )
+        # GPUs requested now are ready a provisioning delay later and must serve until the slot after:
+        # the floor uses the forecast at that step (a max over the steps would hold capacity through
+        # every decline).
         self.horizon = max(1, math.ceil((config.provisioning_delay_s + config.slot_s) / config.slot_s))
+        self.floor_step = self.horizon - 1
         self.plan: np.ndarray | None = None
         self.slot_counts = np.zeros((sim.n_origins, sim.n_regions))
         self.solve_ms: list[float] = []
         self.predicted: list[np.ndarray] = []  # one-step forecasts, compared with what came
         self.actual: list[np.ndarray] = []
         self._last_forecast: np.ndarray | None = None
+        if self.forecast_name != "none":
+            sim.reactive_utilisation = self.reactive_utilisation
 
     # -- macro plan ------------------------------------------------------------------------------
 
@@ -231,7 +241,7 @@ class TortaPolicy(RegionPolicy):
         self.slot_counts[:] = 0
 
         if self.forecast_name != "none":
-            self._set_floor(sim, ahead.max(axis=1))
+            self._set_floor(sim, ahead[:, self.floor_step])
         self._move_overloaded(sim, now)
 
     def _set_floor(self, sim, demand: np.ndarray) -> None:
@@ -243,11 +253,12 @@ class TortaPolicy(RegionPolicy):
         current = np.where(by_origin > 0, sim.load_or / np.maximum(by_origin, 1e-12), self.plan)
         share = (1.0 - turnover) * current + turnover * self.plan
         region_demand = demand @ share
-        queue = np.maximum(0.0, sim.region_load() - sim.ready_capacity())
         floor = np.zeros(sim.n_regions)
         for r in range(sim.n_regions):
+            # Q = 0: an overloaded region serves every session, slower, rather than queueing some, and
+            # F forecasts the whole active load, overloaded or not; adding the overload would count it twice.
             gpus = predictive_floor(
-                queue[r],
+                0.0,
                 region_demand[r],
                 sim.capacity_per_gpu[r],
                 sigma=self.sigma,

@@ -133,6 +133,9 @@ class RegionSimulator:
             self._request(r, config.min_gpus_per_region, now=None)
         self.last_scale_out = np.full(self.n_regions, -math.inf)
         self.floor_capacity = np.zeros(self.n_regions)
+        # A policy with a predictive floor may run the reactive part at a higher target: the floor
+        # carries the headroom then (TORTA: σ·√F), and the reactive part only catches what it missed.
+        self.reactive_utilisation = config.target_utilisation
 
         self.sessions: dict[str, Session] = {}
         self.region_sessions: list[set[str]] = [set() for _ in range(self.n_regions)]
@@ -194,7 +197,7 @@ class RegionSimulator:
         load = self.region_load()
         ready_cap = self.ready_capacity()
         pending_cap = self.pending_capacity()
-        desired = np.maximum(load / config.target_utilisation, self.floor_capacity)
+        desired = np.maximum(load / self.reactive_utilisation, self.floor_capacity)
         for r in range(self.n_regions):
             short = desired[r] - ready_cap[r] - pending_cap[r]
             if short > 1e-9:
