@@ -378,3 +378,21 @@ def test_policy_options_are_checked():
         make_region_policy("random")
     with pytest.raises(ValueError, match="nearest"):
         make_region_policy("nearest", sigma=1)
+
+
+def test_the_oracle_forecaster_knows_what_the_simulator_will_observe():
+    from scheduling.core.regions.demand import origin_load_by_slot
+    from scheduling.core.regions.forecast import OracleForecaster
+
+    sim = _short_run(make_region_policy("torta", forecast="oracle"))
+    result = sim.run()
+    truth = origin_load_by_slot(sim.trace, sim.topology, sim.config.tick_s, sim.config.slot_s)
+    observed = np.array(sim.origin_load_history)
+    assert np.allclose(observed, truth[: len(observed)])
+    assert result["forecast_accuracy"] == pytest.approx(1.0)
+    blurred = OracleForecaster(truth, noise=0.5, seed=1)
+    blurred.observe(truth[0])
+    ahead = blurred.forecast(2)
+    assert ahead.shape == (truth.shape[1], 2) and not np.allclose(ahead[:, 0], truth[1])
+    noisy = _short_run(make_region_policy("torta", forecast="oracle", oracle_noise=1.0)).run()
+    assert noisy["forecast_accuracy"] < 0.9

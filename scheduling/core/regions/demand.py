@@ -142,3 +142,34 @@ def generate_demand(topology: Topology, shape: DemandShape, seed: int) -> Region
     ]
     meta = {"name": f"{topology.name}-diurnal", "seed": seed, "duration_s": shape.duration_s}
     return RegionTrace(meta, events, origin_of, shape.duration_s)
+
+
+def origin_load_by_slot(trace: RegionTrace, topology: Topology, tick_s: float, slot_s: float) -> np.ndarray:
+    """slots × origins: the mean active load per origin over each slot, sampled like the simulator does
+    (at tick ``i`` the events before ``i · tick_s`` have happened). Routing cannot change it, so it is
+    the truth a forecast of demand by origin is judged against (and what the oracle forecaster knows)."""
+    index = {name: i for i, name in enumerate(topology.origin_names)}
+    n_ticks = max(1, math.ceil(trace.duration_s / tick_s - 1e-9))
+    samples = np.zeros((n_ticks, len(index)))
+    loads: dict[str, float] = {}
+    current = np.zeros(len(index))
+    active: set[str] = set()
+    events = trace.events
+    cursor = 0
+    for tick in range(n_ticks):
+        while cursor < len(events) and events[cursor].t < tick * tick_s:
+            event = events[cursor]
+            cursor += 1
+            origin = index[trace.origin_of[event.session]]
+            if event.event == "arrive":
+                loads[event.session] = event.load
+            elif event.event == "active" and event.session not in active:
+                active.add(event.session)
+                current[origin] += loads[event.session]
+            elif event.event in ("idle", "depart") and event.session in active:
+                active.discard(event.session)
+                current[origin] -= loads[event.session]
+        samples[tick] = current
+    per_slot = max(1, round(slot_s / tick_s))
+    n_slots = n_ticks // per_slot
+    return samples[: n_slots * per_slot].reshape(n_slots, per_slot, -1).mean(axis=1)

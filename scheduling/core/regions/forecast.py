@@ -131,6 +131,29 @@ class EtsForecaster(LastValueForecaster):
         return np.maximum(self.level[:, None] + damp * self.trend[:, None], 0.0)
 
 
+class OracleForecaster(LastValueForecaster):
+    """Knows the future (``truth``: observations × series) and blurs it with multiplicative lognormal
+    noise of ``noise`` (seeded): the knob of TORTA's Fig. 12, prediction accuracy against gain."""
+
+    name = "oracle"
+
+    def __init__(self, truth: np.ndarray, noise: float, seed: int = 0):
+        super().__init__(truth.shape[1])
+        if noise < 0:
+            raise ValueError(f"noise must be >= 0, got {noise}")
+        self.truth = truth
+        self.noise = noise
+        self.rng = np.random.default_rng(seed)
+
+    def forecast(self, horizon: int) -> np.ndarray:
+        n = len(self.history)
+        steps = [min(n - 1 + h, len(self.truth) - 1) for h in range(1, horizon + 1)]
+        exact = self.truth[steps].T
+        return (
+            exact * np.exp(self.rng.normal(0.0, self.noise, size=exact.shape)) if self.noise else exact.copy()
+        )
+
+
 def make_forecaster(name: str, n_series: int, *, season: int, refit_every: int = 40):
     if name == "ets":
         return EtsForecaster(n_series, refit_every=refit_every)

@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from .forecast import make_forecaster, prediction_accuracy, predictive_floor
+from .demand import origin_load_by_slot
+from .forecast import OracleForecaster, make_forecaster, prediction_accuracy, predictive_floor
 from .transport import (
     CostWeights,
     TransportPlan,
@@ -134,7 +135,8 @@ class TortaPolicy(RegionPolicy):
     regional predictive floor (§5.3.1, Eq. 6), and cost-benefit-gated moves of live sessions.
 
     Options: ``method`` (emd | sinkhorn), ``beta`` (smoothing step), ``forecast`` (ets |
-    seasonal-naive | last-value | none — none disables the floor), ``sigma`` (Eq. 6 safety factor),
+    seasonal-naive | last-value | oracle | none — none disables the floor; oracle knows the future,
+    blurred by ``oracle_noise``), ``sigma`` (Eq. 6 safety factor),
     ``refit_every`` (slots between ETS refits), ``w_rtt``/``w_transfer``/``w_price`` (cost weights,
     ms-equivalents per ms and per $/load-unit-hour), ``switch_penalty`` (how many ms of saving one ms
     of stall must buy before a session moves).
@@ -155,15 +157,19 @@ class TortaPolicy(RegionPolicy):
         w_price: float = 100.0,
         switch_penalty: float = 1.0,
         reactive_utilisation: float = 1.0,
+        oracle_noise: float = 0.0,
     ):
         if method not in ("emd", "sinkhorn"):
             raise RegionPolicyError(f"method must be 'emd' or 'sinkhorn', got {method!r}")
         if not 0 < beta <= 1:
             raise RegionPolicyError(f"beta must be in (0, 1], got {beta!r}")
-        if forecast not in ("ets", "seasonal-naive", "last-value", "none"):
+        if forecast not in ("ets", "seasonal-naive", "last-value", "oracle", "none"):
             raise RegionPolicyError(
-                f"forecast must be ets, seasonal-naive, last-value or none, got {forecast!r}"
+                f"forecast must be ets, seasonal-naive, last-value, oracle or none, got {forecast!r}"
             )
+        if oracle_noise < 0:
+            raise RegionPolicyError(f"oracle_noise must be >= 0, got {oracle_noise!r}")
+        self.oracle_noise = oracle_noise
         if sigma < 0 or refit_every < 1 or switch_penalty < 0:
             raise RegionPolicyError("sigma and switch_penalty must be >= 0, refit_every >= 1")
         self.method = method
@@ -193,12 +199,16 @@ class TortaPolicy(RegionPolicy):
         # Region-level cost for routing fallbacks: the region's cheapest pool.
         self.cost = cost_matrix(sim.rtt, sim.transfer_per_unit_h, sim.price_per_unit_h, self.weights)
         season = max(1, round(sim.trace.meta.get("day_s", 3 * 3600.0) / config.slot_s))
-        self.forecaster = make_forecaster(
-            "last-value" if self.forecast_name == "none" else self.forecast_name,
-            sim.n_origins,
-            season=season,
-            refit_every=self.refit_every,
-        )
+        if self.forecast_name == "oracle":
+            truth = origin_load_by_slot(sim.trace, sim.topology, config.tick_s, config.slot_s)
+            self.forecaster = OracleForecaster(truth, self.oracle_noise)
+        else:
+            self.forecaster = make_forecaster(
+                "last-value" if self.forecast_name == "none" else self.forecast_name,
+                sim.n_origins,
+                season=season,
+                refit_every=self.refit_every,
+            )
         # GPUs requested now are ready a provisioning delay later and must serve until the slot after:
         # the floor uses the forecast at that step (a max over the steps would hold capacity through
         # every decline).

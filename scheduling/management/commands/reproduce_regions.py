@@ -29,6 +29,12 @@ ABLATIONS = (
     ("unbalanced Sinkhorn instead of emd", ("method=sinkhorn",)),
     ("price-blind plan (w_price = 0)", ("w_price=0",)),
     ("never move a live session", ("switch_penalty=1e12",)),
+    # TORTA Fig. 12: prediction accuracy against gain, with a forecast that knows the future and is
+    # blurred by multiplicative lognormal noise of the given σ.
+    *(
+        (f"oracle forecast, noise {noise}", ("forecast=oracle", f"oracle_noise={noise}"))
+        for noise in (0.0, 0.1, 0.25, 0.5, 1.0, 2.0)
+    ),
 )
 
 
