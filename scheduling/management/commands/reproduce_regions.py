@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime
+import json
 import time
+from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -54,8 +56,21 @@ class Command(BaseCommand):
         parser.add_argument("--ablation-topology", default="abilene")
         parser.add_argument("--no-ablations", action="store_true")
         parser.add_argument("--progress", action="store_true")
+        parser.add_argument(
+            "--render-only",
+            action="store_true",
+            help="re-render regions.md from OUT/regions.json, run nothing",
+        )
 
     def handle(self, *args, **opts):
+        if opts["render_only"]:
+            source = Path(opts["out"]) / "regions.json"
+            if not source.exists():
+                raise CommandError(f"--render-only: no {source}")
+            report = json.loads(source.read_text(encoding="utf-8"))
+            json_path, md_path = write_report(report, opts["out"], bench=report.get("bench"))
+            self.stdout.write(f"wrote {md_path} and {json_path}")
+            return
         started = time.perf_counter()
         topologies = [t.strip() for t in opts["topologies"].split(",") if t.strip()]
         policies = [p.strip() for p in opts["policies"].split(",") if p.strip()]
