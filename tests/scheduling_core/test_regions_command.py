@@ -90,3 +90,49 @@ def test_bench_regions_solve_prints_solve_times():
         call_command("bench_regions_solve", regions=1, stdout=io.StringIO())
     with pytest.raises(CommandError, match=r"^--method"):
         call_command("bench_regions_solve", method="lp", stdout=io.StringIO())
+
+
+def test_the_report_compares_torta_with_the_best_baseline_and_never_with_its_variants():
+    from scheduling.core.regions.cli import render_report, summarise
+
+    def run(policy, response, cost, slo, moves, variant=False):
+        return {
+            "topology": "t",
+            "policy": policy,
+            "mean_response_ms": response,
+            "worst_chunk_latency_ms": 900.0,
+            "slo_pass_rate": slo,
+            "gpu_cost_usd": cost,
+            "gpu_hours": 1.0,
+            "cross_region_moves": moves,
+            "mean_rtt_ms": 5.0,
+            "remote_share": 0.1,
+            "routing_churn": 0.2,
+            "macro_solve_ms_p99": 0.5 if policy.startswith("torta") else None,
+            **({"variant": True} if variant else {}),
+        }
+
+    report = {
+        "seed": 0,
+        "duration_s": 3600.0,
+        "config": {"slot_s": 45.0, "provisioning_delay_s": 40.0},
+        "machine": "test",
+        "runs": [
+            run("nearest", 700.0, 50.0, 0.9, 0),  # cheapest, but misses the SLO TORTA meets
+            run("least-loaded", 620.0, 110.0, 1.0, 40),
+            run("skylb", 605.0, 120.0, 1.0, 0),
+            run("torta", 600.0, 99.0, 1.0, 4),
+            run("torta, no floor", 500.0, 10.0, 1.0, 0, variant=True),
+        ],
+    }
+    [row] = summarise(report)
+    assert row["best_response_baseline"] == "skylb"
+    assert row["response_reduction_pct"] == pytest.approx(100 * 5 / 605)
+    assert row["best_cost_baseline"] == "least-loaded"
+    assert row["cost_reduction_pct"] == pytest.approx(10.0)
+    assert row["fewest_moves_baseline"] == "least-loaded" and row["moves_reduction_pct"] == pytest.approx(
+        90.0
+    )
+    text = render_report(report)
+    assert "| t | skylb → +0.8 % | least-loaded → +10.0 % | least-loaded → 90.0 % | 0.50 ms |" in text
+    assert "(variant: torta, no floor)" in text
