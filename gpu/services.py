@@ -139,10 +139,14 @@ def worker_register(
     capacity: int,
     memory_bytes: int,
     migration_address: str,
+    mark_ready: bool = True,
 ) -> GpuWorker:
-    """A worker process announces itself (model loaded): adopt the provisioner's row or create one.
+    """A worker process announces itself: adopt the provisioner's row or create one.
 
-    A worker started by hand (no provisioner row) is registered as provider ``static``.
+    A worker started by hand (no provisioner row) is registered as provider ``static``. With
+    ``mark_ready=False`` this is the scale-out's *process up* phase (its weights still load; the
+    row stays provisioning and records ``process_up_at``); by default the model is loaded and the
+    worker becomes ready.
     """
     now = timezone.now()
     with transaction.atomic():
@@ -170,8 +174,10 @@ def worker_register(
         worker.memory_bytes = memory_bytes
         worker.migration_address = migration_address
         worker.last_heartbeat = now
+        if worker.process_up_at is None:
+            worker.process_up_at = now
         worker.save()
-    if worker.status == Status.PROVISIONING:
+    if mark_ready and worker.status == Status.PROVISIONING:
         worker = worker_mark_ready(worker=worker, at=now)
     return worker
 
@@ -200,13 +206,6 @@ def worker_heartbeat(*, worker_id: int, telemetry: dict) -> None:
 # --- scale-out phases (docs/scaleout.md) -----------------------------------------------------------
 
 PHASES = ("process_up", "weights_complete", "ready")
-
-
-def worker_process_up(*, worker_id: int, at: datetime | None = None) -> None:
-    """Phase 2 of a scale-out: the worker's process runs (before its weights load)."""
-    GpuWorker.objects.filter(pk=worker_id, process_up_at__isnull=True).update(
-        process_up_at=at or timezone.now()
-    )
 
 
 def worker_weights_complete(
