@@ -352,6 +352,9 @@ STREAMSERVE = {
     # allowed in the whole cluster ("O(1) host caching"); a host cache's memory bound by default.
     "POOL_HOST_COPIES": _typed("POOL_HOST_COPIES", env.int, 1),
     "HOSTCACHE_CAPACITY_MB": _typed("HOSTCACHE_CAPACITY_MB", env.int, 4096),
+    # Each preset's weights as safetensors (<dir>/<preset>.safetensors; written from the seeded
+    # weights the first time a worker needs it): the "disk" source and the fallback of every chain.
+    "WEIGHTS_DIR": env.str("WEIGHTS_DIR", default=str(BASE_DIR / "var/weights")),
     # Where new workers load weights from: auto (the scale plan's source, else disk), pool, disk.
     "WORKER_WEIGHTS_FROM": env.str("WORKER_WEIGHTS_FROM", default="auto"),
     # How long a worker started by a scale-out waits for its plan before it loads from disk.

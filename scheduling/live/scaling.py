@@ -87,7 +87,9 @@ def scale_topology(gpu_type: str):
     from scheduling.core.scaleplan import Topology
 
     spec = gpu_profiles().get(gpu_type) or gpu_profiles()[default_gpu_type()]
-    busy = Migration.objects.filter(outcome=Migration.Outcome.PENDING).values_list("source__name", "target__name")
+    busy = Migration.objects.filter(outcome=Migration.Outcome.PENDING).values_list(
+        "source__name", "target__name"
+    )
     return Topology.cluster(
         nvlink_gbps=None, rdma_gbps=float(spec.link_gbps), pcie_gbps=float(spec.host_link_gbps)
     ).with_busy(busy)
@@ -118,7 +120,10 @@ def scale_plan_make(*, preset: str, gpu_type: str, targets: list[GpuWorker]) -> 
         holders = [h for h in holders if h["digest"] == newest]
     sources = [
         Endpoint(
-            id=h["name"], host=h["host"], domain=POOL_DOMAIN, kind="gpu" if h["kind"] == "gpu" else "host_cache"
+            id=h["name"],
+            host=h["host"],
+            domain=POOL_DOMAIN,
+            kind="gpu" if h["kind"] == "gpu" else "host_cache",
         )
         for h in holders
     ]
@@ -131,7 +136,12 @@ def scale_plan_make(*, preset: str, gpu_type: str, targets: list[GpuWorker]) -> 
     )
     out = plan.to_json()
     out["sources"] = {
-        h["name"]: {"kind": h["kind"], "address": h["address"], "digest": h["digest"], "holding": h["holding"]}
+        h["name"]: {
+            "kind": h["kind"],
+            "address": h["address"],
+            "digest": h["digest"],
+            "holding": h["holding"],
+        }
         for h in holders
     }
     return out
@@ -149,7 +159,9 @@ def worker_plan(plan: dict, name: str) -> dict:
                 "source_kind": chain.get("source_kind", "gpu"),
                 "source_address": source.get("address", ""),
                 "digest": source.get("digest", ""),
-                "expected_seconds": chain.get("ready_s", [chain["expected_seconds"]] * position)[position - 1],
+                "expected_seconds": chain.get("ready_s", [chain["expected_seconds"]] * position)[
+                    position - 1
+                ],
                 "fallback": plan.get("fallback", "disk"),
             }
     return {"chain": [], "position": 0, "source_kind": "disk", "expected_seconds": None, "fallback": "disk"}
@@ -170,7 +182,9 @@ def scale_plan_write(*, action: ScalingAction, preset: str, workers: list[GpuWor
     plan["boot_seconds"] = boot_s
     # Linked now, before the processes start: their first phase reports find the action.
     action.workers.set([w.pk for w in workers])
-    ScalingAction.objects.filter(pk=action.pk).update(plan=plan, expected_ready_at=max(expected, default=None))
+    ScalingAction.objects.filter(pk=action.pk).update(
+        plan=plan, expected_ready_at=max(expected, default=None)
+    )
     logger.info(
         "scale_plan action=%s chains=%s expected_s=%.3f",
         action.pk,

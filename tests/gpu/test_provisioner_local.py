@@ -155,7 +155,9 @@ def test_before_start_sees_committed_rows_before_any_process_runs(make_local):
     # then the hook saw both rows before they had a process, and each row carries its plan
     assert sorted(name for name, _ in seen) == sorted(w.name for w in result.started)
     assert all(external_id == "" for _, external_id in seen)
-    assert all(w.weights_plan == {"source": "peer-0"} for w in GpuWorker.objects.filter(pk__in=result.worker_ids))
+    assert all(
+        w.weights_plan == {"source": "peer-0"} for w in GpuWorker.objects.filter(pk__in=result.worker_ids)
+    )
 
 
 def test_a_failing_before_start_does_not_stop_the_scale_out(make_local):
