@@ -78,3 +78,21 @@ def test_console_page_has_the_pool_section(client, staff):
     client.force_login(staff)
     page = client.get("/console/").content.decode()
     assert 'id="pool-models"' in page and "Parameter pool" in page
+
+
+def test_parameter_pool_endpoint_is_staff_only(staff_api, user_api):
+    worker = GpuWorkerFactory(name="src")
+    holding = pool.worker_holding_register(
+        worker=worker, model_preset="tiny", weights_bytes=100, address="a:1"
+    )
+    pool.holding_complete(holding_id=holding.pk, digest="d")
+    assert user_api.get("/api/parameter-pool/").status_code == 403
+    body = staff_api.get("/api/parameter-pool/").json()
+    assert body["host_copies_bound"] == 1
+    assert body["models"][0]["copies"][0]["holder"] == "src"
+
+
+def test_worker_and_scaling_action_api_expose_the_phases(staff_api):
+    worker = GpuWorkerFactory(name="w", weights_source="disk", weights_complete_at=timezone.now())
+    body = staff_api.get(f"/api/workers/{worker.pk}/").json()
+    assert body["weights_source"] == "disk" and body["weights_complete_at"] is not None
