@@ -67,7 +67,7 @@ def block_name(tensor_name: str) -> str:
     for index, part in enumerate(parts[:-1]):
         if part.isdigit():
             return ".".join(parts[: index + 1])
-    return ".".join(parts[:2]) if len(parts) > 2 else parts[0]
+    return ".".join(parts[:2])
 
 
 def checksum(data: torch.Tensor) -> str:
