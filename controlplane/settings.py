@@ -357,8 +357,6 @@ STREAMSERVE = {
     "WEIGHTS_DIR": env.str("WEIGHTS_DIR", default=str(BASE_DIR / "var/weights")),
     # Where new workers load weights from: auto (the scale plan's source, else disk), pool, disk.
     "WORKER_WEIGHTS_FROM": env.str("WORKER_WEIGHTS_FROM", default="auto"),
-    # How long a worker started by a scale-out waits for its plan before it loads from disk.
-    "WEIGHTS_PLAN_WAIT_S": _typed("WEIGHTS_PLAN_WAIT_S", env.float, 10.0),
     # In a Pod the downward API sets POD_NAMESPACE: workers go beside the control plane by default.
     "K8S_NAMESPACE": env.str("K8S_NAMESPACE", default="") or env.str("POD_NAMESPACE", default="streamserve"),
     "K8S_WORKER_TEMPLATE": env.str("K8S_WORKER_TEMPLATE", default=""),
@@ -385,7 +383,6 @@ for _name in (
     "COMMAND_TIMEOUT_S",
     "MIGRATION_TIMEOUT_S",
     "CONSOLE_PUSH_INTERVAL_S",
-    "WEIGHTS_PLAN_WAIT_S",
 ):
     if STREAMSERVE[_name] <= 0:
         raise ImproperlyConfigured(f"Environment variable {_name} must be positive")
