@@ -9,10 +9,14 @@ stream behind until every command sent to it is answered or timed out; the tick 
 
 from __future__ import annotations
 
+import json
 import logging
 import statistics
+import struct
 from datetime import datetime, timedelta
+from pathlib import Path
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -27,6 +31,9 @@ from scheduling.models import Migration, ScalingAction, SchedulerDecision, Worke
 from workers.channel import stream_key
 
 logger = logging.getLogger("scheduling.live")
+
+# Where the weights file carries its block manifest (``workers.runtime.weights.manifest``).
+WEIGHTS_METADATA_KEY = "streamserve.weights_manifest"
 
 
 def scale_out(
@@ -107,6 +114,19 @@ def boot_seconds(*, gpu_type: str) -> float:
     return float(statistics.median((up - requested).total_seconds() for requested, up in rows))
 
 
+def weights_bytes_on_disk(preset: str) -> int:
+    """The model's size from its safetensors file's manifest (the header only: no torch here), or 0."""
+    path = Path(settings.STREAMSERVE["WEIGHTS_DIR"]) / f"{preset}.safetensors"
+    try:
+        with open(path, "rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(length))
+        manifest = json.loads(header["__metadata__"][WEIGHTS_METADATA_KEY])
+        return int(manifest["total_bytes"])
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
+        return 0
+
+
 def scale_plan_make(*, preset: str, gpu_type: str, targets: list[GpuWorker]) -> dict:
     """The scale plan (``scheduling.core.scaleplan``) over the pool's complete copies of ``preset``,
     as JSON plus ``sources``: each source's holder kind, address and weights digest."""
@@ -127,7 +147,9 @@ def scale_plan_make(*, preset: str, gpu_type: str, targets: list[GpuWorker]) -> 
         )
         for h in holders
     ]
-    weights_bytes = max((h["weights_bytes"] for h in holders), default=0) or 1
+    weights_bytes = (
+        max((h["weights_bytes"] for h in holders), default=0) or weights_bytes_on_disk(preset) or 1
+    )
     plan = plan_scale_out(
         sources=sources,
         targets=[Endpoint(id=w.name, host=w.host, domain=POOL_DOMAIN) for w in targets],

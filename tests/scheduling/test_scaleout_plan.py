@@ -151,3 +151,14 @@ def test_liveness_heals_the_pool_of_a_lost_host_cache(settings):
     workers_check()
     assert HostCache.objects.get(pk=cache.pk).status == "lost"
     assert not cache.holdings.exists()
+
+
+def test_the_disk_plan_knows_the_model_size_from_the_weights_file(settings, tmp_path):
+    from workers.runtime.models import build_model
+    from workers.runtime.weights import pack_model, save_weights
+
+    settings.STREAMSERVE = {**settings.STREAMSERVE, "WEIGHTS_DIR": str(tmp_path)}
+    packed = pack_model(build_model("tiny", device="cpu"))
+    save_weights(tmp_path / "tiny.safetensors", packed)
+    plan = scale_plan_write(action=action(), preset="tiny", workers=[provisioning("t1")])
+    assert plan["weights_bytes"] == packed.manifest.total_bytes
