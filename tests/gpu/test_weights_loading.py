@@ -152,3 +152,36 @@ def test_unknown_weights_from_is_refused(tmp_path):
             weights_dir=tmp_path,
             pool=None,  # type: ignore[arg-type]
         )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_gpuworker_without_weights_fails_and_never_registers_ready(settings, tmp_path):
+    from django.core.management import CommandError, call_command
+
+    # given no copy anywhere in the pool and a worker told to take its weights from peers only
+    settings.STREAMSERVE = {**settings.STREAMSERVE, "WEIGHTS_DIR": str(tmp_path)}
+    # when it starts
+    with pytest.raises(CommandError, match="weights unavailable"):
+        call_command("gpuworker", name="no-weights", device="cpu", weights_from="pool", heartbeat=0.5)
+    # then its row records the process coming up, then failed, and it holds nothing in the pool
+    worker = GpuWorker.objects.get(name="no-weights")
+    assert worker.status == GpuWorker.Status.FAILED and worker.ready_at is None
+    assert worker.process_up_at is not None and worker.weights_complete_at is None
+    assert not WeightHolding.objects.filter(worker=worker).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_gpuworker_refuses_a_corrupt_weights_file(settings, tmp_path):
+    from django.core.management import CommandError, call_command
+
+    settings.STREAMSERVE = {**settings.STREAMSERVE, "WEIGHTS_DIR": str(tmp_path)}
+    path = weights_file(tmp_path, PRESET)
+    from workers.weights_loading import weights_file_ensure
+
+    weights_file_ensure(path, PRESET)
+    data = bytearray(path.read_bytes())
+    data[-100] ^= 0xFF  # one flipped byte inside the last tensor
+    path.write_bytes(bytes(data))
+    with pytest.raises(CommandError, match="weights failed"):
+        call_command("gpuworker", name="corrupt", device="cpu", weights_from="disk", heartbeat=0.5)
+    assert GpuWorker.objects.get(name="corrupt").status == GpuWorker.Status.FAILED

@@ -129,12 +129,14 @@ class Command(BaseCommand):
         )
         try:
             weights = loader.load()
-        except WeightsUnavailable as exc:
-            # Never serve from incomplete weights: the worker fails instead of registering ready.
+        except Exception as exc:
+            # Never serve from incomplete or corrupt weights (every source failed, or the file
+            # itself is bad): the worker fails instead of registering ready.
             listener.close()
             with contextlib.suppress(TransitionError):
                 worker_fail(worker=worker)
-            raise CommandError(f"weights unavailable ({weights_from}): {exc}") from exc
+            reason = "weights unavailable" if isinstance(exc, WeightsUnavailable) else "weights failed"
+            raise CommandError(f"{reason} ({weights_from}): {type(exc).__name__}: {exc}") from exc
         phase_report(
             worker_id=worker.pk, phase="weights_complete", source=weights.source, detail=weights.detail
         )
