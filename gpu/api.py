@@ -20,6 +20,11 @@ from gpu.models import GpuWorker
 
 class GpuWorkerSerializer(serializers.ModelSerializer):
     sessions = serializers.IntegerField(read_only=True, source="resident_sessions")
+    # Empty until the weights are complete: one of disk, host_cache, peer, init afterwards.
+    weights_source = serializers.CharField(
+        read_only=True,
+        help_text="where the weights came from: disk, host_cache, peer, init; empty while loading",
+    )
 
     class Meta:
         model = GpuWorker
