@@ -77,8 +77,7 @@ class Process:
 
     def stop(self) -> None:
         if self.process.is_alive():
-            with_cont = self.process.pid
-            os.kill(with_cont, signal.SIGCONT)
+            os.kill(self.process.pid, signal.SIGCONT)  # a stopped holder must run to exit
             self.commands.put("stop")
             self.process.join(timeout=5)
         if self.process.is_alive():
@@ -271,3 +270,9 @@ def test_disk_alone_and_concurrent_receivers_from_one_holder(tmp_path):
         for result in results:
             assert_identical(result, expected)
         assert [record.get("ok") for record in server.served] == [True, True]
+        # a receiver whose manifest cuts other pieces is refused (the cuts must agree on both sides)
+        other_cut = PackedWeights.from_state_dict("tiny", expected.state_dict(), piece_bytes=PIECE_BYTES * 2)
+        assert other_cut.manifest.weights_id == expected.manifest.weights_id
+        with pytest.raises(WeightsUnavailable) as refused:
+            weights_receive(other_cut.manifest, sources=[server.address])
+        assert refused.value.attempts[0]["kind"] == "WeightsRefused"

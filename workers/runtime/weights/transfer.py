@@ -138,8 +138,11 @@ def _classify(exc: BaseException, stage: str, source: str) -> WeightsTransferErr
 class LinkPacer:
     """A token bucket emulating a link of ``mbps`` megabits per second (shared by a node's links).
 
-    ``take(n)`` returns once the link would have carried ``n`` more bytes after everything taken
-    before, so concurrent links through one pacer share its rate, like flows through one NIC.
+    Each piece occupies the link for ``nbytes / rate`` after the previous one, so concurrent links
+    through one pacer share its rate, like flows through one NIC. The sender waits for the *start*
+    of its piece's slot (``until_start``) and the receiver for the *end* of its slot: a piece counts
+    as arrived one serialization time after it started, which is a real link's store-and-forward
+    delay, charged once per hop (not once per side).
     """
 
     def __init__(self, mbps: float) -> None:
@@ -149,11 +152,11 @@ class LinkPacer:
         self._busy_until = 0.0
         self._lock = threading.Lock()
 
-    def take(self, nbytes: int) -> None:
+    def take(self, nbytes: int, *, until_start: bool = False) -> None:
         with self._lock:
             start = max(time.monotonic(), self._busy_until)
             self._busy_until = start + nbytes / self.bytes_per_s
-            until = self._busy_until
+            until = start if until_start else self._busy_until
         delay = until - time.monotonic()
         if delay > 0:
             time.sleep(delay)
@@ -268,6 +271,10 @@ class WeightServer:
         self._links: set[PairGroup] = set()
         self._lock = threading.Lock()
         self.served: list[dict[str, Any]] = []  # one record per finished request (tests, benchmarks)
+        # Store connections for the per-request threads, reused: a fresh connection to this very
+        # server sometimes took 5 s to open here (torch 2.13, libuv store; 1 in ~20), which a
+        # scale-out cannot afford. Two are opened now, more only under concurrent requests.
+        self._clients: list[Any] = [self._connect() for _ in range(2)]
         self._thread = threading.Thread(target=self._accept_loop, name="weights-serve", daemon=True)
         self._thread.start()
 
@@ -290,8 +297,20 @@ class WeightServer:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def _connect(self) -> Any:
+        return TCPStore(self.host, self.port, None, False, timedelta(60))
+
+    def _take_client(self) -> Any:
+        with self._lock:
+            client = self._clients.pop() if self._clients else None
+        return client if client is not None else self._connect()
+
+    def _give_client(self, client: Any) -> None:
+        with self._lock:
+            self._clients.append(client)
+
     def _accept_loop(self) -> None:
-        client = TCPStore(self.host, self.port, None, False, timedelta(60))
+        client = self._connect()
         pause = _POLL_MIN_S
         while not self._closed.is_set():
             # Polled without blocking: TCPStore's blocking queue_pop can lose wakeups (see
@@ -313,6 +332,9 @@ class WeightServer:
             return (
                 f"this server holds weights {self.holder.manifest.weights_id}, not {hello.get('weights_id')}"
             )
+        if hello.get("piece_bytes") != self.holder.manifest.piece_bytes:
+            # Both sides cut blocks into pieces from their own manifest: the cuts must agree.
+            return f"pieces of {hello.get('piece_bytes')} B requested, this server cuts {self.holder.manifest.piece_bytes} B"
         if hello.get("backend") != self.backend:
             return f"receiver uses {hello.get('backend')}, this server ({self.device}) uses {self.backend}"
         if isinstance(self.holder, _FillingHolder) and self.holder.failed:
@@ -326,7 +348,7 @@ class WeightServer:
         group: PairGroup | None = None
         client: Any = None
         try:
-            client = TCPStore(self.host, self.port, None, False, timedelta(self.stall_timeout_s))
+            client = self._take_client()
             refusal = self._refusal(hello)
             client.set(_key(request_id, "accept"), json.dumps({"ok": refusal is None, "error": refusal}))
             if refusal is not None:
@@ -344,6 +366,8 @@ class WeightServer:
             record["bytes"] = self._stream(group, hello["requests"])
             client.wait([_key(request_id, "done")], timedelta(self.stall_timeout_s))
             record["ok"] = json.loads(client.get(_key(request_id, "done"))).get("ok", False)
+            # Only a connection that finished cleanly goes back (a failed one may hold a half-read reply).
+            self._give_client(client)
         except Exception as exc:
             record["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         finally:
@@ -364,7 +388,7 @@ class WeightServer:
                     raise WeightsSourceLost("holder has no such piece (it failed or closed)", stage="serve")
                 start, stop = manifest.piece_range(block, piece)
                 if self.egress is not None:
-                    self.egress.take(stop - start)
+                    self.egress.take(stop - start, until_start=True)
                 window.append(group.isend(holder.buffers[block][start:stop]))
                 sent += stop - start
                 if len(window) > WINDOW:
@@ -564,6 +588,7 @@ class WeightsReceiver:
             hello = {
                 "id": request_id,
                 "weights_id": self.manifest.weights_id,
+                "piece_bytes": self.manifest.piece_bytes,
                 "backend": self.backend,
                 "requests": [list(r) for r in requests],
                 "receiver": f"{socket.gethostname()}:{os.getpid()}",
