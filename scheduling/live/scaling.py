@@ -97,20 +97,25 @@ def scale_topology(gpu_type: str):
     busy = Migration.objects.filter(outcome=Migration.Outcome.PENDING).values_list(
         "source__name", "target__name"
     )
+    if spec.scale_out is not None:
+        # The profile's documented (or measured) network: the one the simulator plans over too.
+        return spec.scale_out.topology.with_busy(busy)
     return Topology.cluster(
         nvlink_gbps=None, rdma_gbps=float(spec.link_gbps), pcie_gbps=float(spec.host_link_gbps)
     ).with_busy(busy)
 
 
 def boot_seconds(*, gpu_type: str) -> float:
-    """Median measured boot (request → process up) of this type's recent workers; 0 without any."""
+    """Median measured boot (request → process up) of this type's recent workers; without any, the
+    profile's ``scale_out.boot_s`` (what ``profile_model`` measured), else 0."""
     rows = list(
         GpuWorker.objects.filter(gpu_type=gpu_type, process_up_at__isnull=False)
         .order_by("-requested_at")
         .values_list("requested_at", "process_up_at")[:BOOT_HISTORY]
     )
     if not rows:
-        return 0.0
+        spec = gpu_profiles().get(gpu_type)
+        return float(spec.scale_out.boot_s) if spec is not None and spec.scale_out is not None else 0.0
     return float(statistics.median((up - requested).total_seconds() for requested, up in rows))
 
 

@@ -162,3 +162,28 @@ def test_the_disk_plan_knows_the_model_size_from_the_weights_file(settings, tmp_
     save_weights(tmp_path / "tiny.safetensors", packed)
     plan = scale_plan_write(action=action(), preset="tiny", workers=[provisioning("t1")])
     assert plan["weights_bytes"] == packed.manifest.total_bytes
+
+
+def test_a_profile_with_a_scale_out_model_gives_the_topology_and_the_boot(settings, tmp_path, request):
+    import json
+
+    from scheduling.core.provisioning import ScaleOutModel
+    from scheduling.core.scaleplan import Topology
+    from scheduling.live.profiles import gpu_profiles
+
+    # given a profile whose scale-out model says 2.5 s of boot and 0.25 GB/s within a host
+    profile = json.loads((settings.BASE_DIR / "scheduling/data/profiles/cpu-tiny.json").read_text())
+    profile["scale_out"] = ScaleOutModel(
+        boot_s=2.5, weights_bytes=10**6, topology=Topology.flat(0.5, pcie_gbps=0.25, nvme_gbps=0.1)
+    ).to_json()
+    (tmp_path / "p.json").write_text(json.dumps(profile))
+    settings.STREAMSERVE = {**settings.STREAMSERVE, "WORKER_PROFILE": str(tmp_path / "p.json")}
+    gpu_profiles.cache_clear()  # profiles are read once per process
+    request.addfinalizer(gpu_profiles.cache_clear)
+    serving("src")
+    # when a scale-out is planned with no boot measured yet
+    assert boot_seconds(gpu_type="cpu") == 2.5
+    plan = scale_plan_write(action=action(), preset="tiny", workers=[provisioning("t1")])
+    # then the chain (both workers on one host) runs at the profile's host link speed
+    assert plan["chains"][0]["source"] == "src" and plan["chains"][0]["gbps"] == pytest.approx(0.25)
+    assert plan["boot_seconds"] == 2.5
