@@ -181,8 +181,10 @@ class Command(BaseCommand):
         # Placement runs now: sessions go to this worker the moment it is ready.
         scheduler_trigger("gpu_ready")
         daemon.run()
-        weights.close()
+        # Out of the pool first (release drops the holding), then stop serving: no plan made in
+        # between names a closed source.
         self._deregister(worker.pk)
+        weights.close()
         logger.info("worker.stopped worker=%s", name)
 
     def _deregister(self, worker_id: int) -> None:
