@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from gpu.api import CostAuditView, GpuWorkerViewSet
+from gpu.api import CostAuditView, GpuWorkerViewSet, ParameterPoolView
 from scheduling.api import (
     MigrationViewSet,
     ScalingActionViewSet,
@@ -24,6 +24,7 @@ urlpatterns = [
     path("models/", ModelCatalogView.as_view(), name="model-catalog"),
     path("scheduler/config/", SchedulerConfigView.as_view(), name="scheduler-config"),
     path("audit/cost/", CostAuditView.as_view(), name="audit-cost"),
+    path("parameter-pool/", ParameterPoolView.as_view(), name="parameter-pool"),
     path("audit/latency/", LatencyAuditView.as_view(), name="audit-latency"),
     # The operator's request lives with the scheduler; the URL stays under the session it moves.
     path("sessions/<uuid:pk>/migrate/", SessionMigrateView.as_view(), name="session-migrate"),

@@ -373,6 +373,15 @@ STREAMSERVE = {
     "GPU_PRICES": _prices("GPU_PRICES", {"cpu": Decimal(0)}),
     "LOCAL_STOP_GRACE_S": _typed("LOCAL_STOP_GRACE_S", env.float, 15.0),
     "LOCAL_MAX_CPU_WORKERS": _typed("LOCAL_MAX_CPU_WORKERS", env.int, 4),
+    # Parameter pool (docs/scaleout.md, BlitzScale §5.3): host-memory copies of one model's weights
+    # allowed in the whole cluster ("O(1) host caching"); a host cache's memory bound by default.
+    "POOL_HOST_COPIES": _typed("POOL_HOST_COPIES", env.int, 1),
+    "HOSTCACHE_CAPACITY_MB": _typed("HOSTCACHE_CAPACITY_MB", env.int, 4096),
+    # Each preset's weights as safetensors (<dir>/<preset>.safetensors; written from the seeded
+    # weights the first time a worker needs it): the "disk" source and the fallback of every chain.
+    "WEIGHTS_DIR": env.str("WEIGHTS_DIR", default=str(BASE_DIR / "var/weights")),
+    # Where new workers load weights from: auto (the scale plan's source, else disk), pool, disk.
+    "WORKER_WEIGHTS_FROM": env.str("WORKER_WEIGHTS_FROM", default="auto"),
     # In a Pod the downward API sets POD_NAMESPACE: workers go beside the control plane by default.
     "K8S_NAMESPACE": env.str("K8S_NAMESPACE", default="") or env.str("POD_NAMESPACE", default="streamserve"),
     "K8S_WORKER_TEMPLATE": env.str("K8S_WORKER_TEMPLATE", default=""),
@@ -402,7 +411,15 @@ for _name in (
 ):
     if STREAMSERVE[_name] <= 0:
         raise ImproperlyConfigured(f"Environment variable {_name} must be positive")
-for _name in ("WORKER_CAPACITY", "CHECKPOINT_EVERY", "MAX_LIVE_SESSIONS_PER_USER"):
+if STREAMSERVE["WORKER_WEIGHTS_FROM"] not in ("auto", "pool", "disk"):
+    raise ImproperlyConfigured("Environment variable WORKER_WEIGHTS_FROM must be auto, pool or disk")
+for _name in (
+    "WORKER_CAPACITY",
+    "CHECKPOINT_EVERY",
+    "MAX_LIVE_SESSIONS_PER_USER",
+    "POOL_HOST_COPIES",
+    "HOSTCACHE_CAPACITY_MB",
+):
     if STREAMSERVE[_name] < 1:
         raise ImproperlyConfigured(f"Environment variable {_name} must be at least 1")
 

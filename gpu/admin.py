@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib import admin, messages
 
 from gpu import services
-from gpu.models import CostLedgerEntry, GpuWorker
+from gpu.models import CostLedgerEntry, GpuWorker, HostCache, WeightHolding
 
 
 @admin.register(GpuWorker)
@@ -38,6 +38,12 @@ class GpuWorkerAdmin(admin.ModelAdmin):
         "telemetry",
         "telemetry_at",
         "migration_address",
+        "process_up_at",
+        "weights_complete_at",
+        "weights_source",
+        "weights_source_detail",
+        "weights_plan",
+        "expected_ready_at",
     ]
     actions = ["drain_workers"]
 
@@ -69,4 +75,50 @@ class CostLedgerEntryAdmin(admin.ModelAdmin):
         return False
 
     def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class WeightHoldingInline(admin.TabularInline):
+    model = WeightHolding
+    fields = ["model_preset", "state", "host_slot", "weights_bytes", "address", "digest", "last_used_at"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+
+@admin.register(HostCache)
+class HostCacheAdmin(admin.ModelAdmin):
+    """Host caches are registered by their process (``manage.py hostcache``); read-only here."""
+
+    list_display = ["name", "host", "status", "capacity_bytes", "pinned", "last_heartbeat"]
+    list_filter = ["status"]
+    readonly_fields = [f.name for f in HostCache._meta.fields]
+    inlines = [WeightHoldingInline]
+
+    def has_add_permission(self, request):
+        return False
+
+
+@admin.register(WeightHolding)
+class WeightHoldingAdmin(admin.ModelAdmin):
+    """The parameter pool: written by workers and host caches through ``gpu.services`` only."""
+
+    list_display = [
+        "model_preset",
+        "kind",
+        "state",
+        "worker",
+        "cache",
+        "host",
+        "host_slot",
+        "weights_bytes",
+        "last_used_at",
+    ]
+    list_filter = ["model_preset", "kind", "state"]
+    list_select_related = ["worker", "cache"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
         return False

@@ -20,6 +20,11 @@ from gpu.models import GpuWorker
 
 class GpuWorkerSerializer(serializers.ModelSerializer):
     sessions = serializers.IntegerField(read_only=True, source="resident_sessions")
+    # Empty until the weights are complete: one of disk, host_cache, peer, init afterwards.
+    weights_source = serializers.CharField(
+        read_only=True,
+        help_text="where the weights came from: disk, host_cache, peer, init; empty while loading",
+    )
 
     class Meta:
         model = GpuWorker
@@ -48,6 +53,12 @@ class GpuWorkerSerializer(serializers.ModelSerializer):
             "telemetry",
             "telemetry_at",
             "sessions",
+            "process_up_at",
+            "weights_complete_at",
+            "weights_source",
+            "weights_source_detail",
+            "expected_ready_at",
+            "weights_plan",
         ]
         read_only_fields = fields
 
@@ -104,3 +115,15 @@ class CostAuditView(APIView):
                     )
             return csv_response("cost.csv", ["bucket_start", "gpu_type", "gpu_seconds", "cost_usd"], rows)
         return Response(report)
+
+
+class ParameterPoolView(APIView):
+    """Where each model's weights live (serving GPUs, host caches) and the host-copy bound."""
+
+    permission_classes = [permissions.IsAdminUser]
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request):
+        return Response(
+            {"models": selectors.parameter_pool(), "host_copies_bound": services.host_copies_bound()}
+        )

@@ -8,6 +8,15 @@ from django.db import models
 from django.db.models import Q
 
 
+class WeightsSource(models.TextChoices):
+    """Where a worker's weights came from (the recorded source of its ``weights complete`` phase)."""
+
+    DISK = "disk", "local storage"
+    HOST_CACHE = "host_cache", "host cache"
+    PEER = "peer", "peer GPU"
+    INIT = "init", "seeded init"
+
+
 class GpuWorker(models.Model):
     """One GPU (or, in development, one CPU process) hosting a model replica.
 
@@ -50,6 +59,21 @@ class GpuWorker(models.Model):
     temperature_c = models.FloatField(null=True, blank=True)
     telemetry = models.JSONField(default=dict, blank=True)
     telemetry_at = models.DateTimeField(null=True, blank=True)
+    # Scale-out phases (BlitzScale §5; docs/scaleout.md): requested_at → process_up_at →
+    # weights_complete_at (from weights_source) → ready_at. ``expected_ready_at`` is the scale plan's
+    # estimate while the worker loads; ``weights_plan`` is this worker's part of that plan.
+    process_up_at = models.DateTimeField(null=True, blank=True)
+    weights_complete_at = models.DateTimeField(null=True, blank=True)
+    weights_source = models.CharField(
+        max_length=16,
+        choices=WeightsSource.choices,
+        blank=True,
+        default="",
+        help_text="where the weights came from",
+    )
+    weights_source_detail = models.CharField(max_length=255, blank=True, default="")
+    weights_plan = models.JSONField(default=dict, blank=True)
+    expected_ready_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["name"]
@@ -69,6 +93,10 @@ class GpuWorker(models.Model):
             ),
             models.CheckConstraint(name="gpuworker_capacity_positive", condition=Q(capacity__gte=1)),
             models.CheckConstraint(name="gpuworker_price_nonnegative", condition=Q(price_per_hour__gte=0)),
+            models.CheckConstraint(
+                name="gpuworker_weights_complete_has_source",
+                condition=Q(weights_complete_at__isnull=True) | ~Q(weights_source=""),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -109,3 +137,119 @@ class CostLedgerEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.worker_id} {self.interval_start:%Y-%m-%d %H:%M} {self.gpu_seconds:.0f}s"
+
+
+class HostCache(models.Model):
+    """A host-cache process (``manage.py hostcache``): model weights in host memory, served to peers.
+
+    Lifecycle: live → stopped (it exited) or lost (its heartbeat stopped; ``host_caches_check``).
+    Its holdings (``WeightHolding`` rows) go with it, so the pool never names a dead holder.
+    """
+
+    class Status(models.TextChoices):
+        LIVE = "live"
+        STOPPED = "stopped"
+        LOST = "lost"
+
+    name = models.CharField(max_length=100, unique=True)
+    host = models.CharField(max_length=255, default="localhost")
+    # Where peers fetch blocks (host:port of the block server).
+    address = models.CharField(max_length=255, blank=True, default="")
+    capacity_bytes = models.BigIntegerField(help_text="host memory this cache may fill")
+    pinned = models.BooleanField(default=False, help_text="page-locked memory (CUDA hosts)")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.LIVE)
+    started_at = models.DateTimeField()
+    last_heartbeat = models.DateTimeField()
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(name="hostcache_capacity_positive", condition=Q(capacity_bytes__gt=0)),
+            models.CheckConstraint(
+                name="hostcache_ended_has_time",
+                condition=Q(status="live") | Q(stopped_at__isnull=False),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.host}, {self.status})"
+
+
+class WeightHolding(models.Model):
+    """One copy of a model's weights in the parameter pool (BlitzScale §5.3).
+
+    Held either in a serving worker's GPU memory (``kind=gpu``, ``worker``) or in a host cache
+    (``kind=host``, ``cache``). A copy is ``loading`` until its holder verified every block against
+    the manifest's checksums, then ``complete``; only complete copies are offered as sources.
+
+    "O(1) host caching": host copies of one model take a ``host_slot`` in ``[0, POOL_HOST_COPIES)``
+    and (model, slot) is unique, so the bound holds under any race between registrations: the
+    database refuses the second writer of a slot (``gpu.services.host_copy_register``).
+    """
+
+    class Kind(models.TextChoices):
+        GPU = "gpu", "GPU memory"
+        HOST = "host", "host memory"
+
+    class State(models.TextChoices):
+        LOADING = "loading"
+        COMPLETE = "complete"
+
+    model_preset = models.CharField(max_length=64)
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.LOADING)
+    worker = models.ForeignKey(
+        GpuWorker, null=True, blank=True, on_delete=models.CASCADE, related_name="weight_holdings"
+    )
+    cache = models.ForeignKey(
+        HostCache, null=True, blank=True, on_delete=models.CASCADE, related_name="holdings"
+    )
+    host = models.CharField(max_length=255)
+    # Where peers fetch this copy's blocks (host:port); empty when the holder serves none.
+    address = models.CharField(max_length=255, blank=True, default="")
+    weights_bytes = models.BigIntegerField(default=0)
+    # Digest of the block manifest (every block's checksum): copies with equal digests are identical.
+    digest = models.CharField(max_length=64, blank=True, default="")
+    host_slot = models.PositiveSmallIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    completed_at = models.DateTimeField(null=True, blank=True)
+    # Host caches evict the least recently used copy first when memory is bounded.
+    last_used_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["model_preset", "kind", "id"]
+        indexes = [models.Index(fields=["model_preset", "state"])]
+        constraints = [
+            models.CheckConstraint(
+                name="holding_one_holder_of_its_kind",
+                condition=(Q(kind="gpu") & Q(worker__isnull=False) & Q(cache__isnull=True))
+                | (Q(kind="host") & Q(cache__isnull=False) & Q(worker__isnull=True)),
+            ),
+            models.CheckConstraint(
+                name="holding_host_copies_have_slot",
+                condition=(Q(kind="host") & Q(host_slot__isnull=False))
+                | (Q(kind="gpu") & Q(host_slot__isnull=True)),
+            ),
+            models.CheckConstraint(
+                name="holding_complete_has_time",
+                condition=Q(state="loading") | Q(completed_at__isnull=False),
+            ),
+            models.CheckConstraint(name="holding_bytes_nonnegative", condition=Q(weights_bytes__gte=0)),
+            # The cluster-wide bound on host copies: one row per (model, slot).
+            models.UniqueConstraint(
+                fields=["model_preset", "host_slot"],
+                condition=Q(kind="host"),
+                name="holding_host_slot_unique",
+            ),
+            models.UniqueConstraint(
+                fields=["model_preset", "worker"], condition=Q(kind="gpu"), name="holding_one_per_worker"
+            ),
+            models.UniqueConstraint(
+                fields=["model_preset", "cache"], condition=Q(kind="host"), name="holding_one_per_cache"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        holder = self.worker_id if self.kind == self.Kind.GPU else self.cache_id
+        return f"{self.model_preset} {self.kind}:{holder} ({self.state})"

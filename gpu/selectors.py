@@ -1,15 +1,15 @@
-"""Reads of the GPU pool: the cost audit."""
+"""Reads of the GPU pool: the cost audit and the parameter pool."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from decimal import Decimal
 
-from django.db.models import Sum
+from django.db.models import Q, Sum
 from django.db.models.functions import Trunc
 
 from controlplane.timerange import TimeRange
-from gpu.models import CostLedgerEntry
+from gpu.models import CostLedgerEntry, GpuWorker, HostCache, WeightHolding
 
 
 def cost_buckets(*, time_range: TimeRange) -> dict:
@@ -53,3 +53,64 @@ def cost_buckets(*, time_range: TimeRange) -> dict:
             "by_gpu_type": dict(totals_by_type),
         },
     }
+
+
+def weight_sources(*, model_preset: str) -> list[dict]:
+    """Complete copies of a model's weights held by live holders: the scale planner's sources.
+
+    GPU copies first (the fast path: NVLink/RDMA between GPUs), then host caches; each names its
+    holder, host and the address peers fetch blocks from.
+    """
+    rows = (
+        WeightHolding.objects.filter(model_preset=model_preset, state=WeightHolding.State.COMPLETE)
+        .filter(
+            Q(
+                kind=WeightHolding.Kind.GPU,
+                worker__status__in=[GpuWorker.Status.READY, GpuWorker.Status.DRAINING],
+            )
+            | Q(kind=WeightHolding.Kind.HOST, cache__status=HostCache.Status.LIVE)
+        )
+        .select_related("worker", "cache")
+        .order_by("kind", "completed_at", "pk")
+    )
+    return [
+        {
+            "holding": h.pk,
+            "kind": h.kind,
+            "name": h.worker.name if h.kind == WeightHolding.Kind.GPU else h.cache.name,
+            "host": h.host,
+            "address": h.address,
+            "weights_bytes": h.weights_bytes,
+            "digest": h.digest,
+        }
+        for h in rows
+    ]
+
+
+def parameter_pool() -> list[dict]:
+    """The pool per model for the operator console: every copy with its holder and state."""
+    models: dict[str, dict] = {}
+    for h in WeightHolding.objects.select_related("worker", "cache").order_by("model_preset", "kind", "pk"):
+        entry = models.setdefault(
+            h.model_preset,
+            {"model": h.model_preset, "gpu_copies": 0, "host_copies": 0, "loading": 0, "copies": []},
+        )
+        if h.state == WeightHolding.State.LOADING:
+            entry["loading"] += 1
+        elif h.kind == WeightHolding.Kind.GPU:
+            entry["gpu_copies"] += 1
+        else:
+            entry["host_copies"] += 1
+        entry["copies"].append(
+            {
+                "kind": h.kind,
+                "state": h.state,
+                "holder": h.worker.name if h.worker_id else h.cache.name,
+                "host": h.host,
+                "address": h.address,
+                "weights_bytes": h.weights_bytes,
+                "digest": h.digest,
+                "last_used_at": h.last_used_at,
+            }
+        )
+    return list(models.values())

@@ -83,6 +83,10 @@ class ScalingActionSerializer(serializers.ModelSerializer):
             "outcome",
             "provisioner_result",
             "workers",
+            "plan",
+            "expected_ready_at",
+            "ready_at",
+            "phases",
         ]
 
 

@@ -15,6 +15,7 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.core.cache import cache
@@ -23,8 +24,9 @@ from django.db import connection, transaction
 from django.db.models import Count, Max, Q, Sum
 from django.utils import timezone
 
+from gpu import selectors as pool_selectors
 from gpu import services as gpu_services
-from gpu.models import GpuWorker
+from gpu.models import GpuWorker, HostCache
 from scheduling.api import SchedulerConfigSerializer
 from scheduling.models import Migration, ScalingAction, SchedulerConfig, SchedulerDecision
 from sessions import services as session_services
@@ -89,9 +91,42 @@ def _workers(now) -> list[dict[str, Any]]:
                 "last_heartbeat": _iso(w.last_heartbeat),
                 "telemetry_at": _iso(w.telemetry_at),
                 "requested_at": _iso(w.requested_at),
+                # Scale-out phases (docs/scaleout.md): seconds from the request to each one.
+                "phases": _phases(w),
+                "weights_source": w.weights_source or None,
+                "weights_source_detail": w.weights_source_detail or None,
+                "expected_ready_at": _iso(w.expected_ready_at),
             }
         )
     return out
+
+
+def _since(start, moment) -> float | None:
+    return round((moment - start).total_seconds(), 3) if moment and start else None
+
+
+def _phases(w: GpuWorker) -> dict[str, float | None]:
+    return {
+        "process_up_s": _since(w.requested_at, w.process_up_at),
+        "weights_complete_s": _since(w.requested_at, w.weights_complete_at),
+        "ready_s": _since(w.requested_at, w.ready_at),
+        "expected_ready_s": _since(w.requested_at, w.expected_ready_at),
+    }
+
+
+def _scaling_detail(s: ScalingAction) -> str:
+    detail = f"reason: {s.reason}" + (f", GPU type {s.gpu_type}" if s.gpu_type else "")
+    chains = (s.plan or {}).get("chains") or []
+    if chains:
+        detail += "; plan: " + ", ".join(" → ".join([c["source"], *c["targets"]]) for c in chains)
+    if s.expected_ready_at:
+        detail += f"; expected ready in {_since(s.created_at, s.expected_ready_at):.1f} s"
+    if s.ready_at:
+        detail += f"; all ready in {_since(s.created_at, s.ready_at):.1f} s"
+    sources = sorted({p.get("source") for p in (s.phases or {}).values() if p.get("source")})
+    if sources:
+        detail += f"; weights from {', '.join(sources)}"
+    return detail
 
 
 def _latency(now, slo_ms: float) -> dict[str, Any]:
@@ -180,7 +215,7 @@ def _timeline(limit: int = TIMELINE_LENGTH) -> list[dict[str, Any]]:
                 "kind": "scaling",
                 "at": s.created_at,
                 "title": f"{s.get_direction_display().capitalize()} {s.from_budget} → {s.to_budget} ({s.outcome})",
-                "detail": f"reason: {s.reason}" + (f", GPU type {s.gpu_type}" if s.gpu_type else ""),
+                "detail": _scaling_detail(s),
             }
         )
     audited = ContentType.objects.get_for_models(GpuWorker, GenerationSession, SchedulerConfig).values()
@@ -224,6 +259,33 @@ def _sessions(limit: int = SESSION_LIST_LENGTH) -> list[dict[str, Any]]:
         }
         for s in rows
     ]
+
+
+def _parameter_pool() -> dict[str, Any]:
+    """Where each model's weights live (BlitzScale §5.3) and the host caches holding them."""
+    models = pool_selectors.parameter_pool()
+    for model in models:
+        for copy in model["copies"]:
+            copy["last_used_at"] = _iso(copy["last_used_at"])
+    caches = [
+        {
+            "name": c.name,
+            "host": c.host,
+            "status": c.status,
+            "capacity_bytes": c.capacity_bytes,
+            "used_bytes": c.used or 0,
+            "pinned": c.pinned,
+            "last_heartbeat": _iso(c.last_heartbeat),
+        }
+        for c in HostCache.objects.filter(status=HostCache.Status.LIVE).annotate(
+            used=Sum("holdings__weights_bytes")
+        )
+    ]
+    return {
+        "models": models,
+        "host_caches": caches,
+        "host_copies_bound": settings.STREAMSERVE["POOL_HOST_COPIES"],
+    }
 
 
 def cluster_snapshot(*, now=None, include_timeline: bool = True) -> dict[str, Any]:
@@ -277,6 +339,7 @@ def cluster_snapshot(*, now=None, include_timeline: bool = True) -> dict[str, An
             "updated_at": _iso(config.updated_at),
         },
         "session_list": _sessions(),
+        "parameter_pool": _parameter_pool(),
     }
     if include_timeline:
         snapshot["timeline"] = _timeline()

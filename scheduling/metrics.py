@@ -47,7 +47,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeHistogramMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gpu.models import GpuWorker
+from gpu.models import GpuWorker, WeightHolding
 from scheduling.models import Migration, ScalingAction, SchedulerDecision
 from sessions.models import ChunkRecord, GenerationSession
 
@@ -57,6 +57,8 @@ logger = logging.getLogger(__name__)
 CHUNK_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
 # Scheduler decision time: TurboServe reports < 15 ms at 64 GPUs, < 0.1 s at 256.
 DECISION_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+# Scale-out phases: BlitzScale-class (sub-second to seconds) through cold boots (tens of seconds).
+SCALEOUT_BUCKETS_S = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0, 300.0)
 _TAIL_IDS = 1000
 
 
@@ -397,6 +399,8 @@ class StreamServeCollector(Collector):
             duration.add_metric([], buckets, gsum_value=total)
         yield duration
 
+        yield from self._scaleout(now, since)
+
         yield GaugeMetricFamily(
             "streamserve_metrics_window_seconds",
             "Window of the latency gauge histograms",
@@ -406,6 +410,49 @@ class StreamServeCollector(Collector):
             "streamserve_metrics_collect_seconds", "Time this scrape spent reading the database",
             value=time.perf_counter() - began,
         )  # fmt: skip
+
+    def _scaleout(self, now, since) -> Iterator:
+        """Scale-out phases (docs/scaleout.md) of the workers that became ready in the window, the
+        parameter pool's copies, and the loading workers' expected ready times."""
+        phases = GaugeHistogramMetricFamily(
+            "streamserve_scaleout_phase_seconds",
+            f"Seconds from the provisioning request to each phase, workers ready in the last {self.window_s:.0f} s",
+            labels=["phase", "source"],
+        )
+        rows = GpuWorker.objects.filter(ready_at__gte=since).values_list(
+            "requested_at", "process_up_at", "weights_complete_at", "ready_at", "weights_source"
+        )
+        samples: dict[tuple[str, str], list[float]] = {}
+        for requested, up, weights, ready, source in rows:
+            for phase, at in (("process_up", up), ("weights_complete", weights), ("ready", ready)):
+                if at is not None:
+                    samples.setdefault((phase, source or "unknown"), []).append(
+                        (at - requested).total_seconds()
+                    )
+        for (phase, source), values in sorted(samples.items()):
+            buckets = [(_le(b), float(sum(v <= b for v in values))) for b in SCALEOUT_BUCKETS_S]
+            buckets.append(("+Inf", float(len(values))))
+            phases.add_metric([phase, source], buckets, gsum_value=sum(values))
+        yield phases
+        copies = GaugeMetricFamily(
+            "streamserve_weight_copies", "Copies of each model's weights in the parameter pool",
+            labels=["model", "kind", "state"],
+        )  # fmt: skip
+        for row in (
+            WeightHolding.objects.order_by().values("model_preset", "kind", "state").annotate(n=Count("pk"))
+        ):
+            copies.add_metric([row["model_preset"], row["kind"], row["state"]], row["n"])
+        yield copies
+        loading = GaugeMetricFamily(
+            "streamserve_worker_expected_ready_seconds",
+            "Seconds until a provisioning worker is expected ready (the scale plan's estimate; < 0: late)",
+            labels=["worker", "gpu_type"],
+        )
+        for name, gpu_type, expected in GpuWorker.objects.filter(
+            status=GpuWorker.Status.PROVISIONING, expected_ready_at__isnull=False
+        ).values_list("name", "gpu_type", "expected_ready_at"):
+            loading.add_metric([name, gpu_type], (expected - now).total_seconds())
+        yield loading
 
 
 _registry: CollectorRegistry | None = None

@@ -195,6 +195,14 @@ class ScalingAction(models.Model):
     outcome = models.CharField(max_length=16, choices=Outcome.choices, default=Outcome.REQUESTED)
     provisioner_result = models.JSONField(default=dict, blank=True)
     workers = models.ManyToManyField("gpu.GpuWorker", blank=True, related_name="scaling_actions")
+    # Scale-out (BlitzScale §5.1; docs/scaleout.md): the scale plan (multicast chains from the
+    # parameter pool's holders, or disk), when the plan expects the workers ready, when the last one
+    # was, and each worker's phases as reported: {name: {"process_up": iso, "weights_complete": iso,
+    # "source": "peer", "ready": iso}}.
+    plan = models.JSONField(default=dict, blank=True)
+    expected_ready_at = models.DateTimeField(null=True, blank=True)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    phases = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]

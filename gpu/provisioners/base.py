@@ -44,6 +44,7 @@ import logging
 import secrets
 import zlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -269,7 +270,11 @@ class Provisioner(ABC):
         preset: str = DEFAULT_PRESET,
         capacity: int | None = None,
         price_per_hour: Decimal | float | str | None = None,
+        before_start: Callable[[list[GpuWorker]], None] | None = None,
     ) -> RequestResult:
+        """Scale-out (the module docstring). ``before_start`` sees the committed provisioning rows
+        before any process starts: the scaler writes each worker's part of the scale plan there,
+        so a worker that boots fast already finds it (docs/scaleout.md)."""
         if count < 0:
             raise ValueError(f"count must be >= 0, got {count}")
         result = RequestResult(provider=self.name, requested=count, gpu_type=gpu_type, preset=preset)
@@ -331,6 +336,12 @@ class Provisioner(ABC):
                 len(workers),
                 shortfall,
             )
+        if before_start is not None and workers:
+            try:
+                before_start(workers)
+            except Exception:
+                # A worker without a plan loads from its own storage: a slower start, not none.
+                logger.exception("provision.before_start_failed provider=%s", self.name)
         for worker in workers:
             try:
                 worker.external_id = self.start(worker)

@@ -64,13 +64,14 @@ def gpuworker_command(worker: GpuWorker) -> list[str]:
     """The real worker command line for a provisioning row (the default ``command_factory``).
 
     ``--gpu-type`` is the row's type, the scheduler's profile key, so that the worker registers
-    under the type the scheduler asked for.
+    under the type the scheduler asked for. ``--weights-from`` is the deployment's setting; with
+    ``auto`` the worker follows the scale plan the scaler wrote on its row (docs/scaleout.md).
     """
     manage = Path(settings.BASE_DIR) / "manage.py"
     return [
         sys.executable, str(manage), "gpuworker",
         "--name", worker.name, "--device", worker.device, "--preset", worker.model_preset,
-        "--gpu-type", worker.gpu_type,
+        "--gpu-type", worker.gpu_type, "--weights-from", settings.STREAMSERVE["WORKER_WEIGHTS_FROM"],
     ]  # fmt: skip
 
 

@@ -59,6 +59,9 @@ def workers_check(*, now: datetime | None = None) -> list[str]:
             lost.append(worker.name)
     commands_expire(now=now)
     command_streams_prune()
+    # The parameter pool heals too: a host cache whose heartbeat stopped leaves it with its copies
+    # (a lost worker's copies left with ``worker_fail`` above).
+    gpu_services.host_caches_check(now=now)
     return lost
 
 

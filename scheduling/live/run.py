@@ -168,7 +168,10 @@ def _snapshot(pool: Pool, config: SchedulerConfig, clock: float) -> Snapshot:
                 id=w.name,
                 gpu_type=w.gpu_type if w.gpu_type in profiles else default_gpu_type(),
                 status=w.status,
-                ready_at=w.ready_at.timestamp() if w.ready_at else None,
+                # A loading worker's ready time is the scale plan's estimate (as in the simulator).
+                ready_at=(w.ready_at or w.expected_ready_at).timestamp()
+                if (w.ready_at or w.expected_ready_at)
+                else None,
                 requested_at=w.requested_at.timestamp(),
             )
             for w in pool.workers.values()

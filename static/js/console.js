@@ -158,11 +158,57 @@ function workerCard(worker) {
       <dt>Power</dt><dd data-field="power"></dd>
       <dt>Price</dt><dd data-field="price"></dd>
       <dt>Heartbeat</dt><dd data-field="heartbeat"></dd>
+      <dt>Scale-out</dt><dd data-field="phases"></dd>
     </dl>
     <button type="button" class="danger small" data-field="drain">Drain</button>`;
   card.querySelector(`#worker-${worker.id}-name`).textContent = worker.name;
   card.querySelector('[data-field="drain"]').addEventListener("click", () => drainWorker(card.dataset.id, card.dataset.name));
   return card;
+}
+
+const SOURCE_WORDS = { peer: "peer GPU", host_cache: "host cache", disk: "local disk", init: "seeded init" };
+
+// requested → process up → weights complete (by source) → ready, in seconds from the request; a
+// loading worker shows when the scale plan expects it ready.
+function phasesText(w) {
+  const p = w.phases || {};
+  const s = (v) => (v === null || v === undefined ? null : `${v.toFixed(1)} s`);
+  const parts = [];
+  if (s(p.process_up_s)) parts.push(`up ${s(p.process_up_s)}`);
+  if (s(p.weights_complete_s)) {
+    const from = SOURCE_WORDS[w.weights_source] || w.weights_source || "?";
+    parts.push(`weights ${s(p.weights_complete_s)} from ${from}`);
+  }
+  if (s(p.ready_s)) parts.push(`ready ${s(p.ready_s)}`);
+  else if (s(p.expected_ready_s)) parts.push(`expected ready ${s(p.expected_ready_s)}`);
+  return parts.length ? parts.join(" · ") : "–";
+}
+
+function renderPool(pool) {
+  if (!pool) return;
+  const models = pool.models || [];
+  const rows = models.map((m) =>
+    el(
+      "tr",
+      {},
+      el("td", { text: m.model }),
+      el("td", { text: String(m.gpu_copies) }),
+      el("td", { text: `${m.host_copies} / ${pool.host_copies_bound}` }),
+      el("td", { text: String(m.loading) }),
+      el("td", {
+        text: m.copies.map((c) => `${c.holder} (${c.kind}, ${c.state}${c.address ? ` @ ${c.address}` : ""})`).join(", "),
+      }),
+    ),
+  );
+  $("pool-models").replaceChildren(
+    ...(rows.length ? rows : [el("tr", {}, el("td", { colspan: "5", class: "muted", text: "No copies registered." }))]),
+  );
+  const caches = pool.host_caches || [];
+  $("pool-caches").textContent = caches.length
+    ? caches
+        .map((c) => `${c.name} @ ${c.host}: ${formatBytes(c.used_bytes)} / ${formatBytes(c.capacity_bytes)}${c.pinned ? " pinned" : ""}`)
+        .join(" · ")
+    : "No live host cache.";
 }
 
 function renderWorkers(workers) {
@@ -200,6 +246,7 @@ function renderWorkers(workers) {
     field("power").textContent = w.power_watts === null ? "–" : `${w.power_watts.toFixed(0)} W${w.temperature_c !== null ? ` · ${w.temperature_c.toFixed(0)} °C` : ""}`;
     field("price").textContent = fmtMoney(w.price_per_hour);
     field("heartbeat").textContent = w.last_heartbeat ? formatTime(w.last_heartbeat) : "never";
+    field("phases").textContent = phasesText(w);
     const drain = field("drain");
     drain.hidden = w.status !== "ready";
     drain.setAttribute("aria-label", `Drain ${w.name}`);
@@ -317,6 +364,7 @@ function apply(snapshot) {
   renderSummary(snapshot);
   renderWorkers(snapshot.workers);
   renderSessions(snapshot.session_list);
+  renderPool(snapshot.parameter_pool);
   renderTimeline(snapshot.timeline);
   renderConfig(snapshot.config);
   if (record(snapshot)) updateCharts();

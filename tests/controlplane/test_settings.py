@@ -47,6 +47,10 @@ def load_settings(expression: str = "settings.DEBUG", **env: str) -> subprocess.
         ("API_SCHEMA_ACCESS", "everyone"),
         ("METRICS_ENABLED", "sometimes"),
         ("MAX_LIVE_SESSIONS_PER_USER", "0"),
+        ("POOL_HOST_COPIES", "0"),
+        ("POOL_HOST_COPIES", "one"),
+        ("HOSTCACHE_CAPACITY_MB", "0"),
+        ("WORKER_WEIGHTS_FROM", "nvme"),
     ],
 )
 def test_malformed_variable_fails_at_start_naming_it(variable, value):

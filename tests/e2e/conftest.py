@@ -65,6 +65,7 @@ class Platform:
             "CELERY_BROKER_URL": "redis://127.0.0.1:6379/13",
             "WORKER_PROFILE": str(tmp / "profile.json"),
             "CHECKPOINT_DIR": str(tmp / "checkpoints"),
+            "WEIGHTS_DIR": str(tmp / "weights"),
             "CHECKPOINT_EVERY": "4",
             "HEARTBEAT_INTERVAL_S": "0.5",
             "HEARTBEAT_TIMEOUT_S": "3",

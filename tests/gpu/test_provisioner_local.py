@@ -108,6 +108,8 @@ def test_default_command_is_the_real_gpuworker_command_line():
         "wan-1.3b",
         "--gpu-type",
         "h100",
+        "--weights-from",
+        "auto",
     ]
     assert LocalProvisioner().command_factory is gpuworker_command
 
@@ -136,6 +138,34 @@ def test_request_creates_provisioning_rows_and_their_processes(make_local):
     # The audit summary is plain JSON.
     summary = json.loads(json.dumps(result.as_dict()))
     assert summary["granted"] == 2 and summary["action"] == "request"
+
+
+def test_before_start_sees_committed_rows_before_any_process_runs(make_local):
+    # given a scaler that writes each worker's plan in the before_start hook
+    provisioner = make_local()
+    seen: list[tuple[str, str]] = []
+
+    def write_plans(workers):
+        for worker in workers:
+            seen.append((worker.name, worker.external_id))
+            GpuWorker.objects.filter(pk=worker.pk).update(weights_plan={"source": "peer-0"})
+
+    # when two workers are requested
+    result = provisioner.request(count=2, gpu_type="cpu", before_start=write_plans)
+    # then the hook saw both rows before they had a process, and each row carries its plan
+    assert sorted(name for name, _ in seen) == sorted(w.name for w in result.started)
+    assert all(external_id == "" for _, external_id in seen)
+    assert all(
+        w.weights_plan == {"source": "peer-0"} for w in GpuWorker.objects.filter(pk__in=result.worker_ids)
+    )
+
+
+def test_a_failing_before_start_does_not_stop_the_scale_out(make_local):
+    def broken(workers):
+        raise RuntimeError("planner down")
+
+    result = make_local().request(count=1, gpu_type="cpu", before_start=broken)
+    assert result.ok and len(result.started) == 1
 
 
 def test_cpu_workers_are_bounded_and_the_shortfall_is_reported(make_local):

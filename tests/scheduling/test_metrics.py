@@ -41,6 +41,9 @@ FAMILIES = {
     "streamserve_scheduler_decision_seconds",
     "streamserve_metrics_window_seconds",
     "streamserve_metrics_collect_seconds",
+    "streamserve_scaleout_phase_seconds",
+    "streamserve_weight_copies",
+    "streamserve_worker_expected_ready_seconds",
 }
 
 
@@ -313,3 +316,37 @@ def test_token_protection(client, cluster, settings):
 
 def test_only_get_is_allowed(client):
     assert client.post("/metrics").status_code == 405
+
+
+def test_scaleout_phases_pool_copies_and_expected_ready_times(client):
+    # given a worker that became ready 8 s after its request, its weights from a peer at 5 s
+    from gpu import services as pool
+
+    now = timezone.now()
+    requested = now - timedelta(seconds=10)
+    ready = GpuWorkerFactory(
+        requested_at=requested,
+        process_up_at=requested + timedelta(seconds=1.5),
+        weights_complete_at=requested + timedelta(seconds=5),
+        weights_source="peer",
+        ready_at=requested + timedelta(seconds=8),
+    )
+    holding = pool.worker_holding_register(worker=ready, model_preset="tiny", weights_bytes=10)
+    pool.holding_complete(holding_id=holding.pk, digest="d")
+    # and a loading worker expected ready in about 30 s
+    GpuWorkerFactory(
+        name="loading",
+        status=Status.PROVISIONING,
+        ready_at=None,
+        expected_ready_at=now + timedelta(seconds=30),
+    )
+    samples = scrape(client)
+    # then each phase is in its bucket, by source
+    up = buckets(samples, "streamserve_scaleout_phase_seconds", phase="process_up", source="peer")
+    assert up["1.0"] == 0 and up["2.0"] == 1
+    weights = buckets(samples, "streamserve_scaleout_phase_seconds", phase="weights_complete", source="peer")
+    assert weights["2.0"] == 0 and weights["5.0"] == 1
+    assert buckets(samples, "streamserve_scaleout_phase_seconds", phase="ready", source="peer")["10.0"] == 1
+    assert value(samples, "streamserve_weight_copies", model="tiny", kind="gpu", state="complete") == 1
+    expected = value(samples, "streamserve_worker_expected_ready_seconds", worker="loading", gpu_type="h100")
+    assert 20 < expected <= 30

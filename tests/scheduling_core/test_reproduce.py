@@ -104,7 +104,7 @@ def test_fig7_grid_is_rerun_with_only_the_provisioning_delay_replaced(quick_repo
     for b in ("base", "lag", "mag"):
         assert unit["policies"][b]["cost_at_slo_usd"] == own["policies"][b]["cost_at_slo_usd"]
     by_delay = data["summary"]["fig7_by_delay"]
-    assert set(by_delay) == {"0", "profile"}
+    assert set(by_delay) == {"0", "profile", "peer"}
     assert by_delay["0"]["units"] == 1 and by_delay["profile"]["units"] == 1
     expected = unit["reduction_vs"]["lag"]["cost_pct"]
     costs = [unit["reduction_vs"][b]["cost_pct"] for b in ("base", "lag", "mag")]
@@ -115,6 +115,24 @@ def test_fig7_grid_is_rerun_with_only_the_provisioning_delay_replaced(quick_repo
     assert "37.5 % / 37.2 %" in instant
     row = next(line for line in text.splitlines() if line.startswith("| T1 | h20-1.3b | 0 s |"))
     assert (f"{expected:+.1f} %" if expected is not None else "–") in row
+
+
+def test_fig7_grid_is_rerun_with_the_delay_computed_by_the_scale_planner(quick_report):
+    out, _ = quick_report
+    data = json.loads((out / "results.json").read_text())
+    unit = data["units"]["fig7peer/T1/h20-1.3b"]
+    own = data["units"]["fig7/T1/h20-1.3b"]
+    assert unit["scale_out"] == "peer" and unit["slo_ms"] == own["slo_ms"] and unit["events"] == own["events"]
+    got = unit["policies"]["turboserve"]["scale_out"]
+    assert got["path"] == {"h20-1.3b": "peer"}
+    peer = data["summary"]["fig7_by_delay"]["peer"]
+    assert peer["units"] == 1
+    if got["gpus"]:
+        assert 0 < got["delay_s_max"] < own["provisioning_delay_s"]
+        assert peer["delays"]["mean_s"] == pytest.approx(got["delay_s_mean"], abs=1e-3)
+    text = (out / "README.md").read_text()
+    assert any("with peer scale-out" in line and "37.5 % / 37.2 %" in line for line in text.splitlines())
+    assert "| T1 | h20-1.3b | peer (" in text
 
 
 def test_bad_experiment_name_names_the_flag():

@@ -207,3 +207,34 @@ def test_matched_cost_for_another_autoscaler_is_a_search_for_the_closest_cost():
     chosen = abs(other["cost_at_matched_cost_usd"] - ref_cost)
     assert other["config_at_matched_cost"]
     assert all(chosen <= abs(row["gpu_cost_usd"] - ref_cost) + 1e-9 for row in other["configs_tried"])
+
+
+def test_flows_still_streaming_count_as_busy_for_the_next_scale_out():
+    class AddTwice(Policy):
+        """One GPU at the first decision, another at the next (while the first still loads)."""
+
+        name = "add-twice"
+
+        def __init__(self):
+            self.inner = make_policy("lag")
+            self.added = 0
+
+        def decide(self, snapshot, event):
+            d = self.inner.decide(snapshot, event)
+            if self.added >= 2:
+                return d
+            self.added += 1
+            return replace(d, add_gpus=(("test", 1),))
+
+    events = trace((0.0, "a", "arrive"), (0.5, "b", "arrive"), (30.0, "a", "depart"), (30.0, "b", "depart"))
+    config = SimConfig(profiles=[spec_with()], initial_gpus=1, min_gpus=1, max_gpus=8, scale_out="host-cache")
+    result = simulate(events, AddTwice(), config)
+    first, second = result.scale_out_events
+    # The one host copy's outbound direction still carries the first flow: the second gets half of it.
+    assert first["sources"] == second["sources"] == {"host_cache": 1}
+    # The first new GPU shares host 0 with the copy (PCIe); the second is on host 1 (RDMA).
+    pcie = MODEL.weights_bytes / (MODEL.topology.pcie_gbps * GB)
+    rdma = MODEL.weights_bytes / (MODEL.topology.rdma_gbps * GB)
+    assert first["delay_s"] == [pytest.approx(MODEL.boot_s + pcie)]
+    assert second["t"] < first["t"] + first["delay_s"][0]
+    assert second["delay_s"] == [pytest.approx(MODEL.boot_s + rdma / MODEL.topology.busy_share)]

@@ -20,6 +20,13 @@ def test_profile_loads_in_the_scheduler_and_is_monotone():
         a <= b for (_, a), (_, b) in zip(raw["latency_ms_measured"], profile["latency_ms"], strict=True)
     )
     assert profile["memory_limit_sessions"] >= 1 and profile["host_link_gbps"] > 0
+    # The measured phases travel with the profile: its own scale-out is boot + the disk load it measured.
+    phases = dict(spec.scale_out.measured_phases_s)
+    assert spec.scale_out.path == "disk" and set(phases) == {"process_up", "weights_disk"}
+    assert spec.scale_out.boot_s == pytest.approx(phases["process_up"])
+    assert spec.scale_out.weights_bytes > 0
+    disk = spec.scale_out.nominal_delay_s("disk")
+    assert disk == pytest.approx(phases["process_up"] + phases["weights_disk"], rel=0.01, abs=0.02)
 
 
 def test_profile_needs_two_points():

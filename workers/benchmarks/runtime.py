@@ -389,6 +389,14 @@ def _memory_limit_sessions(model: StreamingVideoModel, state_bytes: int, reserve
     return max(1, int(budget // state_bytes))
 
 
+def _weights_bytes(model: StreamingVideoModel) -> int:
+    """Bytes of the model's parameters (0 when the model exposes no ``net`` module)."""
+    net = getattr(model, "net", None)
+    if not isinstance(net, torch.nn.Module):
+        return 0
+    return sum(p.numel() * p.element_size() for p in net.parameters())
+
+
 def profile_model(
     preset: str,
     *,
@@ -407,10 +415,15 @@ def profile_model(
     latency points are made non-decreasing (a running maximum over batch sizes, since a noisy
     measurement must not claim that more load is faster); `raw` keeps the medians as measured.
     `provisioning_delay_s` is the measured model build/load time (boot time is not included).
+    `scale_out` carries the measured phases (scheduling/core/provisioning.py): ``process_up`` (this
+    process's creation to the start of profiling: interpreter, Django and torch imports — a worker
+    starts the same way) and ``weights_disk`` (the model build from local storage), the weights'
+    bytes and the effective disk rate they imply, so the simulator can compute a delay by source.
     """
     if max_batch < 2:
         raise ValueError("profile needs --max-batch >= 2 (the latency curve needs two points)")
     check_device(device)
+    process_up_s = max(0.0, time.time() - psutil.Process().create_time())
     started = time.perf_counter()
     model = build_model(preset, device=device)
     _sync(model.device)
@@ -462,6 +475,26 @@ def profile_model(
         profile["link_gbps"] = float(link_gbps)
     if slo_ms is not None:
         profile["slo_ms"] = float(slo_ms)
+    weights = _weights_bytes(model)
+    if weights and load_s > 0:
+        profile["scale_out"] = {
+            # The path this profile was measured on: its own delay is boot + the disk load.
+            "path": "disk",
+            "weights_bytes": weights,
+            "measured_phases_s": {"process_up": round(process_up_s, 3), "weights_disk": round(load_s, 3)},
+            "topology": {
+                # Disk: the rate the measured build implies. The network links are not measured
+                # here: the peer link is --link-gbps (or the nominal NVLink), the host copy PCIe the
+                # measured pinned-copy rate; one GPU per host.
+                "nvme_gbps": round(weights / load_s / GB, 6),
+                "pcie_gbps": round(host_link_gbps, 3),
+                "rdma_gbps": float(link_gbps) if link_gbps is not None else round(host_link_gbps, 3),
+                "hop_latency_s": 0.01,
+            },
+            "gpus_per_host": 1,
+            "hosts_per_domain": 1,
+            "source": "profile_model: process_up and weights_disk measured; network links nominal",
+        }
     raw: dict[str, Any] = {
         "offload": offload,
         "latency_ms_measured": [[b, round(ms, 3)] for b, ms in enumerate(raw_ms, start=1)],

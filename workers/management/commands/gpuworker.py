@@ -14,16 +14,17 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from gpu.models import GpuWorker
-from gpu.services import TransitionError, worker_register, worker_release
+from gpu.services import TransitionError, worker_fail, worker_register, worker_release
 from scheduling.live.enqueue import scheduler_trigger
 from scheduling.live.liveness import sessions_recover
 from scheduling.live.profiles import default_gpu_type, gpu_profiles
 from workers.daemon import WorkerDaemon
-from workers.reporting import DjangoReporter
+from workers.reporting import DjangoPoolLink, DjangoReporter, phase_report
 from workers.runtime.engine import ChunkEngine
-from workers.runtime.models import build_model
 from workers.runtime.presets import DEFAULT_PRESET, PRESETS
 from workers.runtime.transport import MigrationListener
+from workers.runtime.weights import WeightsUnavailable
+from workers.weights_loading import WEIGHTS_FROM, WeightsLoader
 
 logger = logging.getLogger("workers.gpuworker")
 
@@ -44,7 +45,10 @@ def resolve_device(device: str) -> str:
 
 
 class Command(BaseCommand):
-    help = "Run a GPU worker: register, load the model, report ready, heartbeat and run the coalesced engine."
+    help = (
+        "Run a GPU worker: register, load the weights (plan, pool or disk), report ready, heartbeat and run "
+        "the coalesced engine."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--name", default=None, help="worker name (default: <host>-<pid>)")
@@ -57,6 +61,19 @@ class Command(BaseCommand):
         parser.add_argument("--heartbeat", type=float, default=None, help="heartbeat interval in seconds")
         parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
         parser.add_argument("--listen-host", default="127.0.0.1", help="address peers use for migrations")
+        parser.add_argument(
+            "--weights-from",
+            default=None,
+            choices=WEIGHTS_FROM,
+            help="auto: the scale plan's source, else disk; pool: peers only; disk: local storage "
+            "(default: WORKER_WEIGHTS_FROM)",
+        )
+        parser.add_argument(
+            "--link-mbps",
+            type=float,
+            default=None,
+            help="pace weight transfers to this many Mbit/s (emulation)",
+        )
 
     def handle(self, *args, **options):
         conf = settings.STREAMSERVE
@@ -76,26 +93,68 @@ class Command(BaseCommand):
         if capacity < 1:
             raise CommandError("--capacity must be at least 1")
         torch.set_num_threads(options["threads"])
-        try:
-            model = build_model(options["preset"], device=device)
-        except (KeyError, ValueError) as exc:
-            raise CommandError(f"--preset: {exc}") from exc
-        engine = ChunkEngine(model, max_batch=capacity)
+        preset = options["preset"]
+        if preset not in PRESETS:
+            raise CommandError(f"--preset: unknown preset {preset!r}; known: {', '.join(sorted(PRESETS))}")
+        if options["link_mbps"] is not None and options["link_mbps"] <= 0:
+            raise CommandError("--link-mbps must be positive")
+        weights_from = options["weights_from"] or conf["WORKER_WEIGHTS_FROM"]
         listener = MigrationListener(device=device, host=options["listen_host"])
         memory = torch.cuda.get_device_properties(device).total_memory if device.startswith("cuda") else 0
+        identity = {
+            "name": name,
+            "host": socket.gethostname(),
+            "device": device,
+            "preset": preset,
+            "gpu_type": gpu_type,
+            "capacity": capacity,
+            "memory_bytes": memory,
+            "migration_address": listener.address,
+        }
         try:
-            worker = worker_register(
-                name=name,
-                host=socket.gethostname(),
-                device=device,
-                preset=options["preset"],
-                gpu_type=gpu_type,
-                capacity=capacity,
-                memory_bytes=memory,
-                migration_address=listener.address,
-            )
+            # Phase "process up": the row is adopted (or created), still provisioning.
+            worker = worker_register(**identity, mark_ready=False)
         except TransitionError as exc:
+            listener.close()
             raise CommandError(str(exc)) from exc
+        phase_report(worker_id=worker.pk, phase="process_up")
+        loader = WeightsLoader(
+            preset=preset,
+            device=device,
+            host=options["listen_host"],
+            weights_from=weights_from,
+            weights_dir=conf["WEIGHTS_DIR"],
+            pool=DjangoPoolLink(worker.pk, preset),
+            link_mbps=options["link_mbps"],
+        )
+        try:
+            weights = loader.load()
+        except Exception as exc:
+            # Never serve from incomplete or corrupt weights (every source failed, or the file
+            # itself is bad): the worker fails instead of registering ready.
+            listener.close()
+            with contextlib.suppress(TransitionError):
+                worker_fail(worker=worker)
+            reason = "weights unavailable" if isinstance(exc, WeightsUnavailable) else "weights failed"
+            raise CommandError(f"{reason} ({weights_from}): {type(exc).__name__}: {exc}") from exc
+        phase_report(
+            worker_id=worker.pk, phase="weights_complete", source=weights.source, detail=weights.detail
+        )
+        logger.info(
+            "worker.weights worker=%s source=%s seconds=%.3f detail=%s serving=%s",
+            name,
+            weights.source,
+            weights.seconds,
+            weights.detail,
+            weights.address,
+        )
+        engine = ChunkEngine(weights.model, max_batch=capacity)
+        try:
+            worker = worker_register(**identity)
+        except TransitionError as exc:
+            weights.close()
+            raise CommandError(str(exc)) from exc
+        phase_report(worker_id=worker.pk, phase="ready")
         reporter = DjangoReporter(worker.pk, name)
         daemon = WorkerDaemon(
             name=name,
@@ -119,9 +178,13 @@ class Command(BaseCommand):
             capacity,
             listener.address,
         )
+        # Placement runs now: sessions go to this worker the moment it is ready.
         scheduler_trigger("gpu_ready")
         daemon.run()
+        # Out of the pool first (release drops the holding), then stop serving: no plan made in
+        # between names a closed source.
         self._deregister(worker.pk)
+        weights.close()
         logger.info("worker.stopped worker=%s", name)
 
     def _deregister(self, worker_id: int) -> None:

@@ -1,0 +1,73 @@
+"""``python manage.py hostcache --model P``: hold model weights in host memory and serve them to peers."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+
+import torch
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from workers.hostcache import HostCacheDaemon
+from workers.runtime.presets import PRESETS
+
+logger = logging.getLogger("workers.hostcache")
+
+
+class Command(BaseCommand):
+    help = (
+        "Run a host cache: reserve each model's host copy in the parameter pool (at most POOL_HOST_COPIES "
+        "per model in the cluster), fill it from a GPU holder or local storage, serve blocks to peers."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--model", action="append", required=True, help="model preset (repeatable)")
+        parser.add_argument("--name", default=None, help="cache name (default: cache-<host>-<pid>)")
+        parser.add_argument(
+            "--capacity-mb",
+            type=int,
+            default=None,
+            help="host memory to fill (default: HOSTCACHE_CAPACITY_MB)",
+        )
+        parser.add_argument("--listen-host", default="127.0.0.1", help="address peers fetch blocks from")
+        parser.add_argument("--heartbeat", type=float, default=None, help="heartbeat interval in seconds")
+        parser.add_argument(
+            "--weights-from", default="auto", choices=("auto", "pool", "disk"), help="where to fill from"
+        )
+        parser.add_argument("--link-mbps", type=float, default=None, help="pace serving to this many Mbit/s")
+        parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+
+    def handle(self, *args, **options):
+        conf = settings.STREAMSERVE
+        unknown = [m for m in options["model"] if m not in PRESETS]
+        if unknown:
+            raise CommandError(
+                f"--model: unknown preset(s) {', '.join(unknown)}; known: {', '.join(sorted(PRESETS))}"
+            )
+        capacity_mb = (
+            options["capacity_mb"] if options["capacity_mb"] is not None else conf["HOSTCACHE_CAPACITY_MB"]
+        )
+        if capacity_mb < 1:
+            raise CommandError("--capacity-mb must be at least 1")
+        heartbeat = options["heartbeat"] or conf["HEARTBEAT_INTERVAL_S"]
+        if heartbeat <= 0:
+            raise CommandError("--heartbeat must be positive")
+        if options["link_mbps"] is not None and options["link_mbps"] <= 0:
+            raise CommandError("--link-mbps must be positive")
+        torch.set_num_threads(max(1, options["threads"]))
+        daemon = HostCacheDaemon(
+            name=options["name"] or f"cache-{socket.gethostname()}-{os.getpid()}",
+            host=options["listen_host"],
+            models=list(dict.fromkeys(options["model"])),
+            capacity_bytes=capacity_mb * (1 << 20),
+            weights_dir=conf["WEIGHTS_DIR"],
+            weights_from=options["weights_from"],
+            link_mbps=options["link_mbps"],
+            heartbeat_s=heartbeat,
+        )
+        signal.signal(signal.SIGTERM, daemon.request_stop)
+        signal.signal(signal.SIGINT, daemon.request_stop)
+        daemon.run()
