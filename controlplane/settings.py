@@ -327,9 +327,8 @@ STREAMSERVE = {
     "MAX_LIVE_SESSIONS_PER_USER": _typed("MAX_LIVE_SESSIONS_PER_USER", env.int, 10),
     "PROVISIONER": env.str("PROVISIONER", default="local"),
     # Model presets this deployment runs workers for; sessions of other presets are refused. `demo`
-    # (the trained model that follows its prompt) is the default a new session gets; `tiny` (random
-    # weights, the reference architecture) is served beside it.
-    "SERVED_MODELS": _typed("SERVED_MODELS", env.list, ["demo", "tiny"]),
+    # is the trained model that follows its prompt (the test suite serves `tiny`: pyproject.toml).
+    "SERVED_MODELS": _typed("SERVED_MODELS", env.list, ["demo"]),
     # Workers the local provisioner starts: torch device kind and capacity K (sessions per worker).
     "WORKER_DEVICE": env.str("WORKER_DEVICE", default="auto"),
     "WORKER_CAPACITY": _typed("WORKER_CAPACITY", env.int, 4),

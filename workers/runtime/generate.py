@@ -131,9 +131,10 @@ def write_mp4(frames: np.ndarray, path: Path, fps: float) -> None:
         stream = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1000))
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.options = {"crf": "18", "preset": "medium", "threads": "1"}
-        stream.thread_count = 1  # deterministic output
-        for frame in frames:
+        stream.thread_count = 1
+        for index, frame in enumerate(frames):
             video = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame[:height, :width]), format="rgb24")
+            video.pts = index
             for packet in stream.encode(video):
                 container.mux(packet)
         for packet in stream.encode():
