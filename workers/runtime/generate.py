@@ -126,7 +126,7 @@ def write_mp4(frames: np.ndarray, path: Path, fps: float) -> None:
     import av
 
     height, width = frames.shape[1] // 2 * 2, frames.shape[2] // 2 * 2
-    # bitexact: no creation time or library version in the file, so the same frames give the same bytes.
+    # bitexact: no creation time or library version in the container (x264 output may still vary).
     with av.open(str(path), mode="w", options={"fflags": "+bitexact"}) as container:
         stream = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1000))
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
