@@ -47,12 +47,13 @@ def demo_platform(django_db_setup, django_db_blocker, tmp_path_factory):
             call_command("flush", "--noinput", verbosity=0)
 
 
-async def watch(url: str, *, before: int, after: int, timeout: float) -> tuple[list, list, dict]:
-    """Chunks before the prompt change, the server's acknowledgement, chunks from its chunk on."""
-    early, late, ack = [], [], {}
+async def watch(url: str, *, before: int, after: int, timeout: float) -> tuple[list, dict]:
+    """Every chunk received (index, frames), and the server's acknowledgement of the new prompt typed
+    after `before` chunks; stops once `after` chunks show the new prompt's colour."""
+    chunks, ack = [], {}
     deadline = time.monotonic() + timeout
     async with websockets.connect(url, max_size=None) as ws:
-        while time.monotonic() < deadline and len(late) < after:
+        while time.monotonic() < deadline:
             message = await asyncio.wait_for(ws.recv(), timeout=max(0.1, deadline - time.monotonic()))
             if isinstance(message, str):
                 text = json.loads(message)
@@ -61,13 +62,12 @@ async def watch(url: str, *, before: int, after: int, timeout: float) -> tuple[l
                 continue
             header, frames = decode_chunk_frame(message)
             rgb = np.stack([np.asarray(Image.open(io.BytesIO(f))) for f in frames])
-            if not ack:
-                early.append((header["index"], rgb))
-                if len(early) == before:
-                    await ws.send(json.dumps({"type": "prompt", "text": SECOND}))
-            elif header["index"] >= ack["from_chunk"]:
-                late.append((header["index"], rgb))
-    return early, late, ack
+            chunks.append((header["index"], rgb))
+            if len(chunks) == before:
+                await ws.send(json.dumps({"type": "prompt", "text": SECOND}))
+            if sum(measure_clip(c)["colour"] == "yellow" for _, c in chunks) >= after:
+                break
+    return chunks, ack
 
 
 def test_demo_is_served_by_default_and_follows_a_prompt_typed_mid_stream(demo_platform):
@@ -80,13 +80,19 @@ def test_demo_is_served_by_default_and_follows_a_prompt_typed_mid_stream(demo_pl
         body = response.json()
     assert (body["model"], body["resolution"]) == ("demo", "128x128")
     url = f"{platform.ws_url}/ws/sessions/{body['id']}/?token={token}"
-    early, late, ack = asyncio.run(watch(url, before=3, after=3, timeout=120))
-    assert len(early) == 3 and len(late) == 3, platform.logs()
+    chunks, ack = asyncio.run(watch(url, before=3, after=3, timeout=120))
+    indices = [i for i, _ in chunks]
+    assert indices == list(range(indices[0], indices[0] + len(indices))), platform.logs()
+    # Each chunk shows one prompt: the first up to the switch, the new one from it on (the worker
+    # applies it at the acknowledged chunk, or at its next one when it is already past it)
+    colours = [measure_clip(rgb)["colour"] for _, rgb in chunks]
+    switch = colours.index("yellow")
+    assert colours == ["red"] * switch + ["yellow"] * (len(colours) - switch), colours
+    assert switch >= 3 and indices[switch] >= ack["from_chunk"]
     # JPEG blurs edges a little; the measurement reads colour, shape and motion all the same
-    assert measure_clip(np.concatenate([rgb for _, rgb in early])) == {
+    assert measure_clip(np.concatenate([rgb for _, rgb in chunks[:switch]])) == {
         "background": "blue", "colour": "red", "shape": "circle", "direction": "right", "speed": "slow"
     }  # fmt: skip
-    assert [i for i, _ in late] == list(range(ack["from_chunk"], ack["from_chunk"] + 3))
-    assert measure_clip(np.concatenate([rgb for _, rgb in late])) == {
+    assert measure_clip(np.concatenate([rgb for _, rgb in chunks[switch:]])) == {
         "background": "black", "colour": "yellow", "shape": "triangle", "direction": "down", "speed": "slow"
     }  # fmt: skip
