@@ -74,6 +74,29 @@ def _strict_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"Environment variable {name}={raw!r} is malformed: expected true or false")
 
 
+def _model_paths(name: str) -> dict[str, str]:
+    """``"wan-causal=/models/self-forcing,other=/models/x"`` → {preset: directory} (docs/models.md).
+
+    Only the form is checked here; the directory's layout is checked when the workers app registers
+    the presets (``workers.catalog.register_model_paths``), with an error naming the variable."""
+    raw = env.str(name, default="")
+    paths: dict[str, str] = {}
+    for part in raw.split(","):
+        if not part.strip():
+            continue
+        preset, sep, path = (piece.strip() for piece in part.partition("="))
+        if not sep or not preset or not path or preset in paths:
+            raise ImproperlyConfigured(
+                f"Environment variable {name}={raw!r} is malformed: expected preset=/path/to/checkpoint "
+                f"entries with distinct preset names, got {part!r}"
+            )
+        paths[preset] = path
+    return paths
+
+
+# Model presets served from local checkpoint directories, each registered as a preset of its own.
+MODEL_PATHS = _model_paths("MODEL_PATHS")
+
 # Off unless asked for: a 500 with DEBUG on shows settings and source. The development runner
 # (`make run`) and the test harnesses that start servers turn it on explicitly.
 DEBUG = _strict_bool("DEBUG", False)
@@ -328,7 +351,9 @@ STREAMSERVE = {
     "PROVISIONER": env.str("PROVISIONER", default="local"),
     # Model presets this deployment runs workers for; sessions of other presets are refused. `demo`
     # is the trained model that follows its prompt (the test suite serves `tiny`: pyproject.toml).
-    "SERVED_MODELS": _typed("SERVED_MODELS", env.list, ["demo"]),
+    # Presets of MODEL_PATHS are served unless SERVED_MODELS says otherwise.
+    "SERVED_MODELS": _typed("SERVED_MODELS", env.list, ["demo", *MODEL_PATHS]),
+    "MODEL_PATHS": MODEL_PATHS,
     # Workers the local provisioner starts: torch device kind and capacity K (sessions per worker).
     "WORKER_DEVICE": env.str("WORKER_DEVICE", default="auto"),
     "WORKER_CAPACITY": _typed("WORKER_CAPACITY", env.int, 4),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from workers.runtime.local_models import register_model_path
 from workers.runtime.presets import PRESETS as RUNTIME_PRESETS
 from workers.runtime.presets import Preset
 
@@ -43,6 +44,21 @@ class ModelPreset:
 
 
 PRESETS: dict[str, ModelPreset] = {name: ModelPreset.of(preset) for name, preset in RUNTIME_PRESETS.items()}
+
+
+def register_model_paths(paths: dict[str, str]) -> list[ModelPreset]:
+    """Register a preset per local checkpoint directory (``MODEL_PATHS``) in the runtime's preset
+    table and in this catalogue. Reads only the directory's JSON files (no torch); a bad layout
+    raises ValueError naming the preset, the directory and the missing or malformed file."""
+    registered = []
+    for name, path in paths.items():
+        try:
+            preset = register_model_path(name, path)
+        except ValueError as exc:
+            raise ValueError(f"{name}={path}: {exc}") from exc
+        PRESETS[name] = ModelPreset.of(preset)
+        registered.append(PRESETS[name])
+    return registered
 
 
 def parse_resolution(value: str) -> tuple[int, int]:

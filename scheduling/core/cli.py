@@ -16,6 +16,8 @@ from typing import Any
 from .compare import DEFAULT_POLICIES, compare_policies
 from .policy import PolicyError, is_static, make_policy
 from .profiles import ProfileError, load_profiles
+from .provisioning import FIXED, SCALE_OUT_PATHS, with_path
+from .scaleplan import ScalePlanError
 from .simulator import SimConfig, SimulationError, simulate
 from .traces import TraceError, read_trace
 
@@ -96,6 +98,7 @@ def build_config(
     tick_s: float = 5.0,
     duration_s: float | None = None,
     provisioning_delay_s: float | None = None,
+    scale_out: str | None = None,
 ) -> SimConfig:
     try:
         profiles = load_profiles(profile)
@@ -105,7 +108,27 @@ def build_config(
         # What-if for a faster (pre-staged) or slower scale-out: every GPU type's request → ready time.
         if not (provisioning_delay_s >= 0 and math.isfinite(provisioning_delay_s)):
             raise CliError("provisioning-delay-s", "must be a number >= 0")
-        profiles = [replace(p, provisioning_delay_s=float(provisioning_delay_s)) for p in profiles]
+        if scale_out is not None:
+            raise CliError("scale-out", "give either --scale-out or --provisioning-delay-s, not both")
+        # A constant delay replaces whatever path the profile has.
+        profiles = [
+            replace(
+                p,
+                provisioning_delay_s=float(provisioning_delay_s),
+                scale_out=with_path(p.scale_out, FIXED) if p.scale_out is not None else None,
+            )
+            for p in profiles
+        ]
+    if scale_out is not None:
+        if scale_out not in SCALE_OUT_PATHS:
+            raise CliError("scale-out", f"must be one of {', '.join(SCALE_OUT_PATHS)}, got {scale_out!r}")
+        bare = [p.name for p in profiles if p.scale_out is None]
+        if bare:
+            raise CliError(
+                "scale-out",
+                f"profile(s) {', '.join(bare)} have no scale_out model (boot, weights, links; "
+                "docs/scheduling.md): the delay by source cannot be computed",
+            )
     if max_gpus < 1:
         raise CliError("max-gpus", "must be >= 1")
     if min_gpus < 0 or min_gpus > max_gpus:
@@ -124,6 +147,7 @@ def build_config(
         slo_ms=slo_ms,
         tick_s=tick_s,
         duration_s=duration_s,
+        scale_out=scale_out,
     )
 
 
@@ -142,8 +166,13 @@ def run_simulate(
     progress: bool = False,
     options: Sequence[str] = (),
     provisioning_delay_s: float | None = None,
+    scale_out: str | None = None,
 ) -> dict[str, Any]:
-    """Simulate one policy on one trace. Static policies run ``budget`` GPUs (default --max-gpus)."""
+    """Simulate one policy on one trace. Static policies run ``budget`` GPUs (default --max-gpus).
+
+    ``scale_out`` (disk / host-cache / peer) computes each new GPU's delay from the pool's state by
+    the scale planner; ``None`` keeps each profile's own path. The result's ``scale_out`` summarises
+    the delays every scale-out got and ``scale_out_events`` lists them."""
     meta, events = load_trace(trace)
     config = build_config(
         profile=profile,
@@ -154,6 +183,7 @@ def run_simulate(
         tick_s=tick_s,
         duration_s=meta.get("duration_s"),
         provisioning_delay_s=provisioning_delay_s,
+        scale_out=scale_out,
     )
     pol = _make(policy, parse_options(options))
     if is_static(policy):
@@ -167,6 +197,8 @@ def run_simulate(
         result = simulate(events, pol, config, trace_name=name, progress=bar.update if bar else None)
     except SimulationError as exc:
         raise CliError("policy", f"decision rejected by the simulator: {exc}") from exc
+    except ScalePlanError as exc:
+        raise CliError("scale-out", str(exc)) from exc
     finally:
         if bar:
             bar.close()
@@ -200,6 +232,7 @@ def run_compare(
     progress: bool = False,
     capacity: str = "slo",
     provisioning_delay_s: float | None = None,
+    scale_out: str | None = None,
 ) -> dict[str, Any]:
     if capacity not in ("slo", "profile"):
         raise CliError("capacity", f"{capacity!r} is not 'slo' or 'profile'")
@@ -212,6 +245,7 @@ def run_compare(
         slo_ms=slo_ms,
         duration_s=meta.get("duration_s"),
         provisioning_delay_s=provisioning_delay_s,
+        scale_out=scale_out,
     )
     for p in policies:
         try:
@@ -235,6 +269,8 @@ def run_compare(
             step=(lambda label: (bar.set_postfix_str(label), bar.update(1))) if bar else None,
             capacity=capacity,
         )
+    except SimulationError as exc:
+        raise CliError("policies", f"decision rejected by the simulator: {exc}") from exc
     finally:
         if bar:
             bar.close()

@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .provisioning import ScaleOutModel
+from .scaleplan import ScalePlanError, Topology
 from .types import GB, GpuTypeSpec
 
 
@@ -40,6 +42,52 @@ _BUILTIN_ROWS = (
     ("paper-k5", "h20", 5, 130.0, 94.0, 1.60, 20.0, 10, 3.5, 190.0, 16),
 )
 
+# Links of each GPU type's servers, GB/s per direction (what one flow gets), with their sources.
+# NVLink and PCIe: the vendor's bidirectional figure halved. RDMA: one NIC per GPU, the HGX/DGX
+# reference design (rail-optimised, non-blocking: spine oversubscription 1). NVMe: the vendor's
+# sequential-read figure of one data-centre drive — optimistic for a loader, which rarely reaches
+# it (BlitzScale §6 measured 10 Gbps ≈ 1.25 GB/s from its SSDs), so disk is never understated here.
+_LINKS: dict[str, dict[str, float]] = {
+    # NVIDIA H20 (HGX H20 product brief): NVLink 900 GB/s bidirectional; PCIe Gen5 x16 128 GB/s
+    # bidirectional; ConnectX-7 400 Gb/s per GPU; Gen4 NVMe 6.9 GB/s (Samsung PM9A3 datasheet).
+    "h20": {"nvlink_gbps": 450.0, "pcie_gbps": 64.0, "rdma_gbps": 50.0, "nvme_gbps": 6.9},
+    # NVIDIA H100 SXM (DGX H100 user guide): NVLink 4 900 GB/s bidirectional; PCIe Gen5 x16;
+    # 8× ConnectX-7 400 Gb/s (one per GPU); Gen4 U.2 NVMe 6.9 GB/s.
+    "h100": {"nvlink_gbps": 450.0, "pcie_gbps": 64.0, "rdma_gbps": 50.0, "nvme_gbps": 6.9},
+    # NVIDIA B300 (HGX B300 / DGX B300 datasheet): NVLink 5 1.8 TB/s bidirectional; ConnectX-8
+    # SuperNIC 800 Gb/s per GPU; PCIe Gen5 x16 host link counted (conservative); Gen5 NVMe 14 GB/s
+    # (Micron 9550 datasheet).
+    "b300": {"nvlink_gbps": 900.0, "pcie_gbps": 64.0, "rdma_gbps": 100.0, "nvme_gbps": 14.0},
+}
+_LINK_SOURCE = (
+    "links: vendor datasheets (NVLink/PCIe halved per direction, one NIC per GPU, one NVMe drive); "
+    "boot 2 s = worker process with torch import ≈ 1.6–1.8 s (measured here) + CUDA context ≈ 0.5 s "
+    "(BlitzScale appendix; a context pool hides it); weights: Wan-family DiT bf16 + UMT5-XXL text "
+    "encoder ≈ 11 GB + VAE ≈ 0.5 GB (estimates, NOTES-wave2.md); see docs/scheduling.md"
+)
+# Model weights by profile (bytes): the DiT in bf16 plus the text encoder and the VAE.
+_WEIGHTS_GB = {"1.3b": 2.6 + 11.0 + 0.5, "7b": 14.0 + 11.0 + 0.5, "k5": 2.6 + 11.0 + 0.5}
+_BOOT_S = 2.0
+# Fixed hop cost of a chain: a pooled pairwise connection's first block and the receiver's set-up
+# (BlitzScale appendix: a NCCL group costs ≈ 100 ms unless pre-created; ours are pooled).
+_HOP_LATENCY_S = 0.01
+
+
+def _scale_out(name: str, gpu_type: str) -> ScaleOutModel:
+    links = _LINKS[gpu_type]
+    return ScaleOutModel(
+        boot_s=_BOOT_S,
+        weights_bytes=int(_WEIGHTS_GB[name.rsplit("-", 1)[1]] * GB),
+        topology=Topology.cluster(**links, hop_latency_s=_HOP_LATENCY_S, source=_LINK_SOURCE),
+        # The built-in profiles' own scale-out is the stated cold boot (provisioning_delay_s).
+        path="fixed",
+        gpus_per_host=8,
+        hosts_per_domain=4,
+        host_copies=1,
+        source=_LINK_SOURCE,
+    )
+
+
 BUILTIN_PROFILES: dict[str, GpuTypeSpec] = {
     name: GpuTypeSpec(
         name=name,
@@ -54,6 +102,7 @@ BUILTIN_PROFILES: dict[str, GpuTypeSpec] = {
         availability=avail,
         slo_ms=670.0 if name == "paper-k5" else None,
         source="calibrated to TurboServe Table 4 / Appendix A and DESIGN.md; see docs/scheduling.md",
+        scale_out=_scale_out(name, gpu_type),
     )
     for name, gpu_type, k, base, slope, price, delay, mem, state_gb, link, avail in _BUILTIN_ROWS
 }
@@ -70,6 +119,7 @@ _OPTIONAL = (
     "availability",
     "slo_ms",
     "source",
+    "scale_out",
 )
 
 
@@ -88,6 +138,12 @@ def profile_from_json(data: dict[str, Any]) -> GpuTypeSpec:
         raise ProfileError("latency_ms must be a list of [load, ms] pairs")
     kwargs: dict[str, Any] = {k: data[k] for k in _OPTIONAL if k in data}
     kwargs.setdefault("gpu_type", data["name"])
+    if "scale_out" in kwargs:
+        # Optional (older profiles have none): boot, weights and links, maybe measured phases.
+        try:
+            kwargs["scale_out"] = ScaleOutModel.from_json(kwargs["scale_out"])
+        except ScalePlanError as exc:
+            raise ProfileError(str(exc)) from exc
     try:
         return GpuTypeSpec(
             name=str(data["name"]),

@@ -10,6 +10,13 @@ Model (docs/scheduling.md has the full description):
 * a chunk's latency is the step duration plus the session's pending stall: κ after a migration,
   the host→GPU copy after a resume, and the queue wait before its first chunk;
 * GPUs serve only after their provisioning delay; cost = price × (release or end − request).
+  The delay is the profile's constant ``provisioning_delay_s`` (scale-out path ``fixed``) or, with
+  ``scale_out`` set to ``disk``/``host-cache``/``peer``, boot plus the weight load the scale planner
+  gives each new GPU from the pool's state at that moment (scheduling/core/provisioning.py);
+* the simulator, not the policy, is the judge of the contract (docs/scheduling.md, "The contract
+  an external policy is held to"): a session may be queued only while no ready GPU has memory for
+  it, and a migration's stall is κ computed from the session's state bytes and the link, whatever
+  κ the policy reported.
 """
 
 from __future__ import annotations
@@ -18,13 +25,15 @@ import heapq
 import math
 import time as wallclock
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
 from .policy import Policy
+from .provisioning import FIXED, SCALE_OUT_PATHS
+from .scaleplan import ScalePlanError
 from .types import Decision, Event, GpuTypeSpec, GpuView, SessionView, Snapshot
 
 
@@ -45,6 +54,9 @@ class SimConfig:
     validate: bool = True
     # Latency, cost and GPU-seconds count only from here (profiling segments have a warm-up).
     measure_from_s: float = 0.0
+    # How new GPUs get their weights: None = each profile's own path (its scale_out.path, or the
+    # constant provisioning_delay_s when it has no scale-out model); else one of SCALE_OUT_PATHS.
+    scale_out: str | None = None
 
 
 @dataclass
@@ -73,9 +85,13 @@ class SimResult:
     queued_sessions: int
     timeline: list[dict[str, float]] = field(default_factory=list)
     policy_config: dict[str, Any] = field(default_factory=dict)
+    # Every GPU requested: its path and the delay it got (summary; per scale-out in the events).
+    scale_out: dict[str, Any] = field(default_factory=dict)
+    scale_out_events: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self, timeline: bool = True) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k != "timeline" or timeline}
+        detail = ("timeline", "scale_out_events")
+        out = {k: v for k, v in self.__dict__.items() if k not in detail or timeline}
         return out
 
 
@@ -119,6 +135,7 @@ class _Gpu:
         "ready_at",
         "released_at",
         "requested_at",
+        "slot",
         "spec",
         "status",
         "step_extra",
@@ -134,6 +151,7 @@ class _Gpu:
         self.requested_at = now
         self.ready_at = now if ready else now + spec.provisioning_delay_s
         self.released_at: float | None = None
+        self.slot = -1
         self.members: dict[str, None] = {}
         self.load = 0.0
         self.bytes = 0
@@ -143,6 +161,26 @@ class _Gpu:
 
     def view(self) -> GpuView:
         return GpuView(self.id, self.type_key, self.status, self.ready_at, self.requested_at)
+
+
+def _scale_out_paths(config: SimConfig) -> dict[str, str]:
+    """Each profile's scale-out path: ``config.scale_out`` for all, else the profile's own."""
+    paths: dict[str, str] = {}
+    for p in config.profiles:
+        if config.scale_out is None:
+            paths[p.name] = p.scale_out.path if p.scale_out is not None else FIXED
+            continue
+        if config.scale_out not in SCALE_OUT_PATHS:
+            raise ScalePlanError(
+                f"scale_out must be one of {', '.join(SCALE_OUT_PATHS)}, got {config.scale_out!r}"
+            )
+        if p.scale_out is None:
+            raise ScalePlanError(
+                f"profile {p.name!r} has no scale_out model (boot, weights, links): "
+                f"scale-out path {config.scale_out!r} cannot be computed for it"
+            )
+        paths[p.name] = config.scale_out
+    return paths
 
 
 # internal event priorities at equal time: chunk completions, then GPUs becoming ready, then the
@@ -157,8 +195,16 @@ class Simulator:
         self.policy = policy
         self.cfg = config
         self.trace_name = trace_name
-        self.types = {p.name: p for p in config.profiles}
-        self.primary = config.profiles[0]
+        self.paths = _scale_out_paths(config)
+        # A policy plans with the delay it can expect on this path (one GPU joining); each GPU's
+        # actual delay comes from the scale plan of its own scale-out.
+        self.types = {
+            p.name: p
+            if self.paths[p.name] == FIXED
+            else replace(p, provisioning_delay_s=round(p.scale_out.nominal_delay_s(self.paths[p.name]), 6))  # type: ignore[union-attr]
+            for p in config.profiles
+        }
+        self.primary = self.types[config.profiles[0].name]
         self.slo_ms = config.slo_ms if config.slo_ms is not None else self.primary.default_slo_ms
         self.now = 0.0
         self.sessions: dict[str, _Session] = {}
@@ -174,6 +220,12 @@ class Simulator:
         self.heap: list[tuple[float, int, int, Any]] = []
         self.seq = 0
         self.gpu_counter = 0
+        # Host slots per GPU type (provisioning.ScaleOutModel.endpoint): the lowest free one is taken.
+        self.free_slots: dict[str, list[int]] = {name: [] for name in self.types}
+        self.next_slot: dict[str, int] = dict.fromkeys(self.types, 0)
+        # Flows of scale plans still streaming, (until, sender, receiver): busy for later plans.
+        self.inflight_flows: list[tuple[float, str, str]] = []
+        self.scale_out_events: list[dict[str, Any]] = []
         # metrics
         self.step_dur: list[float] = []
         self.step_n: list[int] = []
@@ -217,16 +269,67 @@ class Simulator:
         for index in (self.gpu_views, self.residents, self.gpu_load, self.gpu_bytes):
             index.pop(g.id, None)
         self.gpus.pop(g.id, None)
+        if g.slot >= 0:
+            heapq.heappush(self.free_slots[g.type_key], g.slot)
 
-    def _new_gpu(self, spec: GpuTypeSpec, ready: bool) -> _Gpu:
+    def _new_gpu(self, spec: GpuTypeSpec, ready: bool, schedule: bool = True) -> _Gpu:
+        """A GPU in the lowest free slot; a provisioning one becomes ready after the profile's
+        constant delay, unless ``schedule`` is False (its scale-out plan sets ``ready_at``)."""
         self.gpu_counter += 1
         g = _Gpu(f"g{self.gpu_counter:04d}", spec, self.now, ready)
+        free = self.free_slots.setdefault(spec.name, [])
+        if free:
+            g.slot = heapq.heappop(free)
+        else:
+            g.slot = self.next_slot.get(spec.name, 0)
+            self.next_slot[spec.name] = g.slot + 1
         self.gpus[g.id] = g
         self.all_gpus.append(g)
         self._touch_gpu(g)
-        if not ready:
+        if not ready and schedule:
             self._push(g.ready_at, _READY, ("ready", g.id))
         return g
+
+    def _scale_out(self, spec: GpuTypeSpec, new: list[_Gpu]) -> None:
+        """Set when each GPU of one scale-out is ready: the constant delay, or boot plus the load
+        time the scale plan gives it from the pool as it is now."""
+        path = self.paths[spec.name]
+        sources: dict[str, int] = {}
+        if path == FIXED:
+            delays = [spec.provisioning_delay_s] * len(new)
+            sources["fixed"] = len(new)
+        else:
+            model = spec.scale_out
+            assert model is not None
+            serving = [
+                model.endpoint(spec.name, g.slot)
+                for g in self.gpus.values()
+                if g.type_key == spec.name and g.status in ("ready", "draining")
+            ]
+            targets = [model.endpoint(spec.name, g.slot) for g in new]
+            self.inflight_flows = [f for f in self.inflight_flows if f[0] > self.now]
+            busy = frozenset((a, b) for _, a, b in self.inflight_flows)
+            plan = model.plan(path, spec.name, serving=serving, targets=targets, busy=busy)
+            ready = plan.expected_ready_s
+            delays = [model.boot_s + ready[t.id] for t in targets]
+            for chain in plan.chains:
+                sources[chain.source_kind] = sources.get(chain.source_kind, 0) + len(chain.targets)
+                for (a, b), t in zip(chain.hops, chain.ready_s, strict=True):
+                    self.inflight_flows.append((self.now + model.boot_s + t, a, b))
+        for g, delay in zip(new, delays, strict=True):
+            g.ready_at = self.now + delay
+            self._touch_gpu(g)
+            self._push(g.ready_at, _READY, ("ready", g.id))
+        self.scale_out_events.append(
+            {
+                "t": round(self.now, 6),
+                "profile": spec.name,
+                "path": path,
+                "gpus": len(new),
+                "delay_s": [round(d, 6) for d in delays],
+                "sources": sources,
+            }
+        )
 
     def _provisioned(self) -> int:
         return len(self.gpus)  # released GPUs are dropped from the index
@@ -326,10 +429,13 @@ class Simulator:
         for type_key, count in d.add_gpus:
             if type_key not in self.types:
                 self._fail(f"unknown GPU type {type_key!r}")
+            new: list[_Gpu] = []
             for _ in range(count):
                 if self._provisioned() >= self.cfg.max_gpus:
                     break
-                self._new_gpu(self.types[type_key], ready=False)
+                new.append(self._new_gpu(self.types[type_key], ready=False, schedule=False))
+            if new:
+                self._scale_out(self.types[type_key], new)
         for gid in d.undrain:
             g = self.gpus.get(gid)
             if g is not None and g.status == "draining":
@@ -352,8 +458,10 @@ class Simulator:
             dst = self.gpus.get(m.dst)
             if s is None or s.gpu != m.src or dst is None or dst.status != "ready":
                 self._fail(f"invalid migration {m}")
+            src = self.gpus[m.src]
             self._detach(s)
-            s.stall_ms += m.kappa_ms
+            # κ from the state bytes and the slower end's link (α–β), not the policy's own figure.
+            s.stall_ms += max(src.spec.kappa_ms(s.bytes), dst.spec.kappa_ms(s.bytes))
             self._check_memory(dst, s)
             self._attach(s, dst)
             self.migrations += 1
@@ -399,15 +507,34 @@ class Simulator:
             g.released_at = self.now
             self._drop_gpu(g)
         if self.cfg.validate:
+            queued: list[_Session] = []
             for sid in self.pending:
                 s = self.sessions[sid]
                 if s.state != "queued":
                     self._fail(f"active session {sid} neither placed nor queued")
+                queued.append(s)
+            if queued:
+                self._check_queue_only_when_full(queued)
         after = self._provisioned()
         if after != before:
             self.scale_actions += 1
             self.budget_samples.append((self.now, after))
         self.peak_gpus = max(self.peak_gpus, after)
+
+    def _check_queue_only_when_full(self, queued: list[_Session]) -> None:
+        """A session may wait only while no ready GPU has memory for it (after the decision)."""
+        smallest = min(s.bytes for s in queued)
+        for g in self.gpus.values():
+            if g.status != "ready" or len(g.members) + 1 > g.spec.session_limit():
+                continue
+            room = g.spec.bytes_limit() - g.bytes
+            if room < smallest:
+                continue
+            s = next(s for s in queued if s.bytes <= room)
+            self._fail(
+                f"session {s.id} left queued while ready GPU {g.id} has memory for it "
+                f"({len(g.members)} resident sessions; queue only when no ready GPU has memory)"
+            )
 
     def _check_memory(self, g: _Gpu, s: _Session) -> None:
         if len(g.members) + 1 > g.spec.session_limit() or g.bytes + s.bytes > g.spec.bytes_limit():
@@ -553,7 +680,26 @@ class Simulator:
             queued_sessions=self.queued_sessions,
             timeline=self._timeline(duration),
             policy_config=self.policy.describe(),
+            scale_out=self._scale_out_summary(),
+            scale_out_events=self.scale_out_events,
         )
+
+    def _scale_out_summary(self) -> dict[str, Any]:
+        delays = [d for e in self.scale_out_events for d in e["delay_s"]]
+        by_source: dict[str, int] = {}
+        for e in self.scale_out_events:
+            for kind, n in e["sources"].items():
+                by_source[kind] = by_source.get(kind, 0) + n
+        return {
+            "path": dict(self.paths),
+            "expected_delay_s": {name: spec.provisioning_delay_s for name, spec in self.types.items()},
+            "scale_outs": len(self.scale_out_events),
+            "gpus": len(delays),
+            "delay_s_mean": round(float(np.mean(delays)), 6) if delays else None,
+            "delay_s_min": round(min(delays), 6) if delays else None,
+            "delay_s_max": round(max(delays), 6) if delays else None,
+            "by_source": by_source,
+        }
 
     def _timeline(self, duration: float) -> list[dict[str, float]]:
         w = self.cfg.window_s

@@ -15,6 +15,8 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
+from .provisioning import ScaleOutModel
+
 SESSION_STATES = ("executing", "suspended", "queued")
 GPU_STATUSES = ("provisioning", "ready", "draining", "released", "failed")
 
@@ -78,6 +80,9 @@ class GpuTypeSpec:
     availability: int | None = None
     slo_ms: float | None = None
     source: str = ""
+    # How a GPU of this type joins (boot + weights by source, scheduling/core/provisioning.py);
+    # ``None``: only the constant ``provisioning_delay_s`` is known.
+    scale_out: ScaleOutModel | None = None
 
     def __post_init__(self) -> None:
         if self.capacity <= 0:
@@ -190,6 +195,8 @@ class GpuTypeSpec:
             out["slo_ms"] = self.slo_ms
         if self.source:
             out["source"] = self.source
+        if self.scale_out is not None:
+            out["scale_out"] = self.scale_out.to_json()
         return out
 
 

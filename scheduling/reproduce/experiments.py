@@ -63,6 +63,10 @@ SWEEP_POLICIES = ("turboserve", "base", "lag", "mag")
 # the model from local disk. The profiles' own delays (30 s / 45 s) are the fig7 experiment itself.
 # Same policies as fig7 (with the ablations), so Fig. 8 can be read at each delay too.
 FIG7_DELAYS_S = (0.0, 10.0)
+# The grid once more with the delay computed instead of assumed (issue 13): each new GPU boots and
+# loads its weights by the scale planner from the GPUs already serving and the host copy
+# (scheduling/core/provisioning.py, the profile's documented links), per scale-out.
+FIG7_SCALE_OUT = "peer"
 
 
 @dataclass(frozen=True)
@@ -229,6 +233,8 @@ def fig7_compare(p: dict[str, Any]) -> dict[str, Any]:
         spec = replace(spec, provisioning_delay_s=float(p["delay_s"]))
     max_gpus = p.get("max_gpus") or cluster_max(profile)
     cfg = sim_config(spec, max_gpus, duration)
+    if p.get("scale_out"):
+        cfg = replace(cfg, scale_out=p["scale_out"])
     out = compare_policies(
         events,
         cfg,
@@ -241,6 +247,7 @@ def fig7_compare(p: dict[str, Any]) -> dict[str, Any]:
             "profile": profile,
             "max_gpus": max_gpus,
             "provisioning_delay_s": spec.provisioning_delay_s,
+            "scale_out": p.get("scale_out"),
             "duration_s": duration,
             "shape": demand_shape(events, duration),
             "events": len(events),
@@ -446,7 +453,7 @@ def run_unit(unit: Unit) -> tuple[str, dict[str, Any]]:
 # The plan
 
 
-EXPERIMENTS = ("fig4", "fig7", "fig7delay", "fig9", "table2", "table6", "tables8_10", "sweep")
+EXPERIMENTS = ("fig4", "fig7", "fig7delay", "fig7peer", "fig9", "table2", "table6", "tables8_10", "sweep")
 
 
 def plan(*, quick: bool, seed: int, experiments: Sequence[str] = EXPERIMENTS) -> list[Unit]:
@@ -492,6 +499,24 @@ def plan(*, quick: bool, seed: int, experiments: Sequence[str] = EXPERIMENTS) ->
                         {"T4": 6, "T5": 12, "T6": 10}.get(trace, 1),
                     )
                 )
+    if "fig7peer" in experiments:
+        pairs = [("T1", "h20-1.3b")] if quick else [(t, p) for t, ps in FIG7_PROFILES.items() for p in ps]
+        for trace, profile in pairs:
+            units.append(
+                Unit(
+                    f"fig7peer/{trace}/{profile}",
+                    "fig7",
+                    {
+                        **base,
+                        "trace": trace,
+                        "profile": profile,
+                        "scale_out": FIG7_SCALE_OUT,
+                        "policies": list(DEFAULT_POLICIES),
+                        "rho_grid": rho_grid,
+                    },
+                    {"T4": 6, "T5": 12, "T6": 10}.get(trace, 1),
+                )
+            )
     if "fig9" in experiments:
         sizes = [4, 16] if quick else [4, 16, 64, 256, 1024]
         units.append(

@@ -191,3 +191,18 @@ class FixedLeastLoaded(LeastLoadedPolicy):
     """A 'custom' policy loaded by dotted path; inherits static = True."""
 
     name = "fixed-least-loaded"
+
+
+def test_bench_scaleplan_json_and_bad_flags():
+    out = io.StringIO()
+    call_command("bench_scaleplan", gpus="8,64", repeats=3, warmup=0, json=True, stdout=out)
+    report = json.loads(out.getvalue())
+    assert [r["gpus"] for r in report["sizes"]] == [8, 64]
+    row = report["sizes"][1]
+    # Every GPU that does not serve is a target, and the plan covers them.
+    assert row["sources"] - 1 + row["targets"] == 64 and row["chains"] >= 1
+    assert row["decision_ms"]["count"] == 3 and "machine" in report
+    with pytest.raises(CommandError, match="--gpus"):
+        call_command("bench_scaleplan", gpus="1", stdout=io.StringIO())
+    with pytest.raises(CommandError, match="--weights-gb"):
+        call_command("bench_scaleplan", weights_gb=0.0, stdout=io.StringIO())

@@ -124,13 +124,16 @@ class MoveOncePolicy(Policy):
         return replace(decision, migrations=(Migration("a", s.gpu, dst, 1000.0),))
 
 
-def test_migration_adds_kappa_to_the_moved_sessions_next_chunk():
+def test_migration_adds_the_simulators_kappa_not_the_policys_to_the_moved_sessions_next_chunk():
     spec = flat_spec(k=4, ms=500.0, slope=100.0)
     events = trace((0.0, "a", "arrive"), (0.0, "a", "active"), (8.0, "a", "depart"))
     config = SimConfig(profiles=[spec], initial_gpus=2, min_gpus=2, max_gpus=2, tick_s=1.0)
+    # The policy claims κ = 1000 ms; the stall is what the state bytes cost over the link.
     result = simulate(events, MoveOncePolicy(), config)
     assert result.migrations == 1
-    assert result.worst_chunk_latency_ms == pytest.approx(500.0 + 1000.0)
+    kappa = spec.kappa_ms(spec.state_bytes)
+    assert 0 < kappa < 100.0
+    assert result.worst_chunk_latency_ms == pytest.approx(500.0 + kappa)
 
 
 def test_rebalancing_migrates_only_when_the_gain_covers_kappa():

@@ -38,6 +38,13 @@ class Command(BaseCommand):
             default=None,
             help="replace every GPU type's provisioning delay (request → ready), e.g. 0 for instant attach",
         )
+        parser.add_argument(
+            "--scale-out",
+            choices=("disk", "host-cache", "peer"),
+            default=None,
+            help="where new GPUs load weights from; the delay is boot + the scale plan's load time from the "
+            "pool's state at each scale-out (default: each profile's own path)",
+        )
         parser.add_argument("--json", action="store_true", help="print one JSON object")
         parser.add_argument("--plot", default=None, help="write a timeline PNG here")
         parser.add_argument("--progress", action="store_true", help="show a progress bar")
@@ -64,6 +71,7 @@ class Command(BaseCommand):
                 progress=opts["progress"],
                 options=opts["option"],
                 provisioning_delay_s=opts["provisioning_delay_s"],
+                scale_out=opts["scale_out"],
             )
         except CliError as exc:
             raise CommandError(str(exc)) from exc

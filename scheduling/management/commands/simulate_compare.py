@@ -36,6 +36,13 @@ class Command(BaseCommand):
             default=None,
             help="replace every GPU type's provisioning delay (request → ready), e.g. 0 for instant attach",
         )
+        parser.add_argument(
+            "--scale-out",
+            choices=("disk", "host-cache", "peer"),
+            default=None,
+            help="where new GPUs load weights from; the delay is boot + the scale plan's load time from the "
+            "pool's state at each scale-out (default: each profile's own path)",
+        )
         parser.add_argument("--json", action="store_true")
         parser.add_argument("--plot", default=None, help="write a comparison PNG here")
         parser.add_argument("--no-progress", action="store_true")
@@ -56,6 +63,7 @@ class Command(BaseCommand):
                 plot=opts["plot"],
                 capacity=opts["capacity"],
                 provisioning_delay_s=opts["provisioning_delay_s"],
+                scale_out=opts["scale_out"],
                 progress=not opts["no_progress"] and not opts["json"],
             )
         except CliError as exc:

@@ -30,12 +30,14 @@ def register_model(preset: str, dotted_path: str) -> None:
 
 
 def model_class(preset: str) -> type[StreamingVideoModel]:
-    try:
-        dotted = MODEL_REGISTRY[preset]
-    except KeyError:
+    # Presets registered after import (``MODEL_PATHS``, ``workers.runtime.local_models``) are found
+    # in the preset table.
+    dotted = MODEL_REGISTRY.get(preset) or (PRESETS[preset].model if preset in PRESETS else None)
+    if dotted is None:
+        available = sorted(set(MODEL_REGISTRY) | set(PRESETS))
         raise UnknownPresetError(
-            f"unknown model preset {preset!r}; available presets: {', '.join(sorted(MODEL_REGISTRY))}"
-        ) from None
+            f"unknown model preset {preset!r}; available presets: {', '.join(available)}"
+        )
     return pkgutil.resolve_name(dotted)
 
 

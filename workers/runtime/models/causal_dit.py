@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -350,7 +351,10 @@ class CausalDiTModel(StreamingVideoModel):
         device: str | torch.device = "cpu",
         weights_seed: int = 0,
         weights_path: str | None = None,
+        weights: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
+        if weights is not None and weights_path is not None:
+            raise ValueError("pass weights or weights_path, not both")
         self.cfg = cfg
         self.preset = preset
         self.device = torch.device(device)
@@ -363,7 +367,12 @@ class CausalDiTModel(StreamingVideoModel):
         with torch.device("meta"):
             net = CausalDiTNetwork(cfg)
         net = net.to_empty(device=self.device)
-        if weights_path is not None:
+        if weights is not None:
+            # Adopt the tensors as they are (no copy when device and dtype already match): weights
+            # received block by block (workers.runtime.weights) stay where the transfer put them,
+            # so a worker can keep serving them to its peers without a second copy.
+            net.load_state_dict(weights, strict=True, assign=True)
+        elif weights_path is not None:
             from safetensors.torch import load_file
 
             net.load_state_dict(load_file(weights_path, device=str(self.device)), strict=True)
@@ -382,6 +391,7 @@ class CausalDiTModel(StreamingVideoModel):
         device: str | torch.device = "cpu",
         weights_path: str | None = None,
         weights_seed: int = 0,
+        weights: Mapping[str, torch.Tensor] | None = None,
         dtype: str | None = None,
     ) -> CausalDiTModel:
         if preset not in PRESETS:
@@ -389,7 +399,14 @@ class CausalDiTModel(StreamingVideoModel):
                 f"unknown causal-dit preset {preset!r}; available presets: {', '.join(sorted(PRESETS))}"
             )
         cfg = PRESETS[preset] if dtype is None else replace(PRESETS[preset], dtype=dtype)
-        return cls(cfg, preset=preset, device=device, weights_seed=weights_seed, weights_path=weights_path)
+        return cls(
+            cfg,
+            preset=preset,
+            device=device,
+            weights_seed=weights_seed,
+            weights_path=weights_path,
+            weights=weights,
+        )
 
     def save_weights(self, path: str) -> None:
         from safetensors.torch import save_file

@@ -1,0 +1,98 @@
+"""``manage.py reproduce_regions``: the regions results section (docs/results/regions.md + regions.json)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+
+from scheduling.core.regions.cli import (
+    REPORT_POLICIES,
+    RegionsCliError,
+    run_bench_solve,
+    run_regions_report,
+    write_report,
+)
+from scheduling.core.regions.topology import BUILTIN_SHAPES
+
+# (label, TORTA options) run on one topology next to the default.
+ABLATIONS = (
+    ("default", ()),
+    ("no forecast: OT routing, reactive scaling only", ("forecast=none",)),
+    ("last-value forecast", ("forecast=last-value",)),
+    ("seasonal-naive forecast", ("forecast=seasonal-naive",)),
+    ("σ = 0 (Eq. 6 without the √F buffer)", ("sigma=0",)),
+    ("σ = 1", ("sigma=1",)),
+    ("floor on top of the reactive 0.85 target", ("reactive_utilisation=0.85",)),
+    ("no smoothing (β = 1)", ("beta=1",)),
+    ("unbalanced Sinkhorn instead of emd", ("method=sinkhorn",)),
+    ("price-blind plan (w_price = 0)", ("w_price=0",)),
+    ("never move a live session", ("switch_penalty=1e12",)),
+    # TORTA Fig. 12: prediction accuracy against gain, with a forecast that knows the future and is
+    # blurred by multiplicative lognormal noise of the given σ.
+    *(
+        (f"oracle forecast, noise {noise}", ("forecast=oracle", f"oracle_noise={noise}"))
+        for noise in (0.0, 0.1, 0.25, 0.5, 1.0, 2.0)
+    ),
+)
+
+
+# TORTA variants shown on every topology (not baselines): the OT plan alone, without the floor.
+VARIANTS = (("torta, no forecast floor", ("forecast=none",)),)
+
+
+class Command(BaseCommand):
+    help = "Run every built-in topology × region policy (+ TORTA ablations, + the macro-solve benchmark)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--out", default="docs/results")
+        parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument("--duration-s", type=float, default=6 * 3600.0)
+        parser.add_argument("--topologies", default=",".join(BUILTIN_SHAPES))
+        parser.add_argument("--policies", default=",".join(REPORT_POLICIES))
+        parser.add_argument("--ablation-topology", default="abilene")
+        parser.add_argument("--no-ablations", action="store_true")
+        parser.add_argument("--progress", action="store_true")
+        parser.add_argument(
+            "--render-only",
+            action="store_true",
+            help="re-render regions.md from OUT/regions.json, run nothing",
+        )
+
+    def handle(self, *args, **opts):
+        if opts["render_only"]:
+            source = Path(opts["out"]) / "regions.json"
+            if not source.exists():
+                raise CommandError(f"--render-only: no {source}")
+            report = json.loads(source.read_text(encoding="utf-8"))
+            json_path, md_path = write_report(report, opts["out"], bench=report.get("bench"))
+            self.stdout.write(f"wrote {md_path} and {json_path}")
+            return
+        started = time.perf_counter()
+        topologies = [t.strip() for t in opts["topologies"].split(",") if t.strip()]
+        policies = [p.strip() for p in opts["policies"].split(",") if p.strip()]
+        if not topologies:
+            raise CommandError("--topologies: give at least one topology")
+        if not policies:
+            raise CommandError("--policies: give at least one policy")
+        try:
+            report = run_regions_report(
+                topologies=topologies,
+                policies=policies,
+                seed=opts["seed"],
+                duration_s=opts["duration_s"],
+                ablations=() if opts["no_ablations"] else ABLATIONS,
+                ablation_topology=opts["ablation_topology"],
+                variants=VARIANTS,
+                progress=opts["progress"],
+            )
+            bench = run_bench_solve(regions=32, method="emd", repeats=500, seed=opts["seed"])
+        except RegionsCliError as exc:
+            raise CommandError(str(exc)) from exc
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+        report["generated_at"] = f"{now}, {time.perf_counter() - started:.0f} s wall"
+        json_path, md_path = write_report(report, opts["out"], bench=bench)
+        self.stdout.write(f"wrote {md_path} and {json_path}")
