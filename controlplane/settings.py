@@ -349,9 +349,10 @@ STREAMSERVE = {
     # Sessions one user may hold alive (not terminated) at once; creating one more is a 429.
     "MAX_LIVE_SESSIONS_PER_USER": _typed("MAX_LIVE_SESSIONS_PER_USER", env.int, 10),
     "PROVISIONER": env.str("PROVISIONER", default="local"),
-    # Model presets this deployment runs workers for; sessions of other presets are refused.
+    # Model presets this deployment runs workers for; sessions of other presets are refused. `demo`
+    # is the trained model that follows its prompt (the test suite serves `tiny`: pyproject.toml).
     # Presets of MODEL_PATHS are served unless SERVED_MODELS says otherwise.
-    "SERVED_MODELS": _typed("SERVED_MODELS", env.list, ["tiny", *MODEL_PATHS]),
+    "SERVED_MODELS": _typed("SERVED_MODELS", env.list, ["demo", *MODEL_PATHS]),
     "MODEL_PATHS": MODEL_PATHS,
     # Workers the local provisioner starts: torch device kind and capacity K (sessions per worker).
     "WORKER_DEVICE": env.str("WORKER_DEVICE", default="auto"),

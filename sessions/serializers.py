@@ -12,6 +12,8 @@ from workers.runtime.presets import DEFAULT_PRESET
 # What this deployment serves, for the schema: the request a client can build from it is accepted.
 SERVED = [name for name in sorted(PRESETS) if name in settings.STREAMSERVE["SERVED_MODELS"]]
 SERVED_RESOLUTIONS = sorted({r for name in SERVED for r in PRESETS[name].resolutions})
+# A session that names no model gets the default preset, or the first served one when it is not served.
+DEFAULT_MODEL = DEFAULT_PRESET if DEFAULT_PRESET in SERVED or not SERVED else SERVED[0]
 
 
 @extend_schema_field(
@@ -81,7 +83,7 @@ class SessionSerializer(serializers.ModelSerializer):
         return prompt.text if prompt else None
 
 
-@extend_schema_field({"type": "string", "enum": SERVED, "default": DEFAULT_PRESET})
+@extend_schema_field({"type": "string", "enum": SERVED, "default": DEFAULT_MODEL})
 class ServedModelField(serializers.ChoiceField):
     """Any preset is parsed (a known but unserved one gets its own message); the schema lists the served."""
 
@@ -95,7 +97,7 @@ class SessionCreateSerializer(serializers.Serializer):
     """Field types only; domain validation (catalogue, lengths) lives in ``session_spec_build``."""
 
     prompt = PromptField(trim_whitespace=False)
-    model = ServedModelField(choices=sorted(PRESETS), default=DEFAULT_PRESET)
+    model = ServedModelField(choices=sorted(PRESETS), default=DEFAULT_MODEL)
     resolution = ResolutionField(required=False, allow_blank=False)
     seed = serializers.IntegerField(required=False, min_value=0, max_value=2**63 - 1)
 

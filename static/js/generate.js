@@ -425,7 +425,8 @@ async function loadModels() {
   }
   const select = $("start-model");
   select.replaceChildren(...page.models.map((m) => el("option", { value: m.name, text: `${m.name} — ${m.fps} fps` })));
-  const preferred = page.models.find((m) => m.name === "tiny") || page.models[0];
+  // The trained demo model (it follows its prompt) first; the reference model otherwise.
+  const preferred = ["demo", "tiny"].map((name) => page.models.find((m) => m.name === name)).find(Boolean) || page.models[0];
   if (preferred) select.value = preferred.name;
   renderResolutions();
   $("start-submit").disabled = false;

@@ -8,10 +8,12 @@ from pathlib import Path
 
 from workers.catalog import PRESETS
 from workers.runtime.models import MODEL_REGISTRY
-from workers.runtime.models.causal_dit import PRESETS as RUNTIME_CONFIGS
+from workers.runtime.models.causal_dit import PRESETS as CAUSAL_DIT_CONFIGS
+from workers.runtime.models.demo import PRESETS as DEMO_CONFIGS
 from workers.runtime.presets import PRESETS as DEFINITIONS
 
 ROOT = Path(__file__).resolve().parents[2]
+RUNTIME_CONFIGS = {**DEMO_CONFIGS, **CAUSAL_DIT_CONFIGS}
 
 
 def test_catalogue_registry_and_runtime_configs_cover_every_preset():
@@ -28,6 +30,7 @@ def test_catalogue_shows_what_the_runtime_generates():
         assert preset.description == DEFINITIONS[name].description, name
     assert (PRESETS["tiny"].default_resolution, PRESETS["tiny"].frames_per_chunk) == ("64x64", 4)
     assert PRESETS["wan-1.3b"].default_resolution == "832x480"
+    assert (PRESETS["demo"].default_resolution, PRESETS["demo"].fps) == ("128x128", 8)
 
 
 def test_the_catalogue_does_not_import_torch():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEFAULT_PRESET = "tiny"
+DEFAULT_PRESET = "demo"
 
 
 @dataclass(frozen=True)
@@ -72,17 +72,51 @@ class CausalDiTArchitecture:
 
 
 @dataclass(frozen=True)
+class DemoArchitecture:
+    """Shapes of the trained demo model (see ``workers.runtime.models.demo``, docs/models.md)."""
+
+    width: int
+    height: int
+    frames_per_chunk: int
+    fps: float
+    embed_dim: int
+    slots: int
+    hidden: int
+    shape_dim: int
+    # Trained weights shipped in the repository, relative to workers/runtime/models/.
+    weights: str
+
+    @property
+    def video_frames_per_chunk(self) -> int:
+        return self.frames_per_chunk
+
+
+@dataclass(frozen=True)
 class Preset:
     name: str
     description: str
     # The StreamingVideoModel subclass that builds it, as ``package.module:ClassName``.
     model: str
-    architecture: CausalDiTArchitecture
+    architecture: CausalDiTArchitecture | DemoArchitecture
 
 
 CAUSAL_DIT = "workers.runtime.models.causal_dit:CausalDiTModel"
+DEMO = "workers.runtime.models.demo:DemoModel"
 
 PRESETS: dict[str, Preset] = {
+    # Trained in minutes on a CPU: follows its prompt; 4 frames of 128×128 per chunk at 8 fps.
+    "demo": Preset(
+        name="demo",
+        description=(
+            "Trained demo: draws the shape (circle, square, triangle, diamond), colour, background, "
+            "direction and speed its prompt names, e.g. a red circle moving left on a blue background"
+        ),
+        model=DEMO,
+        architecture=DemoArchitecture(
+            width=128, height=128, frames_per_chunk=4, fps=8.0, embed_dim=32, slots=5, hidden=64,
+            shape_dim=16, weights="weights/demo.safetensors",
+        ),
+    ),
     # One CPU core: 4 frames of 64×64 per chunk in a few tens of milliseconds.
     "tiny": Preset(
         name="tiny",

@@ -1,0 +1,300 @@
+"""The demo model: a small trained causal video model that follows its prompt (preset ``demo``).
+
+It draws what its prompt names — a shape of a colour on a background, moving in a direction at a
+speed (``demo_data``: "a red circle moving left on a blue background") — chunk by chunk, and
+conditions every chunk on the prompt in force at that chunk, so a new prompt changes the video from
+the next chunk while the object carries on from where it was.
+
+Architecture (about 40 k parameters, trained by ``python manage.py train_demo_model``):
+- Text encoder: words → ids from a vocabulary built in code (``demo_data.VOCAB``), an embedding,
+  a GRU over the words (so a word knows what came before it, e.g. "on" before a background colour),
+  and slot attention pooling: `slots` learned queries attend over the words with GRU-informed keys
+  and read back the *word embeddings*, so each slot picks words rather than mixing contexts (this
+  is what lets it generalise to combinations of words it never saw together).
+- Heads from the pooled text features: foreground and background RGB, a per-frame displacement
+  (the motion), and a shape code.
+- A causal latent: the object's position on the frame (a point on the torus), kept in the session's
+  state region and advanced by the predicted displacement every frame. During training this latent
+  is the clip's ground-truth track (teacher forcing); at generation it comes from the model alone.
+- An implicit decoder: an MLP from (pixel offset to the object, shape code) to coverage, evaluated on
+  the pixels of a patch around the object and composited over the background colour. The decoder is
+  resolution-independent; it renders `width × height` directly.
+
+The session's state region holds the position latent and the active prompt's text features; meta
+holds the seed, the chunk counter and the prompt schedule (the same contract and keys as
+``causal_dit``), so offload, migration and checkpoints work unchanged and byte-exact. The seed picks
+the starting position (splitmix64(seed, ...) → a CPU generator), so it never depends on the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from workers.runtime.models import UnknownPresetError
+from workers.runtime.models.base import GeneratedChunk, SessionState, StreamingVideoModel, allocate_region
+from workers.runtime.models.causal_dit import splitmix64
+from workers.runtime.models.demo_data import MAX_TOKENS, OBJECT_EXTENT, PAD, VOCAB, tokenize
+from workers.runtime.presets import PRESETS as MODEL_PRESETS
+from workers.runtime.presets import DemoArchitecture
+
+# The decoder draws the object inside a box of ± CUTOFF (fraction of the frame) around its position;
+# everything outside is background, in training as in generation.
+CUTOFF = 1.35 * OBJECT_EXTENT
+MAX_STEP = 0.1  # largest displacement per frame the motion head can express (fraction of the frame)
+
+PRESETS: dict[str, DemoArchitecture] = {
+    name: preset.architecture
+    for name, preset in MODEL_PRESETS.items()
+    if isinstance(preset.architecture, DemoArchitecture)
+}
+WEIGHTS_DIR = Path(__file__).resolve().parent
+
+
+class DemoNetwork(nn.Module):
+    def __init__(self, cfg: DemoArchitecture) -> None:
+        super().__init__()
+        e, h, k = cfg.embed_dim, cfg.hidden, cfg.slots
+        self.embed = nn.Embedding(len(VOCAB), e, padding_idx=PAD)
+        self.gru = nn.GRU(e, e, batch_first=True)
+        self.key = nn.Linear(2 * e, e)
+        self.queries = nn.Parameter(torch.randn(k, e) / math.sqrt(e))
+        features = k * e
+        self.fg = nn.Sequential(nn.Linear(features, h), nn.SiLU(), nn.Linear(h, 3))
+        self.bg = nn.Sequential(nn.Linear(features, h), nn.SiLU(), nn.Linear(h, 3))
+        self.motion = nn.Sequential(nn.Linear(features, h), nn.SiLU(), nn.Linear(h, 2))
+        self.shape = nn.Linear(features, cfg.shape_dim)
+        self.mask = nn.Sequential(
+            nn.Linear(2 + cfg.shape_dim, h),
+            nn.ReLU(),
+            nn.Linear(h, h),
+            nn.ReLU(),
+            nn.Linear(h, h),
+            nn.ReLU(),
+            nn.Linear(h, 1),
+        )
+
+    def text_features(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token ids [B, L] → pooled features [B, slots * embed_dim]."""
+        words = self.embed(ids)
+        context, _ = self.gru(words)
+        keys = self.key(torch.cat([words, context], dim=-1))  # [B, L, E]
+        scores = torch.einsum("ke,ble->bkl", self.queries, keys) / math.sqrt(keys.shape[-1])
+        scores = scores.masked_fill((ids == PAD)[:, None, :], float("-inf"))
+        slots = torch.einsum("bkl,ble->bke", scores.softmax(-1), words)
+        return slots.flatten(1)
+
+    def heads(self, features: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(foreground RGB [B, 3] in [0, 1], background RGB, displacement per frame [B, 2], shape code)."""
+        fg = torch.sigmoid(self.fg(features))
+        bg = torch.sigmoid(self.bg(features))
+        step = MAX_STEP * torch.tanh(self.motion(features))
+        return fg, bg, step, self.shape(features)
+
+    def coverage(self, offsets: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
+        """Coverage in [0, 1] of points at `offsets` [B, N, 2] (fraction of the frame, from the object's
+        centre) for shape codes [B, S]; zero outside the ± CUTOFF box."""
+        b, n, _ = offsets.shape
+        x = torch.cat([offsets / OBJECT_EXTENT, code[:, None, :].expand(b, n, code.shape[-1])], dim=-1)
+        alpha = torch.sigmoid(self.mask(x).squeeze(-1))
+        return alpha * (offsets.abs().amax(-1) < CUTOFF)
+
+
+class DemoModel(StreamingVideoModel):
+    """`StreamingVideoModel` around `DemoNetwork` (see the module docstring)."""
+
+    def __init__(
+        self,
+        cfg: DemoArchitecture,
+        *,
+        preset: str,
+        device: str | torch.device = "cpu",
+        net: DemoNetwork | None = None,
+        weights_path: str | Path | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.preset = preset
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.width, self.height, self.fps = cfg.width, cfg.height, cfg.fps
+        self.frames_per_chunk = cfg.frames_per_chunk
+        if net is None:
+            path = Path(weights_path) if weights_path is not None else WEIGHTS_DIR / cfg.weights
+            if not path.is_file():
+                raise FileNotFoundError(
+                    f"demo model weights {path} are missing; train them with "
+                    "`python manage.py train_demo_model --seed 0`"
+                )
+            from safetensors.torch import load_file
+
+            net = DemoNetwork(cfg)
+            net.load_state_dict(load_file(str(path)), strict=True)
+        self.net = net.to(self.device).eval().requires_grad_(False)
+        self.feature_dim = cfg.slots * cfg.embed_dim
+        # The decoder's patch: pixels within ± CUTOFF of the object (plus one for rounding).
+        self.patch_x = math.ceil(CUTOFF * cfg.width) + 1
+        self.patch_y = math.ceil(CUTOFF * cfg.height) + 1
+        if 2 * self.patch_x > cfg.width or 2 * self.patch_y > cfg.height:
+            raise ValueError("frame too small for the demo model's object patch")
+
+    @classmethod
+    def from_preset(
+        cls,
+        preset: str,
+        *,
+        device: str | torch.device = "cpu",
+        weights_path: str | None = None,
+        dtype: str | None = None,
+        **_ignored: Any,
+    ) -> DemoModel:
+        if preset not in PRESETS:
+            raise UnknownPresetError(
+                f"unknown demo preset {preset!r}; available presets: {', '.join(sorted(PRESETS))}"
+            )
+        if dtype not in (None, "float32"):
+            raise ValueError(f"the demo model runs in float32 only, not {dtype!r}")
+        return cls(PRESETS[preset], preset=preset, device=device, weights_path=weights_path)
+
+    def save_weights(self, path: str | Path) -> None:
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous().cpu() for k, v in self.net.state_dict().items()}, str(path))
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "preset": self.preset,
+            "config": asdict(self.cfg),
+            "parameters": sum(p.numel() for p in self.net.parameters()),
+            "state_bytes": self.state_bytes_for(),
+            "width": self.width,
+            "height": self.height,
+            "fps": self.fps,
+            "frames_per_chunk": self.frames_per_chunk,
+            "device": str(self.device),
+        }
+
+    # -- state regions -------------------------------------------------------------------------
+
+    def _layout(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        return [("position", (2,), torch.float32), ("text_features", (self.feature_dim,), torch.float32)]
+
+    def expected_layout(self, meta: dict[str, Any]) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        for key in ("seed", "next_chunk", "prompt_schedule", "active_prompt"):
+            if key not in meta:
+                raise KeyError(f"meta lacks {key!r}")
+        if int(meta["next_chunk"]) < 0:
+            raise ValueError("the chunk counter must be non-negative")
+        return self._layout()
+
+    def state_bytes_for(self, options: dict[str, Any] | None = None) -> int:
+        _check_options(options)
+        from workers.runtime.models.base import region_offsets
+
+        return region_offsets(self._layout())[1]
+
+    def create_state(
+        self, prompt: str, seed: int, options: dict[str, Any] | None = None, *, start_chunk: int = 0
+    ) -> SessionState:
+        _check_options(options)
+        region, tensors = allocate_region(self._layout(), self.device)
+        region.zero_()
+        generator = torch.Generator(device="cpu").manual_seed(splitmix64(int(seed), 0xDE30))
+        tensors["position"].copy_(torch.rand(2, generator=generator, dtype=torch.float32))
+        tensors["text_features"].copy_(self.encode_prompt(prompt))
+        meta = {
+            "seed": int(seed),
+            "next_chunk": int(start_chunk),
+            "prompt_schedule": [[int(start_chunk), prompt]],
+            "active_prompt": prompt,
+            "options": dict(options or {}),
+        }
+        return SessionState(tensors=tensors, meta=meta, region=region)
+
+    def set_prompt(self, state: SessionState, prompt: str, from_chunk: int) -> None:
+        next_chunk = state.next_chunk
+        if from_chunk < next_chunk:
+            raise ValueError(f"chunk {from_chunk} was already generated (next chunk is {next_chunk})")
+        schedule = [entry for entry in state.meta["prompt_schedule"] if entry[0] < from_chunk]
+        while len(schedule) > 1 and schedule[1][0] <= next_chunk:
+            schedule.pop(0)
+        schedule.append([int(from_chunk), prompt])
+        state.meta["prompt_schedule"] = schedule
+
+    @staticmethod
+    def prompt_for_chunk(state: SessionState, chunk_index: int) -> str:
+        prompt = state.meta["prompt_schedule"][0][1]
+        for start, text in state.meta["prompt_schedule"]:
+            if start <= chunk_index:
+                prompt = text
+        return prompt
+
+    @torch.inference_mode()
+    def encode_prompt(self, prompt: str) -> torch.Tensor:
+        """Text features of one prompt, always encoded alone so they never depend on other sessions."""
+        ids = torch.tensor([tokenize(prompt, MAX_TOKENS)], device=self.device)
+        return self.net.text_features(ids)[0]
+
+    # -- generation ----------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def generate(self, states: list[SessionState]) -> list[GeneratedChunk]:
+        if not states:
+            return []
+        chunk_indices = [s.next_chunk for s in states]
+        for state, chunk in zip(states, chunk_indices, strict=True):
+            prompt = self.prompt_for_chunk(state, chunk)
+            if prompt != state.meta["active_prompt"]:
+                state.tensors["text_features"].copy_(self.encode_prompt(prompt))
+                state.meta["active_prompt"] = prompt
+        features = torch.stack([s.tensors["text_features"] for s in states])
+        start = torch.stack([s.tensors["position"] for s in states])  # [B, 2]
+        fg, bg, step, code = self.net.heads(features)
+        t = self.frames_per_chunk
+        ticks = torch.arange(t, device=self.device, dtype=torch.float32)
+        centres = torch.remainder(start[:, None, :] + ticks[None, :, None] * step[:, None, :], 1.0)
+        frames = self.render(centres, fg, bg, code)  # [B, T, H, W, 3]
+        new_positions = torch.remainder(start + t * step, 1.0)
+        results = []
+        for i, state in enumerate(states):
+            state.tensors["position"].copy_(new_positions[i])
+            state.meta["next_chunk"] = chunk_indices[i] + 1
+            results.append(GeneratedChunk(chunk_index=chunk_indices[i], frames=frames[i]))
+        return results
+
+    def render(
+        self, centres: torch.Tensor, fg: torch.Tensor, bg: torch.Tensor, code: torch.Tensor
+    ) -> torch.Tensor:
+        """Frames uint8 [B, T, H, W, 3] with the object at `centres` [B, T, 2] (fractions, x then y)."""
+        b, t, _ = centres.shape
+        w, h, px, py = self.width, self.height, self.patch_x, self.patch_y
+        flat = centres.reshape(b * t, 2)
+        # Pixel columns/rows of each frame's patch (unwrapped), and their centres' offsets.
+        base_x = torch.floor(flat[:, 0] * w).long()[:, None] + torch.arange(-px, px, device=self.device)
+        base_y = torch.floor(flat[:, 1] * h).long()[:, None] + torch.arange(-py, py, device=self.device)
+        off_x = (base_x.float() + 0.5) / w - flat[:, :1]  # [BT, 2px]
+        off_y = (base_y.float() + 0.5) / h - flat[:, 1:]  # [BT, 2py]
+        offsets = torch.stack(
+            [off_x[:, None, :].expand(-1, 2 * py, -1), off_y[:, :, None].expand(-1, -1, 2 * px)], dim=-1
+        ).reshape(b, t * 4 * px * py, 2)
+        alpha = self.net.coverage(offsets, code).reshape(b * t, 4 * py * px)
+        index = (torch.remainder(base_y, h)[:, :, None] * w + torch.remainder(base_x, w)[:, None, :]).reshape(
+            b * t, -1
+        )
+        canvas = torch.zeros(b * t, h * w, device=self.device).scatter_(1, index, alpha)
+        canvas = canvas.view(b, t, h, w, 1)
+        rgb = bg[:, None, None, None, :] + canvas * (fg - bg)[:, None, None, None, :]
+        return (rgb * 255.0).round().clamp(0, 255).to(torch.uint8)
+
+
+def _check_options(options: dict[str, Any] | None) -> None:
+    if options:
+        raise ValueError(f"the demo model takes no per-session options, got {sorted(options)}")
+
+
+__all__ = ["CUTOFF", "PRESETS", "DemoModel", "DemoNetwork"]
