@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from workers.runtime.models import build_model
+from workers.runtime.models import build_model, model_class
 from workers.runtime.weights import (
     PackedWeights,
     WeightsReceiver,
@@ -78,7 +78,7 @@ class PoolLink:
 @dataclass
 class LoadedWeights:
     model: Any
-    packed: PackedWeights
+    packed: PackedWeights | None
     source: str  # disk | init | peer | host_cache
     detail: str
     address: str
@@ -140,11 +140,25 @@ class WeightsLoader:
         self.upstream_wait_s = upstream_wait_s
 
     def load(self) -> LoadedWeights:
+        if not model_class(self.preset).transferable_weights:
+            return self._from_checkpoint()
         plan = self.pool.plan() if self.weights_from in ("auto", "pool") else {}
         chain = plan.get("chain") or []
         if self.weights_from == "disk" or (self.weights_from == "auto" and len(chain) < 2):
             return self._from_disk()
         return self._from_pool(plan)
+
+    # --- a model that loads from its own checkpoint directory ---------------------------------
+
+    def _from_checkpoint(self) -> LoadedWeights:
+        """Build the model from its own files (``MODEL_PATHS``); it serves no blocks to the pool."""
+        if self.weights_from == "pool":
+            raise WeightsUnavailable(
+                f"--weights-from pool: {self.preset} loads from its checkpoint directory, not from peers", []
+            )
+        started = time.monotonic()
+        model = build_model(self.preset, device=self.device)
+        return LoadedWeights(model, None, DISK, "checkpoint directory", "", time.monotonic() - started)
 
     # --- disk -------------------------------------------------------------------------------------
 

@@ -162,7 +162,9 @@ def test_gpuworker_without_weights_fails_and_never_registers_ready(settings, tmp
     settings.STREAMSERVE = {**settings.STREAMSERVE, "WEIGHTS_DIR": str(tmp_path)}
     # when it starts
     with pytest.raises(CommandError, match="weights unavailable"):
-        call_command("gpuworker", name="no-weights", device="cpu", weights_from="pool", heartbeat=0.5)
+        call_command(
+            "gpuworker", name="no-weights", preset=PRESET, device="cpu", weights_from="pool", heartbeat=0.5
+        )
     # then its row records the process coming up, then failed, and it holds nothing in the pool
     worker = GpuWorker.objects.get(name="no-weights")
     assert worker.status == GpuWorker.Status.FAILED and worker.ready_at is None
@@ -183,5 +185,7 @@ def test_gpuworker_refuses_a_corrupt_weights_file(settings, tmp_path):
     data[-100] ^= 0xFF  # one flipped byte inside the last tensor
     path.write_bytes(bytes(data))
     with pytest.raises(CommandError, match="weights failed"):
-        call_command("gpuworker", name="corrupt", device="cpu", weights_from="disk", heartbeat=0.5)
+        call_command(
+            "gpuworker", name="corrupt", preset=PRESET, device="cpu", weights_from="disk", heartbeat=0.5
+        )
     assert GpuWorker.objects.get(name="corrupt").status == GpuWorker.Status.FAILED

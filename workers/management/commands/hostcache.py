@@ -12,6 +12,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from workers.hostcache import HostCacheDaemon
+from workers.runtime.models import model_class
 from workers.runtime.presets import PRESETS
 
 logger = logging.getLogger("workers.hostcache")
@@ -46,6 +47,11 @@ class Command(BaseCommand):
         if unknown:
             raise CommandError(
                 f"--model: unknown preset(s) {', '.join(unknown)}; known: {', '.join(sorted(PRESETS))}"
+            )
+        local = [m for m in options["model"] if not model_class(m).transferable_weights]
+        if local:
+            raise CommandError(
+                f"--model: {', '.join(local)} load(s) from a checkpoint directory and cannot be pool-cached"
             )
         capacity_mb = (
             options["capacity_mb"] if options["capacity_mb"] is not None else conf["HOSTCACHE_CAPACITY_MB"]

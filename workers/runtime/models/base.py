@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import abc
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,7 +153,15 @@ class StreamingVideoModel(abc.ABC):
     - `state_manifest`/`restore_state` expose a state as (manifest, tensors) and rebuild it,
       validating the manifest against this model.
     - `state_bytes_for` gives the size of a state region analytically, without allocating it.
+    - Weights (the parameter pool, ``workers.runtime.weights``): a model whose class sets
+      `transferable_weights` exposes its parameters as one flat state dict (`weights_state_dict`)
+      and its `from_preset(..., weights=state_dict)` adopts exactly those tensors instead of
+      loading or initialising its own, so a worker can be built from weights received from a peer.
+      A model that loads from its own checkpoint directory (e.g. the Wan adapter) sets it False:
+      workers then build it from that directory and it is never a pool source.
     """
+
+    transferable_weights: bool = True
 
     preset: str
     device: torch.device
@@ -180,6 +189,20 @@ class StreamingVideoModel(abc.ABC):
     def state_bytes_for(self, options: dict[str, Any] | None = None) -> int: ...
 
     # -- shared implementation -----------------------------------------------------------------
+
+    def weights_state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's parameters as one flat state dict (the blocks the parameter pool moves)."""
+        net = getattr(self, "net", None)
+        if not self.transferable_weights or not isinstance(net, torch.nn.Module):
+            raise NotImplementedError(f"{type(self).__name__} does not expose transferable weights")
+        return net.state_dict()
+
+    def adopt_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Use ``weights`` (every parameter, same names and shapes) as the model's own, without a copy."""
+        net = getattr(self, "net", None)
+        if not self.transferable_weights or not isinstance(net, torch.nn.Module):
+            raise NotImplementedError(f"{type(self).__name__} does not adopt transferred weights")
+        net.load_state_dict(weights, strict=True, assign=True)
 
     def state_bytes(self, state: SessionState) -> int:
         return state.nbytes

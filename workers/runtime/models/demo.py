@@ -29,6 +29,7 @@ the starting position (splitmix64(seed, ...) → a CPU generator), so it never d
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,7 @@ class DemoModel(StreamingVideoModel):
         device: str | torch.device = "cpu",
         net: DemoNetwork | None = None,
         weights_path: str | Path | None = None,
+        weights: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         self.cfg = cfg
         self.preset = preset
@@ -124,6 +126,13 @@ class DemoModel(StreamingVideoModel):
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.width, self.height, self.fps = cfg.width, cfg.height, cfg.fps
         self.frames_per_chunk = cfg.frames_per_chunk
+        if weights is not None:
+            if net is not None or weights_path is not None:
+                raise ValueError("pass one of net, weights or weights_path")
+            # Weights received from the parameter pool (workers.runtime.weights): adopted as they
+            # are, no copy and no read of the shipped file.
+            net = DemoNetwork(cfg)
+            net.load_state_dict(weights, strict=True, assign=True)
         if net is None:
             path = Path(weights_path) if weights_path is not None else WEIGHTS_DIR / cfg.weights
             if not path.is_file():
@@ -150,6 +159,7 @@ class DemoModel(StreamingVideoModel):
         *,
         device: str | torch.device = "cpu",
         weights_path: str | None = None,
+        weights: Mapping[str, torch.Tensor] | None = None,
         dtype: str | None = None,
         **_ignored: Any,
     ) -> DemoModel:
@@ -159,7 +169,7 @@ class DemoModel(StreamingVideoModel):
             )
         if dtype not in (None, "float32"):
             raise ValueError(f"the demo model runs in float32 only, not {dtype!r}")
-        return cls(PRESETS[preset], preset=preset, device=device, weights_path=weights_path)
+        return cls(PRESETS[preset], preset=preset, device=device, weights_path=weights_path, weights=weights)
 
     def save_weights(self, path: str | Path) -> None:
         from safetensors.torch import save_file

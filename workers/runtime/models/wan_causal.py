@@ -438,6 +438,10 @@ class WanCausalNetwork:
 class WanCausalModel(StreamingVideoModel):
     """`StreamingVideoModel` for Wan2.1-based causal video diffusion (see the module docstring)."""
 
+    # Built from its own checkpoint directory (three libraries' modules, ~14 GB at 1.3B with the
+    # UMT5-XXL encoder): workers load it from there and it is not a parameter-pool source.
+    transferable_weights = False
+
     def __init__(
         self,
         arch: WanCausalArchitecture,
@@ -497,8 +501,13 @@ class WanCausalModel(StreamingVideoModel):
         device: str | torch.device = "cpu",
         weights_path: str | None = None,
         dtype: str | None = None,
+        weights: Any = None,
         **_: Any,
     ) -> WanCausalModel:
+        if weights is not None:
+            raise ValueError(
+                "the Wan adapter loads from its checkpoint directory, not from transferred weights"
+            )
         entry = PRESETS.get(preset)
         if entry is None or not isinstance(entry.architecture, WanCausalArchitecture):
             raise UnknownPresetError(f"{preset!r} is not a Wan causal preset (register it with MODEL_PATHS)")

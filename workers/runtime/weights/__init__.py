@@ -41,8 +41,8 @@ from .transfer import (
 
 def pack_model(model: Any, *, piece_bytes: int = DEFAULT_PIECE_BYTES) -> PackedWeights:
     """Pack a built model's weights and make the model use the packed buffers (one copy, served)."""
-    packed = PackedWeights.from_state_dict(model.preset, model.net.state_dict(), piece_bytes=piece_bytes)
-    model.net.load_state_dict(packed.state_dict(), strict=True, assign=True)
+    packed = PackedWeights.from_state_dict(model.preset, model.weights_state_dict(), piece_bytes=piece_bytes)
+    model.adopt_weights(packed.state_dict())
     return packed
 
 
