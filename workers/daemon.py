@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import logging
 import os
 import queue
@@ -37,7 +38,14 @@ from typing import Any
 import redis
 
 from gpu.telemetry import sample
-from workers.channel import CommandReader, PublishFence, ReceivedCommand, Verdict, send_command
+from workers.channel import (
+    CommandReader,
+    PublishFence,
+    ReceivedCommand,
+    Verdict,
+    heartbeat_beat,
+    send_command,
+)
 from workers.checkpoints import checkpoint_path
 from workers.records import chunk_record_append
 from workers.runtime.engine import ChunkEngine, ChunkResult, HostStateRecord, SessionNotFound, region_to_bytes
@@ -45,6 +53,11 @@ from workers.runtime.transport import send_state
 from workers.streaming import chunk_message, group_name
 
 logger = logging.getLogger("workers.daemon")
+
+# Redis unreachable (restarted, failed over, a network blip): the daemon waits for it rather than
+# exiting or dropping a chunk. Every Redis write it retries is idempotent (see ``ChunkPublisher``).
+REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+REDIS_RETRY_S = (0.1, 0.2, 0.5, 1.0)  # backoff between attempts, the last one repeated
 
 
 @dataclass
@@ -118,7 +131,7 @@ class ChunkPublisher(threading.Thread):
                 break
             result, epoch = item
             try:
-                self._publish(loop, layer, result, epoch)
+                self._publish_retrying(loop, layer, result, epoch)
             except Exception:
                 logger.exception(
                     "publishing chunk failed session=%s index=%s", result.session_id, result.chunk_index
@@ -129,6 +142,30 @@ class ChunkPublisher(threading.Thread):
                     if self._queued[result.session_id] <= 0:
                         del self._queued[result.session_id]
         loop.close()
+
+    def _publish_retrying(
+        self, loop: asyncio.AbstractEventLoop, layer: Any, result: ChunkResult, epoch: int
+    ) -> None:
+        """Publish, waiting out a Redis outage: a chunk is never dropped because Redis restarted.
+
+        Every step may run again: ``admit`` and ``mark_delivered`` are idempotent, a record
+        appended twice is ingested once (ON CONFLICT), and a chunk sent twice (the send went
+        through, its mark did not) is dropped by the session consumer as an index it has passed.
+        Chunks queue behind this one meanwhile, in order.
+        """
+        for attempt in itertools.count():
+            try:
+                self._publish(loop, layer, result, epoch)
+                return
+            except REDIS_DOWN as exc:
+                if attempt == 0:
+                    logger.warning(
+                        "redis.unreachable publishing session=%s index=%d: retrying (%s)",
+                        result.session_id,
+                        result.chunk_index,
+                        exc,
+                    )
+                time.sleep(REDIS_RETRY_S[min(attempt, len(REDIS_RETRY_S) - 1)])
 
     def _publish(self, loop: asyncio.AbstractEventLoop, layer: Any, result: ChunkResult, epoch: int) -> None:
         sid, index = result.session_id, result.chunk_index
@@ -190,6 +227,7 @@ class WorkerDaemon:
         migration_timeout_s: float = 20.0,
         heartbeat_s: float = 1.0,
         lookahead_chunks: float = 1.0,
+        liveness_ttl_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
@@ -203,6 +241,7 @@ class WorkerDaemon:
         self.migration_timeout_s = migration_timeout_s
         self.heartbeat_s = heartbeat_s
         self.lookahead_chunks = lookahead_chunks
+        self.liveness_ttl_s = liveness_ttl_s
         self.clock = clock
         self.commands = CommandReader(redis_client, name)
         self.publisher = ChunkPublisher(name, redis_client)
@@ -226,9 +265,19 @@ class WorkerDaemon:
 
     def run(self) -> None:
         self.start()
+        outage = 0
         try:
             while not self.stopping.is_set():
-                self.step()
+                try:
+                    self.step()
+                    outage = 0
+                except REDIS_DOWN as exc:
+                    # Commands cannot be read nor acknowledged: wait for Redis. Sessions stay
+                    # here; the heartbeat (PostgreSQL) keeps telling the control plane we live.
+                    if outage == 0:
+                        logger.warning("redis.unreachable worker=%s: waiting for it (%s)", self.name, exc)
+                    self.stopping.wait(REDIS_RETRY_S[min(outage, len(REDIS_RETRY_S) - 1)])
+                    outage += 1
         finally:
             self.shutdown()
 
@@ -626,8 +675,11 @@ class WorkerDaemon:
         owned = self.sessions.get(sid)
         if owned is None or sid in self.migrations:
             return
-        if not self.publisher.fence.holds(sid, owned.epoch):
-            return  # a newer owner writes this checkpoint now: a stale state must not replace it
+        try:
+            if not self.publisher.fence.holds(sid, owned.epoch):
+                return  # a newer owner writes this checkpoint now: a stale state must not replace it
+        except REDIS_DOWN:
+            return  # unknown while Redis is down: the next chunk's checkpoint tries again
         try:
             if owned.parked is not None:
                 data = region_to_bytes(owned.parked.manifest, owned.parked.tensors)
@@ -653,6 +705,11 @@ class WorkerDaemon:
                 self.reporter.heartbeat(sample(), resident, parked)
             except Exception:
                 logger.exception("heartbeat failed worker=%s", self.name)
+            # The same beat in Redis: a PostgreSQL outage leaves the rows' heartbeats stale, and
+            # the control plane must not take that for this worker's death (``workers_check``).
+            if self.liveness_ttl_s is not None:
+                with contextlib.suppress(*REDIS_DOWN):  # the PostgreSQL heartbeat still tells it
+                    heartbeat_beat(self.redis, self.name, self.liveness_ttl_s)
 
     def tell(self, worker_name: str, command: dict) -> None:
         send_command(self.redis, worker_name, command)

@@ -38,6 +38,11 @@ def command_answered(*, command: dict, status: str, reason: str, result: dict) -
         "command.%s kind=%s session=%s reason=%s", status, command.get("kind"), command.get("session"), reason
     )
     sid = command.get("session")
+    if command.get("kind") in ("migrate_out", "migrate_in") and command.get("migration") and sid:
+        # Either side refused (or failed) before any state moved: the migration fails now and the
+        # session goes on where it was (§6.1), instead of waiting MIGRATING for the deadline.
+        migration_failed(command=command, error=f"{command['kind']} {status}: {reason}")
+        return
     if command.get("kind") not in ("start", "resume") or not sid:
         return
     with transaction.atomic():
