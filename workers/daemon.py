@@ -58,6 +58,10 @@ logger = logging.getLogger("workers.daemon")
 # exiting or dropping a chunk. Every Redis write it retries is idempotent (see ``ChunkPublisher``).
 REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 REDIS_RETRY_S = (0.1, 0.2, 0.5, 1.0)  # backoff between attempts, the last one repeated
+# After an outage, how long a session's first chunk waits for its viewers' subscriptions to come
+# back (the pub/sub channel layer re-subscribes about a second after Redis returns; a session nobody
+# watches waits this long once per outage).
+RESUBSCRIBE_WAIT_S = 5.0
 
 
 @dataclass
@@ -104,6 +108,8 @@ class ChunkPublisher(threading.Thread):
         self.superseded: queue.Queue[tuple[str, int]] = queue.Queue()
         self.leases_lost: dict[str, int] = {}  # session id → the newer epoch that fenced us out
         self.published = 0
+        self.outage_at = 0.0  # monotonic time the daemon last found Redis unreachable
+        self._subscribers_checked: dict[str, float] = {}  # session id → when its viewers were last seen
         self._queued: collections.Counter[str] = collections.Counter()  # session id → chunks not done
         self._queued_lock = threading.Lock()
 
@@ -119,6 +125,10 @@ class ChunkPublisher(threading.Thread):
 
     def stop(self) -> None:
         self.items.put(None)
+
+    def redis_failed(self) -> None:
+        """Redis was unreachable (here or in the hot loop): the channel layer's subscriptions broke."""
+        self.outage_at = time.monotonic()
 
     def run(self) -> None:
         from channels.layers import get_channel_layer
@@ -158,6 +168,7 @@ class ChunkPublisher(threading.Thread):
                 self._publish(loop, layer, result, epoch)
                 return
             except REDIS_DOWN as exc:
+                self.redis_failed()
                 if attempt == 0:
                     logger.warning(
                         "redis.unreachable publishing session=%s index=%d: retrying (%s)",
@@ -205,11 +216,30 @@ class ChunkPublisher(threading.Thread):
         # Its audit record is durable before any client can see it (raises: not published). After
         # the fence: a stale owner records nothing the current owner will also record.
         chunk_record_append(self.redis, header)
+        if self._subscribers_checked.get(sid, 0.0) < self.outage_at:
+            self._await_subscribers(layer, sid)
         loop.run_until_complete(layer.group_send(group_name(sid), chunk_message(header, frames)))
         # Marked only now that the channel layer has it: a takeover resumes after the last chunk
         # actually sent, never after one announced and then lost with a frozen or dead worker.
         self.fence.mark_delivered(sid, epoch, index)
         self.published += 1
+
+    def _await_subscribers(self, layer: Any, sid: str) -> None:
+        """After a Redis outage, hold the session's next chunk until its viewers have subscribed
+        again (at most ``RESUBSCRIBE_WAIT_S``).
+
+        The pub/sub channel layer delivers a message to whoever is subscribed at that instant and
+        keeps nothing: chunks published while the web servers' subscriptions were still being
+        re-established after Redis came back would reach no client, a hole in every stream. (The
+        list-based core layer keeps group membership and messages in Redis: nothing to wait for.)
+        """
+        channel_of = getattr(layer, "_get_group_channel_name", None)  # channels_redis pub/sub naming
+        if channel_of is not None:
+            channel = channel_of(group_name(sid))
+            deadline = time.monotonic() + RESUBSCRIBE_WAIT_S
+            while not self.redis.pubsub_numsub(channel)[0][1] and time.monotonic() < deadline:
+                time.sleep(0.1)
+        self._subscribers_checked[sid] = time.monotonic()
 
 
 class WorkerDaemon:
@@ -274,6 +304,7 @@ class WorkerDaemon:
                 except REDIS_DOWN as exc:
                     # Commands cannot be read nor acknowledged: wait for Redis. Sessions stay
                     # here; the heartbeat (PostgreSQL) keeps telling the control plane we live.
+                    self.publisher.redis_failed()
                     if outage == 0:
                         logger.warning("redis.unreachable worker=%s: waiting for it (%s)", self.name, exc)
                     self.stopping.wait(REDIS_RETRY_S[min(outage, len(REDIS_RETRY_S) - 1)])
