@@ -217,14 +217,14 @@ class ChunkPublisher(threading.Thread):
         # the fence: a stale owner records nothing the current owner will also record.
         chunk_record_append(self.redis, header)
         if self._subscribers_checked.get(sid, 0.0) < self.outage_at:
-            self._await_subscribers(layer, sid)
+            self._await_subscribers(loop.run_until_complete(_group_channel(layer, sid)), sid)
         loop.run_until_complete(layer.group_send(group_name(sid), chunk_message(header, frames)))
         # Marked only now that the channel layer has it: a takeover resumes after the last chunk
         # actually sent, never after one announced and then lost with a frozen or dead worker.
         self.fence.mark_delivered(sid, epoch, index)
         self.published += 1
 
-    def _await_subscribers(self, layer: Any, sid: str) -> None:
+    def _await_subscribers(self, channel: str | None, sid: str) -> None:
         """After a Redis outage, hold the session's next chunk until its viewers have subscribed
         again (at most ``RESUBSCRIBE_WAIT_S``).
 
@@ -233,13 +233,18 @@ class ChunkPublisher(threading.Thread):
         re-established after Redis came back would reach no client, a hole in every stream. (The
         list-based core layer keeps group membership and messages in Redis: nothing to wait for.)
         """
-        channel_of = getattr(layer, "_get_group_channel_name", None)  # channels_redis pub/sub naming
-        if channel_of is not None:
-            channel = channel_of(group_name(sid))
+        if channel is not None:
             deadline = time.monotonic() + RESUBSCRIBE_WAIT_S
             while not self.redis.pubsub_numsub(channel)[0][1] and time.monotonic() < deadline:
                 time.sleep(0.1)
         self._subscribers_checked[sid] = time.monotonic()
+
+
+async def _group_channel(layer: Any, sid: str) -> str | None:
+    """The Redis pub/sub channel of a session's group on the pub/sub layer (None on another layer).
+    In a coroutine: the pub/sub layer resolves attributes on its per-event-loop instance."""
+    channel_of = getattr(layer, "_get_group_channel_name", None)  # channels_redis pub/sub naming
+    return channel_of(group_name(sid)) if channel_of is not None else None
 
 
 class WorkerDaemon:
