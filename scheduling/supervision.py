@@ -45,47 +45,51 @@ class Program:
     stopwaitsecs: int = 20
 
 
+# The command lines of the platform's roles, written once: the supervised platform (``runplatform``),
+# the benchmarks' and the soak's platform (``scheduling.benchmarks.platform``) and the end-to-end
+# tests' (``tests/e2e/conftest.py``) all start these.
+
+
+def web_argv(*, host: str = "127.0.0.1", port: int, python: str | None = None) -> tuple[str, ...]:
+    """The ASGI server (HTTP and WebSockets)."""
+    return (
+        python or sys.executable,
+        "-m", "uvicorn", "controlplane.asgi:application",
+        "--host", host, "--port", str(port), "--ws", "websockets", "--no-access-log",
+    )  # fmt: skip
+
+
+def scheduler_argv(*, node_name: str = "scheduler@%h", python: str | None = None) -> tuple[str, ...]:
+    """The Celery worker of the scheduler's and default queues (``node_name``: Celery's ``-n``)."""
+    return (
+        python or sys.executable,
+        "-m", "celery", "-A", "controlplane", "worker",
+        "-Q", "scheduler,default", "-c", "2", "-n", node_name, "--loglevel", "INFO",
+    )  # fmt: skip
+
+
+def beat_argv(*, schedule: str | Path | None = None, python: str | None = None) -> tuple[str, ...]:
+    """Celery beat (``schedule``: its state file, default in the working directory)."""
+    extra = ("-s", str(schedule)) if schedule is not None else ()
+    return (
+        python or sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "controlplane",
+        "beat",
+        "--loglevel",
+        "INFO",
+        *extra,
+    )
+
+
 def platform_programs(*, host: str, port: int, python: str | None = None) -> list[Program]:
     """Web server, the scheduler's Celery worker and beat: the platform's long-lived roles."""
-    python = python or sys.executable
     return [
-        Program(
-            "web",
-            (
-                python,
-                "-m",
-                "uvicorn",
-                "controlplane.asgi:application",
-                "--host",
-                host,
-                "--port",
-                str(port),
-                "--ws",
-                "websockets",
-                "--no-access-log",
-            ),
-        ),
-        Program(
-            "scheduler",
-            (
-                python,
-                "-m",
-                "celery",
-                "-A",
-                "controlplane",
-                "worker",
-                "-Q",
-                "scheduler,default",
-                "-c",
-                "2",
-                "-n",
-                "scheduler@%h",
-                "--loglevel",
-                "INFO",
-            ),
-            stopwaitsecs=70,
-        ),
-        Program("beat", (python, "-m", "celery", "-A", "controlplane", "beat", "--loglevel", "INFO")),
+        Program("web", web_argv(host=host, port=port, python=python)),
+        Program("scheduler", scheduler_argv(python=python), stopwaitsecs=70),
+        Program("beat", beat_argv(python=python)),
     ]
 
 

@@ -49,7 +49,21 @@ def epoch_key(session_id: str) -> str:
 
 
 def heartbeat_key(worker_name: str) -> str:
+    """A worker's liveness beside its PostgreSQL heartbeat: present while it beats (a TTL)."""
     return f"ss:hb:{worker_name}"
+
+
+def heartbeat_beat(client: redis.Redis, worker_name: str, ttl_s: float) -> None:
+    """The worker is alive now; the key expires ``ttl_s`` after its last beat (Redis's clock)."""
+    client.set(heartbeat_key(worker_name), "1", px=max(1, int(ttl_s * 1000)))
+
+
+def heartbeats_alive(client: redis.Redis, worker_names: list[str]) -> set[str]:
+    """Which of ``worker_names`` beat within their TTL."""
+    if not worker_names:
+        return set()
+    values = client.mget([heartbeat_key(name) for name in worker_names])
+    return {name for name, value in zip(worker_names, values, strict=True) if value is not None}
 
 
 def new_command(kind: str, **fields: Any) -> dict[str, Any]:

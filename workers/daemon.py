@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import logging
 import os
 import queue
@@ -37,7 +38,14 @@ from typing import Any
 import redis
 
 from gpu.telemetry import sample
-from workers.channel import CommandReader, PublishFence, ReceivedCommand, Verdict, send_command
+from workers.channel import (
+    CommandReader,
+    PublishFence,
+    ReceivedCommand,
+    Verdict,
+    heartbeat_beat,
+    send_command,
+)
 from workers.checkpoints import checkpoint_path
 from workers.records import chunk_record_append
 from workers.runtime.engine import ChunkEngine, ChunkResult, HostStateRecord, SessionNotFound, region_to_bytes
@@ -45,6 +53,15 @@ from workers.runtime.transport import send_state
 from workers.streaming import chunk_message, group_name
 
 logger = logging.getLogger("workers.daemon")
+
+# Redis unreachable (restarted, failed over, a network blip): the daemon waits for it rather than
+# exiting or dropping a chunk. Every Redis write it retries is idempotent (see ``ChunkPublisher``).
+REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+REDIS_RETRY_S = (0.1, 0.2, 0.5, 1.0)  # backoff between attempts, the last one repeated
+# After an outage, how long a session's first chunk waits for its viewers' subscriptions to come
+# back (the pub/sub channel layer re-subscribes about a second after Redis returns; a session nobody
+# watches waits this long once per outage).
+RESUBSCRIBE_WAIT_S = 5.0
 
 
 @dataclass
@@ -91,6 +108,8 @@ class ChunkPublisher(threading.Thread):
         self.superseded: queue.Queue[tuple[str, int]] = queue.Queue()
         self.leases_lost: dict[str, int] = {}  # session id → the newer epoch that fenced us out
         self.published = 0
+        self.outage_at = 0.0  # monotonic time the daemon last found Redis unreachable
+        self._subscribers_checked: dict[str, float] = {}  # session id → when its viewers were last seen
         self._queued: collections.Counter[str] = collections.Counter()  # session id → chunks not done
         self._queued_lock = threading.Lock()
 
@@ -107,6 +126,10 @@ class ChunkPublisher(threading.Thread):
     def stop(self) -> None:
         self.items.put(None)
 
+    def redis_failed(self) -> None:
+        """Redis was unreachable (here or in the hot loop): the channel layer's subscriptions broke."""
+        self.outage_at = time.monotonic()
+
     def run(self) -> None:
         from channels.layers import get_channel_layer
 
@@ -118,7 +141,7 @@ class ChunkPublisher(threading.Thread):
                 break
             result, epoch = item
             try:
-                self._publish(loop, layer, result, epoch)
+                self._publish_retrying(loop, layer, result, epoch)
             except Exception:
                 logger.exception(
                     "publishing chunk failed session=%s index=%s", result.session_id, result.chunk_index
@@ -129,6 +152,31 @@ class ChunkPublisher(threading.Thread):
                     if self._queued[result.session_id] <= 0:
                         del self._queued[result.session_id]
         loop.close()
+
+    def _publish_retrying(
+        self, loop: asyncio.AbstractEventLoop, layer: Any, result: ChunkResult, epoch: int
+    ) -> None:
+        """Publish, waiting out a Redis outage: a chunk is never dropped because Redis restarted.
+
+        Every step may run again: ``admit`` and ``mark_delivered`` are idempotent, a record
+        appended twice is ingested once (ON CONFLICT), and a chunk sent twice (the send went
+        through, its mark did not) is dropped by the session consumer as an index it has passed.
+        Chunks queue behind this one meanwhile, in order.
+        """
+        for attempt in itertools.count():
+            try:
+                self._publish(loop, layer, result, epoch)
+                return
+            except REDIS_DOWN as exc:
+                self.redis_failed()
+                if attempt == 0:
+                    logger.warning(
+                        "redis.unreachable publishing session=%s index=%d: retrying (%s)",
+                        result.session_id,
+                        result.chunk_index,
+                        exc,
+                    )
+                time.sleep(REDIS_RETRY_S[min(attempt, len(REDIS_RETRY_S) - 1)])
 
     def _publish(self, loop: asyncio.AbstractEventLoop, layer: Any, result: ChunkResult, epoch: int) -> None:
         sid, index = result.session_id, result.chunk_index
@@ -168,11 +216,35 @@ class ChunkPublisher(threading.Thread):
         # Its audit record is durable before any client can see it (raises: not published). After
         # the fence: a stale owner records nothing the current owner will also record.
         chunk_record_append(self.redis, header)
+        if self._subscribers_checked.get(sid, 0.0) < self.outage_at:
+            self._await_subscribers(loop.run_until_complete(_group_channel(layer, sid)), sid)
         loop.run_until_complete(layer.group_send(group_name(sid), chunk_message(header, frames)))
         # Marked only now that the channel layer has it: a takeover resumes after the last chunk
         # actually sent, never after one announced and then lost with a frozen or dead worker.
         self.fence.mark_delivered(sid, epoch, index)
         self.published += 1
+
+    def _await_subscribers(self, channel: str | None, sid: str) -> None:
+        """After a Redis outage, hold the session's next chunk until its viewers have subscribed
+        again (at most ``RESUBSCRIBE_WAIT_S``).
+
+        The pub/sub channel layer delivers a message to whoever is subscribed at that instant and
+        keeps nothing: chunks published while the web servers' subscriptions were still being
+        re-established after Redis came back would reach no client, a hole in every stream. (The
+        list-based core layer keeps group membership and messages in Redis: nothing to wait for.)
+        """
+        if channel is not None:
+            deadline = time.monotonic() + RESUBSCRIBE_WAIT_S
+            while not self.redis.pubsub_numsub(channel)[0][1] and time.monotonic() < deadline:
+                time.sleep(0.1)
+        self._subscribers_checked[sid] = time.monotonic()
+
+
+async def _group_channel(layer: Any, sid: str) -> str | None:
+    """The Redis pub/sub channel of a session's group on the pub/sub layer (None on another layer).
+    In a coroutine: the pub/sub layer resolves attributes on its per-event-loop instance."""
+    channel_of = getattr(layer, "_get_group_channel_name", None)  # channels_redis pub/sub naming
+    return channel_of(group_name(sid)) if channel_of is not None else None
 
 
 class WorkerDaemon:
@@ -190,6 +262,7 @@ class WorkerDaemon:
         migration_timeout_s: float = 20.0,
         heartbeat_s: float = 1.0,
         lookahead_chunks: float = 1.0,
+        liveness_ttl_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
@@ -203,6 +276,7 @@ class WorkerDaemon:
         self.migration_timeout_s = migration_timeout_s
         self.heartbeat_s = heartbeat_s
         self.lookahead_chunks = lookahead_chunks
+        self.liveness_ttl_s = liveness_ttl_s
         self.clock = clock
         self.commands = CommandReader(redis_client, name)
         self.publisher = ChunkPublisher(name, redis_client)
@@ -226,9 +300,20 @@ class WorkerDaemon:
 
     def run(self) -> None:
         self.start()
+        outage = 0
         try:
             while not self.stopping.is_set():
-                self.step()
+                try:
+                    self.step()
+                    outage = 0
+                except REDIS_DOWN as exc:
+                    # Commands cannot be read nor acknowledged: wait for Redis. Sessions stay
+                    # here; the heartbeat (PostgreSQL) keeps telling the control plane we live.
+                    self.publisher.redis_failed()
+                    if outage == 0:
+                        logger.warning("redis.unreachable worker=%s: waiting for it (%s)", self.name, exc)
+                    self.stopping.wait(REDIS_RETRY_S[min(outage, len(REDIS_RETRY_S) - 1)])
+                    outage += 1
         finally:
             self.shutdown()
 
@@ -626,8 +711,11 @@ class WorkerDaemon:
         owned = self.sessions.get(sid)
         if owned is None or sid in self.migrations:
             return
-        if not self.publisher.fence.holds(sid, owned.epoch):
-            return  # a newer owner writes this checkpoint now: a stale state must not replace it
+        try:
+            if not self.publisher.fence.holds(sid, owned.epoch):
+                return  # a newer owner writes this checkpoint now: a stale state must not replace it
+        except REDIS_DOWN:
+            return  # unknown while Redis is down: the next chunk's checkpoint tries again
         try:
             if owned.parked is not None:
                 data = region_to_bytes(owned.parked.manifest, owned.parked.tensors)
@@ -653,6 +741,11 @@ class WorkerDaemon:
                 self.reporter.heartbeat(sample(), resident, parked)
             except Exception:
                 logger.exception("heartbeat failed worker=%s", self.name)
+            # The same beat in Redis: a PostgreSQL outage leaves the rows' heartbeats stale, and
+            # the control plane must not take that for this worker's death (``workers_check``).
+            if self.liveness_ttl_s is not None:
+                with contextlib.suppress(*REDIS_DOWN):  # the PostgreSQL heartbeat still tells it
+                    heartbeat_beat(self.redis, self.name, self.liveness_ttl_s)
 
     def tell(self, worker_name: str, command: dict) -> None:
         send_command(self.redis, worker_name, command)

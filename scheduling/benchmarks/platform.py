@@ -7,6 +7,7 @@ context stops every process and releases every worker the run started.
 
 from __future__ import annotations
 
+import argparse
 import os
 import secrets
 import shutil
@@ -26,8 +27,10 @@ from gpu.models import GpuWorker
 from gpu.provisioners.registry import get_provisioner
 from scheduling.models import SchedulerConfig
 from scheduling.services import beat_schedule_install
+from scheduling.supervision import beat_argv, scheduler_argv, web_argv
 from workers.benchmarks.live import (
     BENCH_BROKER_DB,
+    BENCH_REDIS_DB,
     ProcessGroup,
     check_redis,
     database_url,
@@ -53,6 +56,33 @@ class LivePlatform:
     @property
     def ws(self) -> str:
         return f"ws://127.0.0.1:{self.port}"
+
+
+PLATFORM_OPTIONS = ("database", "redis_db", "ready_timeout", "keep_logs")
+
+
+def add_platform_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of every command that starts ``live_platform`` (``bench_activation``, ``soak``);
+    ``platform_options`` hands them to the run."""
+    parser.add_argument(
+        "--database",
+        default=None,
+        help="database on the configured server (default <configured name>_bench, created and migrated)",
+    )
+    parser.add_argument(
+        "--redis-db",
+        type=int,
+        default=BENCH_REDIS_DB,
+        help=f"Redis database of the platform's channel layer, cache and scheduler lock (default {BENCH_REDIS_DB})",
+    )
+    parser.add_argument(
+        "--ready-timeout", type=float, default=240.0, help="seconds to wait for ready workers"
+    )
+    parser.add_argument("--keep-logs", default=None, help="copy the processes' logs to this folder")
+
+
+def platform_options(options: dict[str, Any]) -> dict[str, Any]:
+    return {name: options[name] for name in PLATFORM_OPTIONS}
 
 
 def ready_workers() -> int:
@@ -100,45 +130,9 @@ def live_platform(
     SchedulerConfig.objects.update_or_create(pk=1, defaults={"min_gpus": min_gpus, "max_gpus": max_gpus})
     try:
         with ProcessGroup(tmp, env, Path(settings.BASE_DIR)) as processes:
-            processes.spawn(
-                "web",
-                "-m",
-                "uvicorn",
-                "controlplane.asgi:application",
-                "--port",
-                str(port),
-                "--ws",
-                "websockets",
-                "--no-access-log",
-            )
-            processes.spawn(
-                "celery",
-                "-m",
-                "celery",
-                "-A",
-                "controlplane",
-                "worker",
-                "-Q",
-                "scheduler,default",
-                "-c",
-                "2",
-                "-n",
-                f"{prefix}-{port}@%h",
-                "--loglevel",
-                "INFO",
-            )
-            processes.spawn(
-                "beat",
-                "-m",
-                "celery",
-                "-A",
-                "controlplane",
-                "beat",
-                "--loglevel",
-                "INFO",
-                "-s",
-                str(tmp / "beat"),
-            )
+            processes.spawn("web", *web_argv(port=port), python=False)
+            processes.spawn("celery", *scheduler_argv(node_name=f"{prefix}-{port}@%h"), python=False)
+            processes.spawn("beat", *beat_argv(schedule=tmp / "beat"), python=False)
             wait_until(lambda: port_open(port), 90, "the ASGI server", alive=processes.dead)
             say(
                 f"platform up (uvicorn :{port}, database {db['NAME']}); waiting for {min_gpus} ready workers …"

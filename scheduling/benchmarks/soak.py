@@ -15,9 +15,11 @@ saw with what the platform recorded:
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import random
+import re
 import time
 import uuid
 from collections import defaultdict
@@ -328,6 +330,13 @@ def _compare(logs: list[ClientLog], *, since: float) -> dict[str, Any]:
         .annotate(n=Count("id"))
         .values_list("outcome", "n")
     )
+    # Why migrations failed, most frequent first (ids and numbers elided so that causes group).
+    failures = collections.Counter(
+        _error_kind(error)
+        for error in Migration.objects.filter(
+            session_id__in=ids, outcome=Migration.Outcome.FAILED
+        ).values_list("error", flat=True)
+    )
     scaling = dict(
         ScalingAction.objects.filter(created_at__gte=datetime.fromtimestamp(since, tz=UTC))
         .values("direction")
@@ -348,6 +357,7 @@ def _compare(logs: list[ClientLog], *, since: float) -> dict[str, Any]:
         "pauses": sum(log.pauses for log in logs),
         "session_events": events,
         "migrations": migrations,
+        "migration_failures": dict(failures.most_common(10)),
         "scaling_actions": scaling,
     }
 
@@ -361,6 +371,7 @@ def format_soak(report: dict[str, Any]) -> str:
         f"  dropped for slow clients {report['dropped_for_slow_clients']}"
         f"  published before the client joined {report['published_before_client_joined']}",
         f"  migrations {report['migrations']}  scaling {report['scaling_actions']}",
+        *(f"    failed {n}× {error}" for error, n in report.get("migration_failures", {}).items()),
         f"  events {report['session_events']}",
         "  memory (MB, first → last, max):",
     ]
@@ -369,6 +380,13 @@ def format_soak(report: dict[str, Any]) -> str:
     if report.get("platform_died"):
         lines.append(f"  a platform process died: {report['platform_died']}")
     return "\n".join(lines)
+
+
+def _error_kind(error: str) -> str:
+    """A migration error with its session ids, worker names and numbers elided."""
+    error = re.sub(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "<session>", error)
+    error = re.sub(r"local-[a-z]+-[0-9a-f]+", "<worker>", error)
+    return re.sub(r"\d+(\.\d+)?", "N", error)[:200]
 
 
 def _cleanup(run: str) -> None:

@@ -38,6 +38,17 @@ def command_answered(*, command: dict, status: str, reason: str, result: dict) -
         "command.%s kind=%s session=%s reason=%s", status, command.get("kind"), command.get("session"), reason
     )
     sid = command.get("session")
+    if command.get("kind") in ("migrate_out", "migrate_in") and command.get("migration") and sid:
+        # Either side refused (or failed) before any state moved: the migration fails now and the
+        # session goes on where it was (§6.1), instead of waiting MIGRATING for the deadline. A
+        # target that refused installed nothing for it: whatever copy it holds (e.g. "already on")
+        # is not this migration's to free.
+        migration_failed(
+            command=command,
+            error=f"{command['kind']} {status}: {reason}",
+            free_target=command["kind"] != "migrate_in",
+        )
+        return
     if command.get("kind") not in ("start", "resume") or not sid:
         return
     with transaction.atomic():
@@ -99,8 +110,9 @@ def migration_completed(*, command: dict, report: dict) -> None:
                 outbox.command(target, "resume", session=session, epoch=new_epoch)
 
 
-def migration_failed(*, command: dict, error: str) -> None:
-    """Any failure before the flip leaves the session where it was (§6.1)."""
+def migration_failed(*, command: dict, error: str, free_target: bool = True) -> None:
+    """Any failure before the flip leaves the session where it was (§6.1); the target is told to
+    free a copy it may have installed (``free_target``)."""
     with transaction.atomic():
         migration = (
             Migration.objects.select_for_update(of=("self",), no_key=True)
@@ -118,6 +130,7 @@ def migration_failed(*, command: dict, error: str) -> None:
             lifecycle.session_migration_fail(
                 session=session, parked=migration.reason in ("handoff", "resume-remote"), error=error
             )
-        outbox = Outbox()
-        outbox.command(migration.target, "stop", session=session, epoch=migration.epoch)
-        transaction.on_commit(outbox.send)
+        if free_target:
+            outbox = Outbox()
+            outbox.command(migration.target, "stop", session=session, epoch=migration.epoch)
+            transaction.on_commit(outbox.send)

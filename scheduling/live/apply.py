@@ -19,7 +19,7 @@ from scheduling.live.moves import migration_start
 from scheduling.live.outbox import Outbox
 from scheduling.live.scaling import scale_in, scale_out
 from scheduling.live.state import checkpoint_file, delivered_index, prompt_history
-from scheduling.models import SchedulerConfig, SchedulerDecision
+from scheduling.models import Migration, SchedulerConfig, SchedulerDecision
 from sessions import lifecycle
 from sessions.models import GenerationSession
 from sessions.services import session_terminate
@@ -150,7 +150,10 @@ def _assign(session: GenerationSession, target: GpuWorker, record: SchedulerDeci
                 return False
             outbox.command(target, "resume", session=session, decision=record, epoch=session.epoch)
             return True
-        # Parked on another host: hand the state over; it executes once ownership flips.
+        # Parked on another host: hand the state over; it executes once ownership flips. Not while
+        # a hand-off of that state is in flight (its source would refuse: already migrating).
+        if _handing_off(session):
+            return False
         return (
             migration_start(
                 session=session,
@@ -177,10 +180,20 @@ def _assign(session: GenerationSession, target: GpuWorker, record: SchedulerDeci
     return True
 
 
+def _handing_off(session: GenerationSession) -> bool:
+    return Migration.objects.filter(session=session, outcome=Migration.Outcome.PENDING).exists()
+
+
 def _hand_off_parked(
     worker: GpuWorker, workers: dict[str, GpuWorker], record: SchedulerDecision, outbox: Outbox
 ) -> bool:
-    """Before a worker goes, the suspended states in its host memory move to another host."""
+    """Before a worker goes, the suspended states in its host memory move to another host.
+
+    A hand-off changes no status (the state stays parked), so a state whose hand-off is still in
+    flight is recognised by its pending migration and not handed off again: every scheduler run
+    until the first one finished would otherwise start another, each refused by both workers
+    (the soak's migration failures, docs/benchmarks-live.md §4).
+    """
     parked = list(
         GenerationSession.objects.filter(host_worker=worker, state_location=Location.HOST).exclude(
             status__in=[Status.TERMINATED, Status.MIGRATING]
@@ -188,6 +201,9 @@ def _hand_off_parked(
     )
     if not parked:
         return False
+    parked = [session for session in parked if not _handing_off(session)]
+    if not parked:
+        return True  # hand-offs in flight: keep the worker until they finish
     hosts = [w for w in workers.values() if w.status == GpuWorker.Status.READY and w.pk != worker.pk]
     if not hosts:
         return True  # nowhere to go yet: keep the worker

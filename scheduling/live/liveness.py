@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
+import redis
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
@@ -17,12 +18,13 @@ from django.utils import timezone
 from gpu import services as gpu_services
 from gpu.models import GpuWorker
 from scheduling.live.answers import migration_failed
-from scheduling.live.outbox import Outbox
+from scheduling.live.outbox import Outbox, redis_client
 from scheduling.live.scaling import command_streams_prune
 from scheduling.live.state import checkpoint_file
 from scheduling.models import Migration, WorkerCommand
 from sessions import lifecycle
 from sessions.models import GenerationSession
+from workers.channel import heartbeats_alive
 
 logger = logging.getLogger("scheduling.live")
 
@@ -38,6 +40,15 @@ def workers_check(*, now: datetime | None = None) -> list[str]:
             status__in=[GpuWorker.Status.READY, GpuWorker.Status.DRAINING], last_heartbeat__lt=now - timeout
         )
     )
+    # A heartbeat row goes stale when PostgreSQL was down too (the worker could not write it):
+    # a worker that still beats in Redis is alive. Lost means silent on both channels.
+    try:
+        beating = heartbeats_alive(redis_client(), [w.name for w in stale])
+    except redis.RedisError:
+        beating = set()
+    if beating:
+        logger.warning("worker.heartbeat_row_stale workers=%s: alive in Redis", ",".join(sorted(beating)))
+    stale = [w for w in stale if w.name not in beating]
     lost = []
     for worker in stale:
         try:

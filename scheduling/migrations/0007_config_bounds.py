@@ -18,118 +18,58 @@ def clamp_existing(apps, schema_editor):
         config.save()
 
 
+def _bounded(low=None, high=None):
+    """The validators of a field bounded to [low, high] (either may be open)."""
+    validators = []
+    if low is not None:
+        validators.append(django.core.validators.MinValueValidator(low))
+    if high is not None:
+        validators.append(django.core.validators.MaxValueValidator(high))
+    return validators
+
+
+def _check(name, condition):
+    return migrations.AddConstraint(
+        model_name="schedulerconfig", constraint=models.CheckConstraint(condition=condition, name=name)
+    )
+
+
+def _alter(name, field):
+    return migrations.AlterField(model_name="schedulerconfig", name=name, field=field)
+
+
 class Migration(migrations.Migration):
     dependencies = [
         ("scheduling", "0006_periodic_tasks_by_app"),
     ]
 
     operations = [
-        migrations.RemoveConstraint(
-            model_name="schedulerconfig",
-            name="config_utilization_range",
+        *(
+            migrations.RemoveConstraint(model_name="schedulerconfig", name=name)
+            for name in ("config_utilization_range", "config_slo_positive", "config_cooldown_nonnegative")
         ),
-        migrations.RemoveConstraint(
-            model_name="schedulerconfig",
-            name="config_slo_positive",
-        ),
-        migrations.RemoveConstraint(
-            model_name="schedulerconfig",
-            name="config_cooldown_nonnegative",
-        ),
-        migrations.AlterField(
-            model_name="schedulerconfig",
-            name="max_gpus",
-            field=models.PositiveIntegerField(
-                default=4,
-                validators=[
-                    django.core.validators.MinValueValidator(1),
-                    django.core.validators.MaxValueValidator(1024),
-                ],
-            ),
-        ),
-        migrations.AlterField(
-            model_name="schedulerconfig",
-            name="min_gpus",
-            field=models.PositiveIntegerField(
-                default=1, validators=[django.core.validators.MaxValueValidator(1024)]
-            ),
-        ),
-        migrations.AlterField(
-            model_name="schedulerconfig",
-            name="queue_max",
-            field=models.PositiveIntegerField(
-                default=100, validators=[django.core.validators.MaxValueValidator(100000)]
-            ),
-        ),
-        migrations.AlterField(
-            model_name="schedulerconfig",
-            name="scale_in_cooldown_s",
-            field=models.FloatField(
-                default=60.0,
-                validators=[
-                    django.core.validators.MinValueValidator(0.0),
-                    django.core.validators.MaxValueValidator(86400.0),
-                ],
-            ),
-        ),
-        migrations.AlterField(
-            model_name="schedulerconfig",
-            name="slo_ms",
-            field=models.FloatField(
-                default=1000.0,
-                validators=[
-                    django.core.validators.MinValueValidator(1.0),
-                    django.core.validators.MaxValueValidator(600000.0),
-                ],
-            ),
-        ),
-        migrations.AlterField(
-            model_name="schedulerconfig",
-            name="target_utilization",
-            field=models.FloatField(
-                blank=True,
-                null=True,
-                validators=[
-                    django.core.validators.MinValueValidator(0.01),
-                    django.core.validators.MaxValueValidator(1.0),
-                ],
-            ),
+        _alter("max_gpus", models.PositiveIntegerField(default=4, validators=_bounded(1, 1024))),
+        _alter("min_gpus", models.PositiveIntegerField(default=1, validators=_bounded(high=1024))),
+        _alter("queue_max", models.PositiveIntegerField(default=100, validators=_bounded(high=100000))),
+        _alter("scale_in_cooldown_s", models.FloatField(default=60.0, validators=_bounded(0.0, 86400.0))),
+        _alter("slo_ms", models.FloatField(default=1000.0, validators=_bounded(1.0, 600000.0))),
+        _alter(
+            "target_utilization", models.FloatField(blank=True, null=True, validators=_bounded(0.01, 1.0))
         ),
         migrations.RunPython(clamp_existing, migrations.RunPython.noop),
-        migrations.AddConstraint(
-            model_name="schedulerconfig",
-            constraint=models.CheckConstraint(
-                condition=models.Q(("max_gpus__gte", 1), ("max_gpus__lte", 1024)), name="config_gpus_range"
+        _check("config_gpus_range", models.Q(("max_gpus__gte", 1), ("max_gpus__lte", 1024))),
+        _check(
+            "config_utilization_range",
+            models.Q(
+                ("target_utilization__isnull", True),
+                models.Q(("target_utilization__gte", 0.01), ("target_utilization__lte", 1)),
+                _connector="OR",
             ),
         ),
-        migrations.AddConstraint(
-            model_name="schedulerconfig",
-            constraint=models.CheckConstraint(
-                condition=models.Q(
-                    ("target_utilization__isnull", True),
-                    models.Q(("target_utilization__gte", 0.01), ("target_utilization__lte", 1)),
-                    _connector="OR",
-                ),
-                name="config_utilization_range",
-            ),
-        ),
-        migrations.AddConstraint(
-            model_name="schedulerconfig",
-            constraint=models.CheckConstraint(
-                condition=models.Q(("slo_ms__gte", 1), ("slo_ms__lte", 600000.0)), name="config_slo_range"
-            ),
-        ),
-        migrations.AddConstraint(
-            model_name="schedulerconfig",
-            constraint=models.CheckConstraint(
-                condition=models.Q(("queue_max__lte", 100000)), name="config_queue_range"
-            ),
-        ),
-        migrations.AddConstraint(
-            model_name="schedulerconfig",
-            constraint=models.CheckConstraint(
-                condition=models.Q(("scale_in_cooldown_s__gte", 0), ("scale_in_cooldown_s__lte", 86400.0)),
-                name="config_cooldown_range",
-            ),
+        _check("config_slo_range", models.Q(("slo_ms__gte", 1), ("slo_ms__lte", 600000.0))),
+        _check("config_queue_range", models.Q(("queue_max__lte", 100000))),
+        _check(
+            "config_cooldown_range",
+            models.Q(("scale_in_cooldown_s__gte", 0), ("scale_in_cooldown_s__lte", 86400.0)),
         ),
     ]

@@ -129,8 +129,15 @@ const STATE_TEXT = {
   executing: (s) => (s.activity === "idle" ? "Executing (pausing…)" : "Executing"),
   suspended: (s) => (s.activity === "idle" ? "Paused — parked in host memory" : "Suspended — resuming…"),
   migrating: () => "Migrating to another GPU",
-  terminated: () => "Ended",
+  terminated: (s) => (s.reason ? `Ended — ${endReasonText(s.reason)}` : "Ended"),
 };
+
+// A depart event's reason ("user", "operator:NAME", "admin:NAME", "queue full (100 waiting)" …) in words.
+function endReasonText(reason) {
+  if (reason === "user") return "you ended it";
+  if (reason.startsWith("operator") || reason.startsWith("admin")) return "an operator ended it";
+  return `refused or ended by the platform: ${reason}`;
+}
 
 function renderSession() {
   const s = page.session;
@@ -158,7 +165,9 @@ function renderSession() {
   $("new-prompt").disabled = ended;
   if (!page.framesShown) {
     $("player-overlay").hidden = false;
-    $("player-overlay").textContent = ended ? "This session has ended." : `${badge.textContent}…`;
+    $("player-overlay").textContent = ended
+      ? `This session has ended${s.reason ? ` (${endReasonText(s.reason)})` : ""}.`
+      : `${badge.textContent}…`;
   }
   for (const item of document.querySelectorAll("#session-list li")) {
     if (item.dataset.session === s.id) {
@@ -285,6 +294,8 @@ const socketHandlers = {
         queue_position: msg.queue_position ?? null,
         worker: msg.worker ?? null,
         chunks_generated: msg.chunks_generated ?? page.session.chunks_generated,
+        // Why it ended (terminated only): e.g. refused by admission control when the queue is full.
+        reason: msg.reason ?? page.session.reason ?? null,
       });
       renderSession();
       if (msg.status === "terminated") endWithReason(page.session.id);
@@ -340,20 +351,28 @@ const socketHandlers = {
   },
 };
 
-// Why a session ended, from its depart event: the user, an operator, or the platform (e.g. a full queue).
+// Why a session ended: the status message says (``reason``); a session opened after it ended asks
+// its depart event. The reason stays on the page (state badge and player), not only in a message.
 async function endWithReason(sessionId) {
   endStream("The session has ended.");
+  const reason = page.session?.reason || (await loadEndReason(sessionId));
+  if (!reason || page.session?.id !== sessionId) return;
+  if (reason === "user") message("You ended this session.", "info");
+  else if (reason.startsWith("operator") || reason.startsWith("admin")) message("An operator ended this session.", "info");
+  else message(`The session has ended: ${reason}.`, "info");
+}
+
+async function loadEndReason(sessionId) {
   try {
     const first = await api(`/api/sessions/${sessionId}/events/?limit=1`);
     const last = await api(`/api/sessions/${sessionId}/events/?limit=1&offset=${Math.max(0, first.count - 1)}`);
     const event = last.results?.[0];
-    if (!event || event.kind !== "depart" || page.session?.id !== sessionId) return;
-    const reason = String(event.detail?.reason ?? "");
-    if (reason === "user") message("You ended this session.", "info");
-    else if (reason.startsWith("operator")) message("An operator ended this session.", "info");
-    else if (reason) message(`The session has ended: ${reason}.`, "info");
+    if (!event || event.kind !== "depart" || page.session?.id !== sessionId) return null;
+    page.session.reason = String(event.detail?.reason ?? "") || null;
+    renderSession();
+    return page.session.reason;
   } catch {
-    // The plain message already shown is enough.
+    return null; // the plain "Ended" already shown is enough
   }
 }
 
@@ -383,6 +402,7 @@ function openSession(session, { pushUrl = true } = {}) {
   renderSession();
   if (session.status === "terminated") {
     renderConnection("down", "Closed");
+    loadEndReason(session.id);
     return;
   }
   page.socket = new SessionSocket(session.id, socketHandlers);

@@ -265,16 +265,12 @@ class WorkerStandIn:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=15)
 
     def status(self, session, **fields) -> None:
-        message = {
-            "type": "session.status",
-            "session": str(session.pk),
-            "status": session.status,
-            "activity": session.activity,
-            "queue_position": session.queue_position,
-            "worker": session.worker.name if session.worker_id else None,
-            "chunks_generated": session.chunks_generated,
-            **fields,
-        }
+        """The control plane's status broadcast for ``session`` (its real message), with ``fields``
+        replaced."""
+        from sessions.selectors import session_status_message
+        from workers.streaming import status_message
+
+        message = status_message({**session_status_message(session), **fields})
         self._run(self.layer.group_send(f"session.{session.pk}", message))
 
     def chunk(

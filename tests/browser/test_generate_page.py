@@ -299,9 +299,55 @@ def test_scheduler_states_and_an_operator_ending_the_session_are_shown(
     session.refresh_from_db()
     worker_stand_in.status(session)
 
-    expect(page.locator("#session-state")).to_have_text("Ended")
+    expect(page.locator("#session-state")).to_have_text("Ended — an operator ended it")
     expect(page.locator("#page-message")).to_have_text("An operator ended this session.")
     expect(page.get_by_role("button", name="Resume")).to_be_disabled()
+    page_problems.assert_clean()
+
+
+def test_a_session_refused_by_admission_control_shows_why(
+    browser_context, asgi_server, worker_stand_in, page_problems
+):
+    from django.utils import timezone
+
+    from sessions.models import SessionEvent
+    from tests.browser.conftest import log_in
+    from tests.factories import SessionFactory
+
+    # Given a user watching their session wait in the queue
+    user = UserFactory(username="refused")
+    session = SessionFactory(owner=user, status="queued", queue_position=3, model_name=TINY.name)
+    log_in(browser_context, asgi_server, user)
+    page = browser_context.new_page()
+    page_problems.watch(page)
+    page.goto(f"/?session={session.pk}")
+    expect(page.locator("#connection-state")).to_have_text("Live")
+    expect(page.locator("#session-state")).to_have_text("Queued — position 3")
+
+    # When admission control refuses it (what the scheduler does when the queue is over its
+    # bound: the depart event's reason, then the status broadcast that carries it)
+    reason = "queue full (2 waiting)"
+    now = timezone.now()
+    GenerationSession.objects.filter(pk=session.pk).update(
+        status="terminated", activity="idle", queue_position=None, terminated_at=now
+    )
+    SessionEvent.objects.create(session=session, kind="depart", at=now, detail={"reason": reason})
+    session.refresh_from_db()
+    worker_stand_in.status(session)
+
+    # Then the page says why, and keeps saying it (state badge and player, not only a message)
+    shown = f"refused or ended by the platform: {reason}"
+    expect(page.locator("#session-state")).to_have_text(f"Ended — {shown}")
+    expect(page.locator("#player-overlay")).to_have_text(f"This session has ended ({shown}).")
+    expect(page.locator("#page-message")).to_have_text(f"The session has ended: {reason}.")
+    expect(page.locator("#terminate-button")).to_be_disabled()
+
+    # and so does the page opened afterwards on the ended session (the reason from its events)
+    later = browser_context.new_page()
+    page_problems.watch(later)
+    later.goto(f"/?session={session.pk}")
+    expect(later.locator("#session-state")).to_have_text(f"Ended — {shown}")
+    expect(later.locator("#player-overlay")).to_have_text(f"This session has ended ({shown}).")
     page_problems.assert_clean()
 
 

@@ -8,26 +8,25 @@ cannot pick up the tests' tasks. Everything is torn down and the database flushe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
+from urllib.parse import urlparse
 
+import psutil
 import pytest
 from django.conf import settings
 from django.core.management import call_command
 
+from scheduling.supervision import beat_argv, scheduler_argv, web_argv
+from workers.benchmarks.live import ProcessGroup, free_port
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(predicate, timeout: float, interval: float = 0.2, message: str = "condition"):
@@ -41,26 +40,33 @@ def wait_for(predicate, timeout: float, interval: float = 0.2, message: str = "c
 
 
 class Platform:
-    def __init__(self, tmp: Path) -> None:
+    """``profile``: fields replacing the measured CPU profile's (default: the e2e profile below);
+    ``env``: variables replacing the defaults (a private Redis or PostgreSQL, a policy …)."""
+
+    def __init__(self, tmp: Path, *, profile: dict | None = None, env: dict[str, str] | None = None) -> None:
         self.tmp = tmp
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}"
-        self.processes: dict[str, subprocess.Popen] = {}
-        profile = json.loads((ROOT / "scheduling/data/profiles/cpu-tiny.json").read_text())
+        measured = json.loads((ROOT / "scheduling/data/profiles/cpu-tiny.json").read_text())
         # K=2 and a latency that grows with every co-located session (as on a GPU at capacity), so a
         # handful of sessions exercises scale-out and rebalancing; the rest is the measured CPU profile.
-        profile.update(
-            capacity=2.0,
-            name="cpu-tiny-e2e",
-            provisioning_delay_s=6.0,
-            latency_ms=[[1, 100.0], [2, 200.0], [3, 300.0], [4, 400.0]],
+        measured.update(
+            profile
+            if profile is not None
+            else {
+                "capacity": 2.0,
+                "name": "cpu-tiny-e2e",
+                "provisioning_delay_s": 6.0,
+                "latency_ms": [[1, 100.0], [2, 200.0], [3, 300.0], [4, 400.0]],
+            }
         )
-        (tmp / "profile.json").write_text(json.dumps(profile))
+        (tmp / "profile.json").write_text(json.dumps(measured))
         db = settings.DATABASES["default"]
+        self.default_database_url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
         self.env = {
             **os.environ,
-            "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+            "DATABASE_URL": self.default_database_url,
             "REDIS_URL": settings.REDIS_URL,
             "CELERY_BROKER_URL": "redis://127.0.0.1:6379/13",
             "WORKER_PROFILE": str(tmp / "profile.json"),
@@ -73,64 +79,22 @@ class Platform:
             "PROVISION_TIMEOUT_S": "90",
             "PYTHONUNBUFFERED": "1",
             "DEBUG": "true",
+            **(env or {}),
         }
+        self.group = ProcessGroup(tmp, self.env, ROOT, grace_s=15.0)
+        self.processes: dict[str, subprocess.Popen] = self.group.processes
 
-    def spawn(self, name: str, *args: str) -> subprocess.Popen:
-        log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        process = subprocess.Popen(
-            [sys.executable, *args],
-            cwd=ROOT,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        self.processes[name] = process
-        return process
+    def spawn(self, name: str, *argv: str) -> subprocess.Popen:
+        """Start ``argv`` in its own process group, output to ``<tmp>/<name>.log``."""
+        return self.group.spawn(name, *argv, python=False)
 
     def start(self) -> None:
         import redis
 
         redis.Redis.from_url(self.env["CELERY_BROKER_URL"]).flushdb()
-        self.spawn(
-            "web",
-            "-m",
-            "uvicorn",
-            "controlplane.asgi:application",
-            "--port",
-            str(self.port),
-            "--ws",
-            "websockets",
-            "--no-access-log",
-        )
-        self.spawn(
-            "celery",
-            "-m",
-            "celery",
-            "-A",
-            "controlplane",
-            "worker",
-            "-Q",
-            "scheduler,default",
-            "-c",
-            "2",
-            "-n",
-            f"e2e-{self.port}@%h",
-            "--loglevel",
-            "INFO",
-        )
-        self.spawn(
-            "beat",
-            "-m",
-            "celery",
-            "-A",
-            "controlplane",
-            "beat",
-            "--loglevel",
-            "INFO",
-            "-s",
-            str(self.tmp / "beat-schedule"),
-        )
+        self.spawn("web", *web_argv(port=self.port))
+        self.spawn("celery", *scheduler_argv(node_name=f"e2e-{self.port}@%h"))
+        self.spawn("beat", *beat_argv(schedule=self.tmp / "beat-schedule"))
         wait_for(self._web_up, 60, message="the ASGI server")
 
     def _web_up(self) -> bool:
@@ -140,28 +104,48 @@ class Platform:
         except OSError:
             return False
 
+    @property
+    def scope(self) -> str:
+        """The deployment scope its local workers carry (``gpu.provisioners.local.deployment_scope``)."""
+        url = urlparse(self.env["DATABASE_URL"])
+        return f"{url.hostname or 'local'}:{url.port or ''}/{url.path.lstrip('/')}"
+
     def stop(self) -> None:
         from gpu.provisioners.registry import get_provisioner
 
-        for name in ("beat", "celery", "web"):
-            process = self.processes.get(name)
-            if process and process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        for process in self.processes.values():
+        self.group.stop()
+        if self.env["DATABASE_URL"] == self.default_database_url:
             try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-        try:
-            get_provisioner("local").release_all()
-        except Exception as exc:
-            print("release_all failed:", exc)
+                get_provisioner("local").release_all()
+            except Exception as exc:
+                print("release_all failed:", exc)
+        # And any worker of this platform the rows no longer name (one still loading its model when
+        # the scheduler's processes stopped): it must not register with the next test's platform.
+        stop_workers_of_scope(self.scope)
 
     def logs(self) -> str:
         out = []
         for path in sorted(self.tmp.rglob("*.log")):
             out.append(f"===== {path.name}\n" + path.read_text(errors="replace")[-4000:])
         return "\n".join(out)
+
+
+def stop_workers_of_scope(scope: str) -> None:
+    """SIGTERM, then SIGKILL, every local worker process started for the deployment ``scope``."""
+    from gpu.provisioners.local import WORKER_SCOPE_ENV
+
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if process.environ().get(WORKER_SCOPE_ENV) == scope:
+                found.append(process)
+    for process in found:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGTERM)
+    _gone, alive = psutil.wait_procs(found, timeout=15)
+    for process in alive:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")

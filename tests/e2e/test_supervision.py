@@ -12,7 +12,6 @@ import contextlib
 import http.client
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,15 +25,10 @@ from django.conf import settings
 from supervisor.xmlrpc import SupervisorTransport
 
 from scheduling.health import beat_check, celery_check
+from workers.benchmarks.live import free_port
 
 ROOT = Path(settings.BASE_DIR)
 BOUND_S = 90.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(predicate, limit_s: float, what: str):

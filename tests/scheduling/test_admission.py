@@ -82,3 +82,39 @@ def test_command_streams_of_ended_workers_are_deleted_once_their_commands_are_an
         assert workers_check() == [] and not client.exists(stream_key(failed_waiting.name))
     finally:
         client.delete(*(stream_key(w.name) for w in (released, failed_waiting, ready)))
+
+
+def test_a_parked_state_is_handed_off_once_however_many_runs_ask_to_release_its_host():
+    # Given a worker to be released that holds a suspended session's state, and another host
+    leaving, other = GpuWorkerFactory(status="ready"), GpuWorkerFactory(status="ready")
+    session = SessionFactory(activity="idle")
+    lifecycle.session_place(session=session, worker=leaving)
+    lifecycle.session_suspend(session=session)
+    workers = {leaving.name: leaving, other.name: other}
+
+    def run_releasing() -> None:
+        record = SchedulerDecision.objects.create(
+            trigger="tick", decided_at=timezone.now(), policy="turboserve", active_sessions=0,
+            budget=2, target_budget=1, duration_ms=0.1,
+        )  # fmt: skip
+        session.refresh_from_db()
+        pool = Pool(preset="tiny", workers=workers, sessions={str(session.pk): session})
+        decision = Decision(time=0.0, release=(leaving.name,))
+        decision_apply(
+            decision=decision, record=record, pool=pool, config=SchedulerConfig.load(), outbox=Outbox()
+        )
+
+    # When every scheduler run (a tick a second) asks for the release while the hand-off is in flight
+    for _ in range(3):
+        run_releasing()
+
+    # Then the state is handed off once (one migration, one command to each side) and the worker kept
+    from scheduling.models import Migration
+
+    assert list(Migration.objects.filter(session=session).values_list("reason", "outcome")) == [
+        ("handoff", "pending")
+    ]
+    assert WorkerCommand.objects.filter(worker=leaving, kind="migrate_out").count() == 1
+    assert WorkerCommand.objects.filter(worker=other, kind="migrate_in").count() == 1
+    leaving.refresh_from_db()
+    assert leaving.status == "ready"

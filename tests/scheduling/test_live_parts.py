@@ -142,6 +142,35 @@ def test_a_failed_migration_leaves_the_session_on_its_source():
     assert session.events.filter(kind=SessionEvent.Kind.MIGRATE_FAILED).count() == 1
 
 
+@pytest.mark.parametrize("side", ["migrate_out", "migrate_in"])
+def test_a_migration_command_refused_by_either_worker_fails_the_migration_at_once(side):
+    # Given a migration under way
+    source, target = worker(), worker()
+    session, migration = _migrating(source, target)
+    refused = commands(source if side == "migrate_out" else target, side).get()
+    # When the worker refuses its command (e.g. it no longer holds the session at that epoch)
+    command_answered(command=refused.payload, status="refused", reason="stale epoch 1 < 2", result={})
+    # Then the migration fails now, not at the deadline, and the session runs on at its source
+    migration.refresh_from_db()
+    session.refresh_from_db()
+    assert (migration.outcome, migration.error) == ("failed", f"{side} refused: stale epoch 1 < 2")
+    assert (session.status, session.worker_id) == (Status.EXECUTING, source.pk)
+    assert WorkerCommand.objects.get(pk=refused.pk).status == "refused"
+    # A target that refused installed nothing for this migration: a copy it holds is not freed
+    assert commands(target, "stop").exists() == (side == "migrate_out")
+
+
+def test_a_silent_worker_that_still_beats_in_redis_is_not_lost():
+    # Given a worker whose heartbeat row is stale (PostgreSQL was down) but that beats in Redis
+    from workers.channel import heartbeat_beat
+
+    quiet_row = worker(last_heartbeat=timezone.now() - timedelta(minutes=5))
+    heartbeat_beat(redis.Redis.from_url(settings.REDIS_URL), quiet_row.name, ttl_s=30)
+    # Then it is alive: lost means silent on both channels
+    assert workers_check() == []
+    assert GpuWorker.objects.get(pk=quiet_row.pk).status == GpuWorker.Status.READY
+
+
 def test_operator_requests_that_cannot_happen_are_refused():
     source = worker()
     session = SessionFactory()

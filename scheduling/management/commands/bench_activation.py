@@ -6,7 +6,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from controlplane import bench
 from scheduling.benchmarks.activation import format_activation, run_activation
-from workers.benchmarks.live import BENCH_REDIS_DB, BenchmarkFailed, ServiceUnavailable
+from scheduling.benchmarks.platform import add_platform_arguments, platform_options
+from workers.benchmarks.live import BenchmarkFailed, ServiceUnavailable
 
 
 class Command(BaseCommand):
@@ -19,21 +20,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--pause", type=float, default=1.0, help="seconds between activations (default 1)"
         )
-        parser.add_argument(
-            "--database",
-            default=None,
-            help="database on the configured server (default <configured name>_bench, created and migrated)",
-        )
-        parser.add_argument(
-            "--redis-db",
-            type=int,
-            default=BENCH_REDIS_DB,
-            help=f"Redis database of the platform's channel layer, cache and scheduler lock (default {BENCH_REDIS_DB})",
-        )
-        parser.add_argument(
-            "--ready-timeout", type=float, default=240.0, help="seconds to wait for ready workers"
-        )
-        parser.add_argument("--keep-logs", default=None, help="copy the processes' logs to this folder")
+        add_platform_arguments(parser)
         bench.add_report_arguments(parser)
 
     def handle(self, *args, **options):
@@ -45,10 +32,7 @@ class Command(BaseCommand):
                 warmup=options["warmup"],
                 workers=options["workers"],
                 pause=options["pause"],
-                database=options["database"],
-                redis_db=options["redis_db"],
-                ready_timeout=options["ready_timeout"],
-                keep_logs=options["keep_logs"],
+                **platform_options(options),
                 say=bench.quiet_unless_text(options["json"], self.stdout.write),
             )
         except (ServiceUnavailable, BenchmarkFailed) as exc:

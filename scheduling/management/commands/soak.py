@@ -5,8 +5,9 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from controlplane import bench
+from scheduling.benchmarks.platform import add_platform_arguments, platform_options
 from scheduling.benchmarks.soak import format_soak, run_soak
-from workers.benchmarks.live import BENCH_REDIS_DB, BenchmarkFailed, ServiceUnavailable
+from workers.benchmarks.live import BenchmarkFailed, ServiceUnavailable
 
 
 class Command(BaseCommand):
@@ -27,10 +28,7 @@ class Command(BaseCommand):
         )
         parser.add_argument("--sample", type=float, default=10.0, help="seconds between memory samples")
         bench.add_seed_argument(parser)
-        parser.add_argument("--database", default=None, help="database (default <configured name>_bench)")
-        parser.add_argument("--redis-db", type=int, default=BENCH_REDIS_DB, help="platform's Redis database")
-        parser.add_argument("--ready-timeout", type=float, default=240.0, help="seconds to wait for a worker")
-        parser.add_argument("--keep-logs", default=None, help="copy the processes' logs to this folder")
+        add_platform_arguments(parser)
         bench.add_report_arguments(parser)
 
     def handle(self, *args, **options):
@@ -54,10 +52,7 @@ class Command(BaseCommand):
                 mean_period_s=options["mean_period"],
                 sample_s=options["sample"],
                 seed=options["seed"],
-                database=options["database"],
-                redis_db=options["redis_db"],
-                ready_timeout=options["ready_timeout"],
-                keep_logs=options["keep_logs"],
+                **platform_options(options),
                 say=bench.quiet_unless_text(options["json"], self.stdout.write),
             )
         except (ServiceUnavailable, BenchmarkFailed) as exc:

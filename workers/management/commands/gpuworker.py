@@ -167,6 +167,7 @@ class Command(BaseCommand):
             checkpoint_every=conf["CHECKPOINT_EVERY"],
             migration_timeout_s=conf["MIGRATION_TIMEOUT_S"],
             heartbeat_s=heartbeat,
+            liveness_ttl_s=conf["HEARTBEAT_TIMEOUT_S"],
         )
         signal.signal(signal.SIGTERM, daemon.request_stop)
         signal.signal(signal.SIGINT, daemon.request_stop)
