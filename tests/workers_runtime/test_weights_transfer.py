@@ -276,3 +276,18 @@ def test_disk_alone_and_concurrent_receivers_from_one_holder(tmp_path):
         with pytest.raises(WeightsUnavailable) as refused:
             weights_receive(other_cut.manifest, sources=[server.address])
         assert refused.value.attempts[0]["kind"] == "WeightsRefused"
+
+
+def test_backends_are_negotiated_so_a_gpu_receiver_can_pull_from_a_cpu_host_cache():
+    from workers.runtime.weights.transfer import negotiate_backend, wire_backends
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    # a GPU side prefers NCCL and can fall back to Gloo through host staging; a CPU side has Gloo only
+    assert wire_backends(gpu) == ["nccl", "gloo"]
+    assert wire_backends(cpu) == ["gloo"]
+    # GPU receiver ↔ GPU holder: NCCL; GPU receiver ↔ CPU host cache: Gloo (the receiver stages)
+    assert negotiate_backend(wire_backends(gpu), gpu) == "nccl"
+    assert negotiate_backend(wire_backends(gpu), cpu) == "gloo"
+    # CPU receiver ↔ GPU holder: Gloo (the holder stages); nothing in common: refused
+    assert negotiate_backend(wire_backends(cpu), gpu) == "gloo"
+    assert negotiate_backend(["ucc"], cpu) is None

@@ -227,6 +227,14 @@ class _FillingHolder(_Holder):
 # --- server ----------------------------------------------------------------------------------------
 
 
+def _offered(hello: dict[str, Any]) -> list[str]:
+    """The receiver's backends, preferred first (a receiver of an earlier version sent one)."""
+    offered = hello.get("backends")
+    if isinstance(offered, list) and all(isinstance(b, str) for b in offered):
+        return offered
+    return [str(hello.get("backend"))]
+
+
 def _parse_address(address: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit():
@@ -236,6 +244,20 @@ def _parse_address(address: str) -> tuple[str, int]:
 
 def _key(request_id: str, name: str) -> str:
     return f"wx/{request_id}/{name}"
+
+
+def wire_backends(device: torch.device) -> list[str]:
+    """The backends a side can use for ``device``, preferred first: its own (NCCL between GPUs),
+    then Gloo through host staging buffers when its weights sit on a GPU, so a GPU worker can
+    pull from a CPU host cache (or a CPU holder from a GPU) instead of refusing it."""
+    own = backend_for_device(device)
+    return [own] if own == "gloo" else [own, "gloo"]
+
+
+def negotiate_backend(offered: Sequence[str], device: torch.device) -> str | None:
+    """The first of the receiver's ``offered`` backends this side can use for ``device`` (or None)."""
+    ours = wire_backends(device)
+    return next((backend for backend in offered if backend in ours), None)
 
 
 class WeightServer:
@@ -335,8 +357,11 @@ class WeightServer:
         if hello.get("piece_bytes") != self.holder.manifest.piece_bytes:
             # Both sides cut blocks into pieces from their own manifest: the cuts must agree.
             return f"pieces of {hello.get('piece_bytes')} B requested, this server cuts {self.holder.manifest.piece_bytes} B"
-        if hello.get("backend") != self.backend:
-            return f"receiver uses {hello.get('backend')}, this server ({self.device}) uses {self.backend}"
+        if negotiate_backend(_offered(hello), self.device) is None:
+            return (
+                f"receiver offers {', '.join(_offered(hello))}, this server ({self.device}) speaks "
+                f"{', '.join(wire_backends(self.device))}"
+            )
         if isinstance(self.holder, _FillingHolder) and self.holder.failed:
             return "this holder failed to obtain the weights"
         return None
@@ -350,20 +375,26 @@ class WeightServer:
         try:
             client = self._take_client()
             refusal = self._refusal(hello)
-            client.set(_key(request_id, "accept"), json.dumps({"ok": refusal is None, "error": refusal}))
+            backend = negotiate_backend(_offered(hello), self.device)
+            client.set(
+                _key(request_id, "accept"),
+                json.dumps({"ok": refusal is None, "error": refusal, "backend": backend}),
+            )
             if refusal is not None:
                 record["error"] = refusal
                 return
-            group = pair_group_class(self.backend)(
+            staged = backend != self.backend  # Gloo from GPU buffers: each piece goes through host memory
+            record["backend"], record["staged"] = backend, staged
+            group = pair_group_class(backend)(
                 PrefixStore(_key(request_id, "pg/"), client),
                 SOURCE_RANK,
-                device=self.device,
+                device=torch.device("cpu") if staged else self.device,
                 local_host=self.host,
                 timeout_s=self.stall_timeout_s,
             )
             with self._lock:
                 self._links.add(group)
-            record["bytes"] = self._stream(group, hello["requests"])
+            record["bytes"] = self._stream(group, hello["requests"], staged=staged)
             client.wait([_key(request_id, "done")], timedelta(self.stall_timeout_s))
             record["ok"] = json.loads(client.get(_key(request_id, "done"))).get("ok", False)
             # Only a connection that finished cleanly goes back (a failed one may hold a half-read reply).
@@ -378,9 +409,10 @@ class WeightServer:
             record["seconds"] = time.monotonic() - started
             self.served.append(record)
 
-    def _stream(self, group: PairGroup, requests: list[list[int]]) -> int:
+    def _stream(self, group: PairGroup, requests: list[list[int]], *, staged: bool = False) -> int:
         holder, manifest = self.holder, self.holder.manifest
-        window: collections.deque[Any] = collections.deque()
+        # (handle, host copy): a staged piece's host buffer lives until its send completed.
+        window: collections.deque[tuple[Any, torch.Tensor | None]] = collections.deque()
         sent = 0
         for block, first in requests:
             for piece in range(first, len(manifest.blocks[block].pieces)):
@@ -389,12 +421,14 @@ class WeightServer:
                 start, stop = manifest.piece_range(block, piece)
                 if self.egress is not None:
                     self.egress.take(stop - start, until_start=True)
-                window.append(group.isend(holder.buffers[block][start:stop]))
+                piece_data = holder.buffers[block][start:stop]
+                host_copy = piece_data.to("cpu") if staged else None
+                window.append((group.isend(piece_data if host_copy is None else host_copy), host_copy))
                 sent += stop - start
                 if len(window) > WINDOW:
-                    group.wait(window.popleft(), self.stall_timeout_s)
+                    group.wait(window.popleft()[0], self.stall_timeout_s)
         while window:
-            group.wait(window.popleft(), self.stall_timeout_s)
+            group.wait(window.popleft()[0], self.stall_timeout_s)
         return sent
 
 
@@ -590,6 +624,7 @@ class WeightsReceiver:
                 "weights_id": self.manifest.weights_id,
                 "piece_bytes": self.manifest.piece_bytes,
                 "backend": self.backend,
+                "backends": wire_backends(self.device),
                 "requests": [list(r) for r in requests],
                 "receiver": f"{socket.gethostname()}:{os.getpid()}",
             }
@@ -598,10 +633,17 @@ class WeightsReceiver:
             accept = json.loads(client.get(_key(request_id, "accept")))
             if not accept.get("ok"):
                 raise WeightsRefused(str(accept.get("error")), stage=stage, source=address)
-            group = pair_group_class(self.backend)(
+            backend = accept.get("backend") or self.backend
+            if backend not in wire_backends(self.device):
+                raise WeightsRefused(f"source chose backend {backend!r}", stage=stage, source=address)
+            # A GPU receiver pulling over Gloo (from a CPU host cache) lands each piece in a host
+            # buffer, verifies it there, then copies it to its device buffer.
+            staged = backend != self.backend
+            attempt["backend"], attempt["staged"] = backend, staged
+            group = pair_group_class(backend)(
                 PrefixStore(_key(request_id, "pg/"), client),
                 TARGET_RANK,
-                device=self.device,
+                device=torch.device("cpu") if staged else self.device,
                 local_host=local_address_towards(host, port),
                 timeout_s=budget(connect_timeout_s),
             )
@@ -613,27 +655,32 @@ class WeightsReceiver:
                 for block, first in requests
                 for piece in range(first, self.holder.piece_count(block))
             ]
-            window: collections.deque[Any] = collections.deque()
+            # (handle, host staging buffer or None)
+            window: collections.deque[tuple[Any, torch.Tensor | None]] = collections.deque()
             posted = 0
 
             def post() -> None:
                 nonlocal posted
                 block, piece = order[posted]
                 start, stop = self.manifest.piece_range(block, piece)
-                window.append(group.irecv(self.holder.buffers[block][start:stop]))
+                if staged:
+                    landing = torch.empty(stop - start, dtype=torch.uint8)
+                    window.append((group.irecv(landing), landing))
+                else:
+                    window.append((group.irecv(self.holder.buffers[block][start:stop]), None))
                 posted += 1
 
             while posted < min(WINDOW, len(order)):
                 post()
             for block, piece in order:
-                handle = window.popleft()
+                handle, landing = window.popleft()
                 group.wait(handle, budget(stall_timeout_s))
                 if posted < len(order):
                     post()
                 start, stop = self.manifest.piece_range(block, piece)
                 if self.ingress is not None:
                     self.ingress.take(stop - start)
-                data = self.holder.buffers[block][start:stop]
+                data = self.holder.buffers[block][start:stop] if landing is None else landing
                 if checksum(data) != self.manifest.blocks[block].pieces[piece]:
                     stage = "verify"
                     raise WeightsChecksumMismatch(
@@ -641,6 +688,8 @@ class WeightsReceiver:
                         stage=stage,
                         source=address,
                     )
+                if landing is not None:
+                    self.holder.buffers[block][start:stop].copy_(landing)
                 self.holder.mark(block, piece)
                 attempt["bytes"] += stop - start
                 counter.add(stop - start)
