@@ -378,6 +378,9 @@ STREAMSERVE = {
     # allowed in the whole cluster ("O(1) host caching"); a host cache's memory bound by default.
     "POOL_HOST_COPIES": _typed("POOL_HOST_COPIES", env.int, 1),
     "HOSTCACHE_CAPACITY_MB": _typed("HOSTCACHE_CAPACITY_MB", env.int, 4096),
+    # Models whose host copy `runplatform` keeps in a supervised host cache on this machine (empty:
+    # none; a cluster runs `manage.py hostcache` on the hosts it chooses).
+    "HOSTCACHE_MODELS": _typed("HOSTCACHE_MODELS", env.list, []),
     # Each preset's weights as safetensors (<dir>/<preset>.safetensors; written from the seeded
     # weights the first time a worker needs it): the "disk" source and the fallback of every chain.
     "WEIGHTS_DIR": env.str("WEIGHTS_DIR", default=str(BASE_DIR / "var/weights")),

@@ -84,13 +84,25 @@ def beat_argv(*, schedule: str | Path | None = None, python: str | None = None) 
     )
 
 
-def platform_programs(*, host: str, port: int, python: str | None = None) -> list[Program]:
-    """Web server, the scheduler's Celery worker and beat: the platform's long-lived roles."""
-    return [
+def hostcache_argv(*, models: Sequence[str], python: str | None = None) -> tuple[str, ...]:
+    """The host cache holding ``models``' weights for the parameter pool (docs/scaleout.md)."""
+    flags = tuple(part for model in models for part in ("--model", model))
+    return (python or sys.executable, "manage.py", "hostcache", *flags)
+
+
+def platform_programs(
+    *, host: str, port: int, python: str | None = None, hostcache_models: Sequence[str] = ()
+) -> list[Program]:
+    """Web server, the scheduler's Celery worker and beat: the platform's long-lived roles; and a
+    host cache when ``hostcache_models`` names models to keep in this machine's memory."""
+    programs = [
         Program("web", web_argv(host=host, port=port, python=python)),
         Program("scheduler", scheduler_argv(python=python), stopwaitsecs=70),
         Program("beat", beat_argv(python=python)),
     ]
+    if hostcache_models:
+        programs.append(Program("hostcache", hostcache_argv(models=hostcache_models, python=python)))
+    return programs
 
 
 def _escape(value: str) -> str:

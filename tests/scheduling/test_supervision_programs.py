@@ -34,3 +34,22 @@ def test_the_generated_config_escapes_celerys_percent(tmp_path):
     config = supervisord_config(platform_programs(host="127.0.0.1", port=8100, python="py"), run_dir=tmp_path)
     assert "-n scheduler@%%h" in config
     assert "[program:web]" in config and "[program:beat]" in config
+
+
+def test_a_host_cache_is_supervised_only_when_models_are_named():
+    assert "hostcache" not in {p.name for p in platform_programs(host="127.0.0.1", port=8100, python="py")}
+    programs = {
+        p.name: p
+        for p in platform_programs(
+            host="127.0.0.1", port=8100, python="py", hostcache_models=["demo", "tiny"]
+        )
+    }
+    assert programs["hostcache"].argv == (
+        "py",
+        "manage.py",
+        "hostcache",
+        "--model",
+        "demo",
+        "--model",
+        "tiny",
+    )

@@ -28,6 +28,7 @@ from django.core.management.base import BaseCommand, CommandError
 from gpu.provisioners.registry import get_provisioner
 from scheduling.services import beat_schedule_install
 from scheduling.supervision import become_subreaper, platform_programs, supervisord_config
+from workers.runtime.presets import PRESETS
 
 logger = logging.getLogger("scheduling.runplatform")
 
@@ -48,6 +49,11 @@ class Command(BaseCommand):
     def handle(self, *args, host: str, port: int, no_demo_user: bool, run_dir: str | None, **options):
         if not 0 < port < 65536:
             raise CommandError(f"--port must be between 1 and 65535, got {port}")
+        unknown = [m for m in settings.STREAMSERVE["HOSTCACHE_MODELS"] if m not in PRESETS]
+        if unknown:
+            raise CommandError(
+                f"HOSTCACHE_MODELS: unknown preset(s) {', '.join(unknown)}; known: {', '.join(sorted(PRESETS))}"
+            )
         beat_schedule_install()
         if not no_demo_user:
             call_command("create_demo_user", stdout=self.stdout)
@@ -56,7 +62,11 @@ class Command(BaseCommand):
         config = runtime / "supervisord.conf"
         config.write_text(
             supervisord_config(
-                platform_programs(host=host, port=port), run_dir=runtime, identifier=f"streamserve-{port}"
+                platform_programs(
+                    host=host, port=port, hostcache_models=settings.STREAMSERVE["HOSTCACHE_MODELS"]
+                ),
+                run_dir=runtime,
+                identifier=f"streamserve-{port}",
             )
         )
         reaping = become_subreaper()
