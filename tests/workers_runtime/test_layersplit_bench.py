@@ -63,10 +63,11 @@ def test_load_timeline_counts_steps_and_savings():
 
 
 def test_wan_projection_sizes():
-    prefix, blocks = block_bytes("wan-1.3b")
+    prefix, blocks, suffix = block_bytes("wan-1.3b")
     assert len(blocks) == 30 and len(set(blocks)) == 1
     proj = projection_wan()
     # 3 latent frames × 1,560 tokens × 1536 × bf16 per moved session and block boundary.
     assert proj["activation_bytes_per_handoff"] == proj["m"] * 3 * 1560 * 1536 * 2
     assert proj["kv_bytes_per_block_per_session"] == 2 * 12 * 1560 * 1536 * 2
-    assert proj["dit_weights_bytes"] == prefix + sum(blocks)
+    assert proj["dit_weights_bytes"] == prefix + sum(blocks) + suffix
+    assert prefix > 0 and suffix > 0  # text encoder/embeddings before, head/decoder after

@@ -341,8 +341,10 @@ def _run_rank(rank: int, group: Any, spec: dict[str, Any]) -> dict[str, Any]:
 # --- the load timeline ------------------------------------------------------------------------------
 
 
-def block_bytes(preset: str) -> tuple[int, list[int]]:
-    """(bytes of the non-block tensors, bytes of each DiT block) of a preset, from tensor shapes."""
+def block_bytes(preset: str) -> tuple[int, list[int], int]:
+    """(bytes before the DiT blocks, bytes of each DiT block, bytes after them) of a preset, from
+    tensor shapes, in the state dict's order — the order the weights manifest sends its blocks in
+    (text encoder and embeddings, then ``dit.blocks.0..N``, then the head and the decoder)."""
     from workers.runtime.models.causal_dit import PRESETS, CausalDiTNetwork
 
     cfg = PRESETS[preset]
@@ -350,19 +352,22 @@ def block_bytes(preset: str) -> tuple[int, list[int]]:
         net = CausalDiTNetwork(cfg)
     width = DTYPE_BYTES[cfg.dtype]
     blocks = [0] * cfg.blocks
-    rest = 0
+    before = after = 0
     for name, p in net.state_dict().items():
         if name.startswith("dit.blocks."):
             blocks[int(name.split(".")[2])] += p.numel() * width
+        elif any(blocks):
+            after += p.numel() * width
         else:
-            rest += p.numel() * width
-    return rest, blocks
+            before += p.numel() * width
+    return before, blocks, after
 
 
 def load_timeline(
     *,
     prefix_bytes: int,
     blocks: Sequence[int],
+    suffix_bytes: int = 0,
     bytes_per_s: float,
     whole_b: float,
     split_latency: Callable[[int], float | None],
@@ -376,7 +381,7 @@ def load_timeline(
     for nbytes in blocks:
         total += nbytes
         ready.append(total / bytes_per_s)
-    window = total / bytes_per_s
+    window = (total + suffix_bytes) / bytes_per_s
     t, chunks_split, saved = 0.0, 0, 0.0
     while t < window:
         have = sum(1 for r in ready if r <= t)
@@ -423,7 +428,7 @@ def projection_wan(
     lat_bytes = m * cfg.frames_per_chunk * cfg.latent_channels * cfg.latent_height * cfg.latent_width * 4
     handoff_bytes = (steps + 1) * act_bytes + steps * lat_bytes
     kv_per_block = 2 * cfg.window_frames * cfg.tokens_per_frame * cfg.dim * width
-    prefix, blocks = block_bytes("wan-1.3b")
+    prefix, blocks, suffix = block_bytes("wan-1.3b")
     topo = prof.scale_out.topology
     links = {
         "nvlink": topo.nvlink_gbps,
@@ -436,20 +441,33 @@ def projection_wan(
     step_b = prof.latency_ms(k + m) / 1000.0
     step_k = prof.latency_ms(k) / 1000.0
     rows = {}
-    dit_bytes = prefix + sum(blocks)
+    dit_bytes = prefix + sum(blocks) + suffix
+    full_bytes = prof.scale_out.weights_bytes
     for name, gbps in links.items():
         if not gbps:
             continue
         rate = gbps * 1e9
-        window = dit_bytes / rate
-        hand_s = handoff_bytes / rate if name in ("nvlink", "rdma") else None
         rows[name] = {
             "link_gbps": gbps,
-            "dit_load_window_s": window,
-            "chunk_steps_in_window_at_B": window / step_b,
-            "handoff_s_per_chunk": hand_s,
-            "kv_move_s_per_session_all_blocks": cfg.blocks * kv_per_block / rate,
+            "dit_load_window_s": dit_bytes / rate,
+            "chunk_steps_in_dit_window_at_B": dit_bytes / rate / step_b,
+            "full_load_window_s": full_bytes / rate,
+            "chunk_steps_in_full_window_at_B": full_bytes / rate / step_b,
+            # The most splitting could save in the window: the old worker's step shrinks by at most
+            # the moved sessions' share, (step_B - step_K), for every chunk step inside the window.
+            "max_saved_s_per_session": (dit_bytes / rate / step_b) * (step_b - step_k),
         }
+    # The hand-off and the KV move run between the two GPUs: NVLink on one host, RDMA across hosts.
+    between = {"nvlink": topo.nvlink_gbps, "rdma": topo.rdma_gbps}
+    handoff = {
+        name: {
+            "handoff_s_per_chunk": handoff_bytes / (gbps * 1e9),
+            "kv_move_s_per_session_per_block": kv_per_block / (gbps * 1e9),
+            "kv_move_s_per_session_all_blocks": cfg.blocks * kv_per_block / (gbps * 1e9),
+        }
+        for name, gbps in between.items()
+        if gbps
+    }
     return {
         "label": "projection (tensor sizes × profile links; not measured)",
         "profile": profile,
@@ -462,11 +480,14 @@ def projection_wan(
         "kv_bytes_per_block_per_session": kv_per_block,
         "chunk_step_s_at_B": step_b,
         "chunk_step_s_at_K": step_k,
+        "full_weights_bytes": full_bytes,
         "links": rows,
+        "between_workers": handoff,
         "note": (
-            "the weights counted are the DiT's (the text encoder and VAE load in parallel or first); "
-            "the old worker's step only shrinks by the moved sessions' first L blocks, at most "
-            "(step_B - step_K) × L / blocks"
+            "dit window: the preset's DiT + small text encoder + decoder; full window: the profile's "
+            "weights (DiT + UMT5-XXL text encoder + VAE, the worker's time to ready). Moved sessions "
+            "need no text encoder (their prompt embeddings travel in the state). The old worker's "
+            "step only shrinks by the moved sessions' first L blocks: at most (step_B - step_K) × L / blocks"
         ),
     }
 
@@ -554,10 +575,11 @@ def run_layersplit(
             "equal_to_whole": row["equal"],
             "max_abs_diff": row["max_abs_diff"],
         }
-    prefix, blocks = block_bytes(preset)
+    prefix, blocks, suffix = block_bytes(preset)
     timeline = load_timeline(
         prefix_bytes=prefix,
         blocks=blocks,
+        suffix_bytes=suffix,
         bytes_per_s=link_mbps * 1e6 / 8,
         whole_b=whole_b,
         split_latency=_interp(table, cfg.blocks),
@@ -578,7 +600,12 @@ def run_layersplit(
         "latent_bytes_per_return": lat_bytes,
         "whole_chunk_s": whole,
         "split": split_rows,
-        "weights": {"prefix_bytes": prefix, "block_bytes": blocks, "total_bytes": prefix + sum(blocks)},
+        "weights": {
+            "before_blocks_bytes": prefix,
+            "block_bytes": blocks,
+            "after_blocks_bytes": suffix,
+            "total_bytes": prefix + sum(blocks) + suffix,
+        },
         "timeline": timeline,
         "projection_wan_1_3b": projection_wan(),
         "pid": os.getpid(),
@@ -624,10 +651,16 @@ def format_layersplit(report: dict[str, Any]) -> str:
         f"KV {p['kv_bytes_per_block_per_session']:,} B per block per session; DiT {p['dit_weights_bytes']:,} B",
     ]
     for name, row in p["links"].items():
-        hand = "-" if row["handoff_s_per_chunk"] is None else f"{row['handoff_s_per_chunk'] * 1000:.1f} ms"
         lines.append(
-            f"  {name:>16}: {row['link_gbps']} GB/s load {row['dit_load_window_s'] * 1000:.0f} ms = "
-            f"{row['chunk_steps_in_window_at_B']:.2f} chunk steps; hand-off {hand}/chunk; "
-            f"full KV move {row['kv_move_s_per_session_all_blocks'] * 1000:.0f} ms/session"
+            f"  load over {name:>22} {row['link_gbps']:>6} GB/s: DiT {row['dit_load_window_s'] * 1000:>6.0f} ms "
+            f"= {row['chunk_steps_in_dit_window_at_B']:.2f} steps; full {row['full_load_window_s'] * 1000:>6.0f} ms "
+            f"= {row['chunk_steps_in_full_window_at_B']:.2f} steps; at most {row['max_saved_s_per_session'] * 1000:.0f} ms "
+            "saved per session"
+        )
+    for name, row in p["between_workers"].items():
+        lines.append(
+            f"  old↔new over {name}: hand-off {row['handoff_s_per_chunk'] * 1000:.1f} ms/chunk; KV move "
+            f"{row['kv_move_s_per_session_per_block'] * 1000:.1f} ms per block per session "
+            f"({row['kv_move_s_per_session_all_blocks'] * 1000:.0f} ms all blocks)"
         )
     return "\n".join(lines)
