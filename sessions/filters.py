@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import django_filters
+from django import forms
 
 from controlplane.timerange import UtcIsoDateTimeFilter
 from sessions.models import ChunkRecord, GenerationSession
@@ -17,12 +18,16 @@ class SessionFilter(django_filters.FilterSet):
         fields = ["status", "activity", "state_location", "model"]
 
 
+class IntegerFilter(django_filters.NumberFilter):
+    """A whole number: ``NumberFilter``'s form field is a DecimalField, which accepts ``0.6``."""
+
+    field_class = forms.IntegerField
+
+
 class ChunkRecordFilter(django_filters.FilterSet):
-    since_index = django_filters.NumberFilter(
-        field_name="chunk_index", lookup_expr="gte", min_value=0, max_value=2**31 - 1
-    )
+    since_index = IntegerFilter(field_name="chunk_index", lookup_expr="gte", min_value=0, max_value=2**31 - 1)
     worker = django_filters.CharFilter(field_name="worker__name")
-    batch_size = django_filters.NumberFilter(min_value=1, max_value=32767)
+    batch_size = IntegerFilter(min_value=1, max_value=32767)
 
     class Meta:
         model = ChunkRecord

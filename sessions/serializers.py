@@ -120,6 +120,16 @@ class ModelPresetSerializer(serializers.Serializer):
     frames_per_chunk = serializers.IntegerField()
     resolutions = serializers.ListField(child=serializers.CharField())
     default_resolution = serializers.CharField()
+    served = serializers.SerializerMethodField(
+        help_text="this deployment runs workers for it (SERVED_MODELS)"
+    )
+    default = serializers.SerializerMethodField(help_text="what a session that names no model gets")
+
+    def get_served(self, preset) -> bool:
+        return preset.name in SERVED
+
+    def get_default(self, preset) -> bool:
+        return preset.name == DEFAULT_MODEL
 
 
 class SessionEventSerializer(serializers.ModelSerializer):

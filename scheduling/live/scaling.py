@@ -24,6 +24,7 @@ from gpu import selectors as pool_selectors
 from gpu import services as gpu_services
 from gpu.models import GpuWorker
 from gpu.provisioners.registry import get_provisioner
+from scheduling.core.scaleplan import Endpoint, Topology, plan_scale_out
 from scheduling.live.enqueue import worker_release_enqueue
 from scheduling.live.outbox import Outbox, redis_client
 from scheduling.live.profiles import default_gpu_type, gpu_profiles
@@ -91,8 +92,6 @@ BOOT_HISTORY = 20
 def scale_topology(gpu_type: str):
     """The network the planner sees: the GPU type's documented links, with the links of migrations
     in flight marked busy (§5.1: plans route around them)."""
-    from scheduling.core.scaleplan import Topology
-
     spec = gpu_profiles().get(gpu_type) or gpu_profiles()[default_gpu_type()]
     busy = Migration.objects.filter(outcome=Migration.Outcome.PENDING).values_list(
         "source__name", "target__name"
@@ -135,8 +134,6 @@ def weights_bytes_on_disk(preset: str) -> int:
 def scale_plan_make(*, preset: str, gpu_type: str, targets: list[GpuWorker]) -> dict:
     """The scale plan (``scheduling.core.scaleplan``) over the pool's complete copies of ``preset``,
     as JSON plus ``sources``: each source's holder kind, address and weights digest."""
-    from scheduling.core.scaleplan import Endpoint, plan_scale_out
-
     holders = pool_selectors.weight_sources(model_preset=preset)
     digests = {h["digest"] for h in holders}
     if len(digests) > 1:

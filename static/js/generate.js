@@ -444,9 +444,19 @@ async function loadModels() {
     return;
   }
   const select = $("start-model");
-  select.replaceChildren(...page.models.map((m) => el("option", { value: m.name, text: `${m.name} — ${m.fps} fps` })));
-  // The trained demo model (it follows its prompt) first; the reference model otherwise.
-  const preferred = ["demo", "tiny"].map((name) => page.models.find((m) => m.name === name)).find(Boolean) || page.models[0];
+  // Models this deployment does not serve are listed but cannot be chosen (the API would refuse them).
+  select.replaceChildren(
+    ...page.models.map((m) =>
+      el("option", {
+        value: m.name,
+        text: m.served === false ? `${m.name} — not served here` : `${m.name} — ${m.fps} fps`,
+        disabled: m.served === false,
+      }),
+    ),
+  );
+  // The deployment's default (the trained demo model when served), else the first served model.
+  const served = page.models.filter((m) => m.served !== false);
+  const preferred = served.find((m) => m.default) || served[0];
   if (preferred) select.value = preferred.name;
   renderResolutions();
   $("start-submit").disabled = false;

@@ -405,8 +405,8 @@ def test_requests_back_off_exponentially_once_retries_are_exhausted(make_local):
         worker.refresh_from_db()
         return worker
 
-    first = crash_and_reconcile(provisioner.request(count=1, gpu_type="cpu"))
-    refused = provisioner.request(count=1, gpu_type="cpu")
+    first = crash_and_reconcile(provisioner.request(count=1, gpu_type="cpu", preset="tiny"))
+    refused = provisioner.request(count=1, gpu_type="cpu", preset="tiny")
     assert (
         refused.started == []
         and "backing off: 1 consecutive provisioning failures of cpu/tiny" in refused.shortfall
@@ -420,9 +420,9 @@ def test_requests_back_off_exponentially_once_retries_are_exhausted(make_local):
         requested_at=first.requested_at - timedelta(seconds=31),
         released_at=first.released_at - timedelta(seconds=31),
     )
-    second = crash_and_reconcile(provisioner.request(count=1, gpu_type="cpu"))
+    second = crash_and_reconcile(provisioner.request(count=1, gpu_type="cpu", preset="tiny"))
     assert provisioner.backoff_remaining(gpu_type="cpu", preset="tiny", now=second.released_at) == (60.0, 2)
-    assert "next attempt allowed in" in provisioner.request(count=1, gpu_type="cpu").shortfall
+    assert "next attempt allowed in" in provisioner.request(count=1, gpu_type="cpu", preset="tiny").shortfall
 
 
 def test_release_all_stops_every_worker_with_one_shared_grace(make_local):

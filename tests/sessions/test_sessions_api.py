@@ -173,6 +173,10 @@ def test_chunk_records_are_listed_in_order_and_filterable(user_api, user):
     assert body["results"][0]["worker"] == worker.name
     filtered = user_api.get(f"/api/sessions/{session.pk}/chunks/?since_index=1").json()
     assert [c["chunk_index"] for c in filtered["results"]] == [1, 2]
+    # indices and batch sizes are whole numbers: a fraction is a 400 naming the parameter
+    for param in ("since_index", "batch_size"):
+        refused = user_api.get(f"/api/sessions/{session.pk}/chunks/?{param}=0.6")
+        assert refused.status_code == 400 and param in refused.json()
 
 
 def test_list_filters_ordering_and_pagination(user_api, user):

@@ -49,6 +49,15 @@ from typing import Any
 import torch
 
 from controlplane import bench
+from scheduling.core.profiles import BUILTIN_PROFILES
+from workers.runtime.models.causal_dit import (
+    PRESETS,
+    CausalDiTModel,
+    CausalDiTNetwork,
+    rope_tables,
+    timestep_embedding,
+)
+from workers.runtime.transport.gloo import GlooPairGroup
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -60,7 +69,6 @@ class ChunkPlan:
     """Everything a chunk step derives from its sessions before the first forward (as ``generate``)."""
 
     def __init__(self, model: Any, states: list[Any]) -> None:
-        from workers.runtime.models.causal_dit import rope_tables
 
         cfg = model.cfg
         self.model, self.states = model, states
@@ -81,7 +89,6 @@ class ChunkPlan:
 
 def embed(model: Any, latents: torch.Tensor, sigma: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(tokens after patch_embed, temb, e) — the part before block 0 (as ``_forward``)."""
-    from workers.runtime.models.causal_dit import timestep_embedding
 
     cfg, dit = model.cfg, model.net.dit
     b, f, c, h, w = latents.shape
@@ -165,8 +172,6 @@ def _free_port() -> int:
 def _pair(rank: int, port: int) -> Any:
     from torch.distributed import TCPStore
 
-    from workers.runtime.transport.gloo import GlooPairGroup
-
     store = TCPStore("127.0.0.1", port, 2, is_master=rank == 0, timeout=datetime.timedelta(seconds=120))
     return GlooPairGroup(store, rank, device=torch.device("cpu"), local_host="127.0.0.1", timeout_s=120)
 
@@ -208,7 +213,6 @@ def _make_sessions(model: Any, count: int, offset: int, warm_chunks: int) -> lis
 
 
 def _run_rank(rank: int, group: Any, spec: dict[str, Any]) -> dict[str, Any]:
-    from workers.runtime.models.causal_dit import CausalDiTModel
 
     model = CausalDiTModel.from_preset(spec["preset"], device="cpu")
     cfg = model.cfg
@@ -345,7 +349,6 @@ def block_bytes(preset: str) -> tuple[int, list[int], int]:
     """(bytes before the DiT blocks, bytes of each DiT block, bytes after them) of a preset, from
     tensor shapes, in the state dict's order — the order the weights manifest sends its blocks in
     (text encoder and embeddings, then ``dit.blocks.0..N``, then the head and the decoder)."""
-    from workers.runtime.models.causal_dit import PRESETS, CausalDiTNetwork
 
     cfg = PRESETS[preset]
     with torch.device("meta"):
@@ -414,8 +417,6 @@ def projection_wan(
 ) -> dict[str, Any]:
     """Projected figures for the wan-1.3b shapes (not measured): bytes from the tensor sizes, times
     from the GPU profile's links and latency curve."""
-    from scheduling.core.profiles import BUILTIN_PROFILES
-    from workers.runtime.models.causal_dit import PRESETS
 
     cfg = PRESETS["wan-1.3b"]
     prof = BUILTIN_PROFILES[profile]
@@ -508,7 +509,6 @@ def run_layersplit(
     threads: int = 1,
     progress: Callable[[str], Any] = print,
 ) -> dict[str, Any]:
-    from workers.runtime.models.causal_dit import PRESETS
 
     if preset not in PRESETS:
         raise ValueError(f"--preset: unknown causal-dit preset {preset!r}; available: {sorted(PRESETS)}")

@@ -36,7 +36,10 @@ import torch
 import xxhash
 
 from controlplane.bench import rounds
+from scheduling.core.scaleplan import Endpoint, Topology, plan_scale_out
 from workers.runtime.models import build_model
+from workers.runtime.models.causal_dit import PRESETS as CONFIGS
+from workers.runtime.models.causal_dit import CausalDiTNetwork
 from workers.runtime.weights import (
     DEFAULT_PIECE_BYTES,
     PackedWeights,
@@ -94,9 +97,11 @@ def _target_main(
 ) -> None:
     torch.set_num_threads(1)
     manifest = WeightsManifest.from_json(manifest_json)
-    # What a worker daemon imports at start-up anyway, so the first round does not pay for it.
+    # Imported here, not at module level, on purpose: what a worker daemon imports at start-up
+    # anyway, so the spawned target's first round does not pay for it.
     import safetensors.torch  # noqa: F401
 
+    # (the same reason: the model classes a daemon loads)
     import workers.runtime.models.causal_dit  # noqa: F401
 
     replies.put(("up", time.monotonic()))
@@ -250,8 +255,6 @@ def planner_expectation(manifest: WeightsManifest, n: int, link_mbps: float) -> 
     pipeline unit is our piece count; no hop latency and no local disk (``nvme_gbps`` ≈ 0), so the
     figure is the planner's pure network model, to set beside the measured ``peer_chain``.
     """
-    from scheduling.core.scaleplan import Endpoint, Topology, plan_scale_out
-
     pieces = sum(len(block.pieces) for block in manifest.blocks)
     topology = Topology.flat(link_mbps / 8000, nvme_gbps=1e-12, hop_latency_s=0.0, pipeline_blocks=pieces)
     plan = plan_scale_out(
@@ -269,8 +272,6 @@ def planner_expectation(manifest: WeightsManifest, n: int, link_mbps: float) -> 
 
 def projections(preset: str = "wan-1.3b") -> dict[str, Any]:
     """Seconds to move one replica's weights over documented links: bytes / bandwidth, labelled."""
-    from workers.runtime.models.causal_dit import PRESETS as CONFIGS
-    from workers.runtime.models.causal_dit import CausalDiTNetwork
 
     config = CONFIGS[preset]
     with torch.device("meta"):  # shapes only: nothing is allocated

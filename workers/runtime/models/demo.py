@@ -38,7 +38,13 @@ import torch
 from torch import nn
 
 from workers.runtime.models import UnknownPresetError
-from workers.runtime.models.base import GeneratedChunk, SessionState, StreamingVideoModel, allocate_region
+from workers.runtime.models.base import (
+    GeneratedChunk,
+    SessionState,
+    StreamingVideoModel,
+    allocate_region,
+    region_offsets,
+)
 from workers.runtime.models.causal_dit import splitmix64
 from workers.runtime.models.demo_data import MAX_TOKENS, OBJECT_EXTENT, PAD, VOCAB, tokenize
 from workers.runtime.presets import PRESETS as MODEL_PRESETS
@@ -204,7 +210,6 @@ class DemoModel(StreamingVideoModel):
 
     def state_bytes_for(self, options: dict[str, Any] | None = None) -> int:
         _check_options(options)
-        from workers.runtime.models.base import region_offsets
 
         return region_offsets(self._layout())[1]
 

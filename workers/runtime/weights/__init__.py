@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from workers.runtime.models import build_model
+
 from .manifest import (
     DEFAULT_PIECE_BYTES,
     PackedWeights,
@@ -48,8 +50,6 @@ def pack_model(model: Any, *, piece_bytes: int = DEFAULT_PIECE_BYTES) -> PackedW
 
 def model_from_weights(packed: PackedWeights, *, device: torch.device | str | None = None) -> Any:
     """Build the manifest's model around the packed buffers (no copy when the device matches)."""
-    from workers.runtime.models import build_model
-
     return build_model(
         packed.manifest.model, device=packed.device if device is None else device, weights=packed.state_dict()
     )
