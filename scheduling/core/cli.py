@@ -79,6 +79,46 @@ def _make(policy: str, options: dict[str, Any], flag: str = "policy"):
         raise CliError("option", f"{policy}: {exc}") from exc
 
 
+FORECAST_CHOICES = ("ets", "seasonal-naive", "last-value")
+
+
+def forecast_options(
+    forecast: str | None, slot_s: float = 30.0, sigma: float = 0.5, season_s: float = 600.0
+) -> dict[str, Any] | None:
+    """Validated keyword options of ``turboserve-forecast`` from the ``--forecast*`` flags (None = off)."""
+    if forecast is None:
+        return None
+    if forecast not in FORECAST_CHOICES:
+        raise CliError("forecast", f"must be one of {', '.join(FORECAST_CHOICES)}, got {forecast!r}")
+    if not (slot_s > 0 and math.isfinite(slot_s)):
+        raise CliError("forecast-slot-s", f"must be a positive number, got {slot_s!r}")
+    if not (sigma >= 0 and math.isfinite(sigma)):
+        raise CliError("forecast-sigma", f"must be a number >= 0, got {sigma!r}")
+    if not (season_s >= slot_s and math.isfinite(season_s)):
+        raise CliError("forecast-season-s", f"must be a number >= --forecast-slot-s, got {season_s!r}")
+    return {
+        "forecast": forecast,
+        "forecast_slot_s": float(slot_s),
+        "forecast_sigma": float(sigma),
+        "forecast_season_s": float(season_s),
+    }
+
+
+def add_forecast_arguments(parser: Any) -> None:
+    """The ``--forecast*`` flags shared by ``simulate`` and ``simulate_compare`` (argparse parser)."""
+    parser.add_argument(
+        "--forecast",
+        default=None,
+        help="TurboServe with a predictive floor (TORTA Eq. 6) from this demand forecast: "
+        "ets | seasonal-naive | last-value (default: off)",
+    )
+    parser.add_argument("--forecast-slot-s", type=float, default=30.0, help="forecast slot length (s)")
+    parser.add_argument("--forecast-sigma", type=float, default=0.5, help="Eq. 6 safety factor σ")
+    parser.add_argument(
+        "--forecast-season-s", type=float, default=600.0, help="season of the seasonal-naive forecast (s)"
+    )
+
+
 def load_trace(path: str) -> tuple[dict, list]:
     try:
         return read_trace(path)
@@ -167,12 +207,19 @@ def run_simulate(
     options: Sequence[str] = (),
     provisioning_delay_s: float | None = None,
     scale_out: str | None = None,
+    forecast: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Simulate one policy on one trace. Static policies run ``budget`` GPUs (default --max-gpus).
 
     ``scale_out`` (disk / host-cache / peer) computes each new GPU's delay from the pool's state by
     the scale planner; ``None`` keeps each profile's own path. The result's ``scale_out`` summarises
-    the delays every scale-out got and ``scale_out_events`` lists them."""
+    the delays every scale-out got and ``scale_out_events`` lists them.
+
+    ``forecast`` (from :func:`forecast_options`) runs TurboServe with the predictive floor and, under
+    the same config, without it; the result is the floor's run plus a ``forecast`` block (accuracy,
+    fit time, the floor's GPU-seconds and the run without the floor)."""
+    if forecast is not None and policy != "turboserve":
+        raise CliError("forecast", f"applies to --policy turboserve only, got {policy!r}")
     meta, events = load_trace(trace)
     config = build_config(
         profile=profile,
@@ -185,7 +232,10 @@ def run_simulate(
         provisioning_delay_s=provisioning_delay_s,
         scale_out=scale_out,
     )
-    pol = _make(policy, parse_options(options))
+    policy_options = parse_options(options)
+    pol = _make(policy, policy_options)
+    if forecast is not None:
+        pol = _make("turboserve-forecast", {**policy_options, **forecast})
     if is_static(policy):
         b = budget if budget is not None else max_gpus
         if not 1 <= b <= max_gpus:
@@ -204,6 +254,28 @@ def run_simulate(
             bar.close()
     out = result.to_json()
     out["provisioning_delay_s"] = {p.name: p.provisioning_delay_s for p in config.profiles}
+    if forecast is not None:
+        try:
+            plain = simulate(events, _make(policy, policy_options), config, trace_name=name)
+        except SimulationError as exc:
+            raise CliError("policy", f"decision rejected by the simulator: {exc}") from exc
+        block = dict(out["policy_config"]["forecast"])
+        block["gpu_seconds_added_by_floor"] = round(result.gpu_seconds - plain.gpu_seconds, 3)
+        block["gpu_cost_added_usd"] = round(result.gpu_cost_usd - plain.gpu_cost_usd, 4)
+        block["without_floor"] = {
+            key: getattr(plain, key)
+            for key in (
+                "worst_chunk_latency_ms",
+                "p99_chunk_latency_ms",
+                "slo_pass_rate",
+                "gpu_cost_usd",
+                "gpu_seconds",
+                "peak_gpus",
+                "scale_actions",
+            )
+        }
+        block["without_floor_timeline"] = plain.timeline
+        out["forecast"] = block
     if plot:
         from .plots import plot_timeline
 
@@ -233,7 +305,18 @@ def run_compare(
     capacity: str = "slo",
     provisioning_delay_s: float | None = None,
     scale_out: str | None = None,
+    forecast: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """``forecast`` (from :func:`forecast_options`) adds ``turboserve-forecast`` (TurboServe with the
+    predictive floor) as the reference, next to ``turboserve`` without it, under the same protocol."""
+    reference = "turboserve"
+    policy_options: dict[str, dict[str, Any]] = {}
+    if forecast is not None:
+        reference = "turboserve-forecast"
+        policies = [reference, *[p for p in policies if p != reference]]
+        if "turboserve" not in policies:
+            policies.insert(1, "turboserve")
+        policy_options[reference] = forecast
     if capacity not in ("slo", "profile"):
         raise CliError("capacity", f"{capacity!r} is not 'slo' or 'profile'")
     meta, events = load_trace(trace)
@@ -268,6 +351,8 @@ def run_compare(
             policies=policies,
             step=(lambda label: (bar.set_postfix_str(label), bar.update(1))) if bar else None,
             capacity=capacity,
+            reference=reference,
+            policy_options=policy_options,
         )
     except SimulationError as exc:
         raise CliError("policies", f"decision rejected by the simulator: {exc}") from exc
@@ -296,7 +381,8 @@ def format_compare(comparison: dict[str, Any]) -> str:
             f"{entry['worst_latency_at_matched_cost_ms']:>14.1f} "
             f"{_fmt(red.get('latency_pct')):>8} {_fmt(red.get('cost_pct')):>8}"
         )
-    lines.append("  Δ: TurboServe's reduction relative to that policy (positive = TurboServe lower)")
+    ref = next(iter(comparison["policies"]), "turboserve")
+    lines.append(f"  Δ: {ref}'s reduction relative to that policy (positive = {ref} lower)")
     return "\n".join(lines)
 
 

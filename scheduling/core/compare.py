@@ -90,6 +90,7 @@ def autoscaler_for_slo(
     rho_grid: Sequence[float],
     step: Progress | None = None,
     refine: int = 3,
+    options: dict[str, Any] | None = None,
 ) -> tuple[str, SimResult, list[dict[str, Any]]]:
     """The cheapest (target utilisation, warm initial pool) whose worst chunk meets the SLO.
 
@@ -110,7 +111,9 @@ def autoscaler_for_slo(
     def run(label: str, kwargs: dict[str, Any], initial: int) -> SimResult:
         cache = caches[label]
         if initial not in cache:
-            cache[initial] = _run(events, name, replace(config, initial_gpus=initial), trace, **kwargs)
+            cache[initial] = _run(
+                events, name, replace(config, initial_gpus=initial), trace, **{**(options or {}), **kwargs}
+            )
             tried.append((f"{label},init={initial}", cache[initial]))
             if step:
                 step(f"{name} {label} init={initial}")
@@ -161,7 +164,10 @@ def compare_policies(
     rho_grid: Sequence[float] = DEFAULT_RHO_GRID,
     step: Progress | None = None,
     capacity: str = "slo",
+    policy_options: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """``policy_options``: fixed keyword options per autoscaling policy name (e.g. the forecast of
+    ``turboserve-forecast``), merged under the ρ̂ each search run sets."""
     slo = slo_ms if slo_ms is not None else config.profiles[0].default_slo_ms
     if capacity == "slo":
         config = config_for_slo(config, slo)
@@ -178,13 +184,16 @@ def compare_policies(
     ref_label = f"adaptive,init={config.initial_gpus}"
     for name in names:
         entry: dict[str, Any] = {"static": is_static(name)}
+        opts = (policy_options or {}).get(name, {})
         if is_static(name):
             budget, result, _ = static_budget_for_slo(events, name, config, trace, slo, step)
             entry["budget_at_slo"] = budget
             entry["cost_at_slo_usd"] = result.gpu_cost_usd if budget is not None and result else None
             entry["meets_slo"] = budget is not None
         else:
-            label, result, tried = autoscaler_for_slo(events, name, config, trace, slo, rho_grid, step)
+            label, result, tried = autoscaler_for_slo(
+                events, name, config, trace, slo, rho_grid, step, options=opts
+            )
             entry["config_at_slo"] = label
             entry["cost_at_slo_usd"] = result.gpu_cost_usd if _meets(result, slo) else None
             entry["meets_slo"] = _meets(result, slo)
@@ -195,6 +204,8 @@ def compare_policies(
                 ref_cost = result.gpu_cost_usd
                 ref_label = label
                 entry["result"] = result.to_json(timeline=False)
+            if "forecast" in result.policy_config:
+                entry["forecast"] = result.policy_config["forecast"]
         out[name] = entry
 
     # Worst latency at matched cost.
@@ -209,11 +220,13 @@ def compare_policies(
             entry["budget_at_matched_cost"] = budget
         elif name == reference:
             kwargs, cfg = _parse_label(ref_label, config)
-            result = _run(events, name, cfg, trace, **kwargs)
+            result = _run(events, name, cfg, trace, **{**(policy_options or {}).get(name, {}), **kwargs})
             if step:
                 step(f"{name} matched")
         else:
-            label, result = _autoscaler_at_cost(events, name, config, trace, ref_label, ref_cost, entry)
+            label, result = _autoscaler_at_cost(
+                events, name, config, trace, ref_label, ref_cost, entry, (policy_options or {}).get(name, {})
+            )
             if step:
                 step(f"{name} matched {label}")
             entry["config_at_matched_cost"] = label
@@ -251,6 +264,7 @@ def _autoscaler_at_cost(
     ref_label: str,
     ref_cost: float,
     entry: dict[str, Any],
+    options: dict[str, Any] | None = None,
 ) -> tuple[str, SimResult]:
     """The configuration of autoscaler ``name`` whose cost is closest to ``ref_cost``.
 
@@ -262,7 +276,7 @@ def _autoscaler_at_cost(
     if not accepts_rho_hat(name):
         kwargs = {}
         ref_label = f"adaptive,init={cfg.initial_gpus}"
-    own = _run(events, name, cfg, trace, **kwargs)
+    own = _run(events, name, cfg, trace, **{**(options or {}), **kwargs})
     candidates = {
         row["config"]: (row["gpu_cost_usd"], row["worst_chunk_latency_ms"])
         for row in entry.get("configs_tried", [])
@@ -272,7 +286,7 @@ def _autoscaler_at_cost(
     if label == ref_label:
         return label, own
     kwargs, cfg = _parse_label(label, config)
-    return label, _run(events, name, cfg, trace, **kwargs)
+    return label, _run(events, name, cfg, trace, **{**(options or {}), **kwargs})
 
 
 def _parse_label(label: str, config: SimConfig) -> tuple[dict[str, Any], SimConfig]:

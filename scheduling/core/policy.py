@@ -59,6 +59,7 @@ BUILTIN = {
     "turboserve-no-migration": "scheduling.core.turboserve:TurboServeNoMigration",
     "turboserve-no-autoscale": "scheduling.core.turboserve:TurboServeNoAutoscale",
     "turboserve-paper": "scheduling.core.turboserve:TurboServePaper",
+    "turboserve-forecast": "scheduling.core.forecast_floor:ForecastTurboServe",
 }
 BUILTIN_POLICIES = tuple(BUILTIN)
 

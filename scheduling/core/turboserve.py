@@ -35,6 +35,7 @@ from typing import Any
 from .detector import VolatilityTable, WorkloadDetector, fixed_table, load_volatility_table
 from .placement import PlacementWork
 from .policy import Policy
+from .regions.forecast import predictive_floor
 from .types import Decision, Event, GpuTypeSpec, Signals, Snapshot
 
 _EPS = 1e-9
@@ -112,6 +113,11 @@ class TurboServePolicy(Policy):
         self.drained_at: dict[str, float] = {}
         self.last_scale_out = -math.inf
         self.last_scale_in = -math.inf
+        # Predictive floor input (TORTA Eq. 6): the forecast load F one provisioning delay ahead, set
+        # before each decide by a forecasting subclass (scheduling/core/forecast_floor.py); None = off.
+        self.floor_load: float | None = None
+        self.floor_sigma = 0.5
+        self.last_floor_gpus = 0
         if name:
             self.name = name
 
@@ -163,6 +169,18 @@ class TurboServePolicy(Policy):
         while rows and rows[0][0] < second - window_s:
             rows.pop(0)
         return max(needed, rows[0][1]) if rows else needed
+
+    def _floor_capacity(self, snapshot: Snapshot, add_type: str | None, rho_hat: float) -> float:
+        """Capacity (load units at K) the predictive floor asks for: Eq. 6 with Q = 0 and C = K·ρ̂ of
+        the type scale-out would add, so the floor's GPUs run at the same target as the reactive part."""
+        if self.floor_load is None or add_type is None:
+            return 0.0
+        k = snapshot.gpu_types[add_type].capacity
+        gpus = predictive_floor(
+            0.0, self.floor_load, k * rho_hat, sigma=self.floor_sigma, max_gpus=snapshot.max_gpus
+        )
+        self.last_floor_gpus = gpus
+        return gpus * k
 
     # ------------------------------------------------------------------------------------------
     def decide(self, snapshot: Snapshot, event: Event) -> Decision:
@@ -230,12 +248,16 @@ class TurboServePolicy(Policy):
         if self.headroom:
             headroom = self.detector.expected_net_activations(now, delay, self.headroom_z)
         needed = (n_req + headroom) / rho_hat
+        floor_capacity = self._floor_capacity(snapshot, add_type, rho_hat) if self.autoscale else 0.0
+        floor_short = floor_capacity > capacity_now + _EPS
+        needed = max(needed, floor_capacity)
         window = delay if self.scale_in_window_s is None else self.scale_in_window_s
         # The window holds the observed need (N_req/ρ̂), not the forecast: a forecast that did not
         # materialise (a ramp that ended) must not keep its GPUs for another window.
         needed_recently = needed
         if self.autoscale:
             needed_recently = max(needed, self._needed_in_window(now, n_req / rho_hat, window))
+            needed_recently = max(needed_recently, floor_capacity)
         budget = len(live)
 
         if self.autoscale:
@@ -244,7 +266,7 @@ class TurboServePolicy(Policy):
                 signal = max(signal, (n_req + headroom) / capacity_now)
             direction = hysteresis(signal, rho_hat, self.delta)
             total = sum(counts.values())
-            if (direction > 0 or queue) and needed > capacity_now + _EPS:
+            if (direction > 0 or queue or floor_short) and needed > capacity_now + _EPS:
                 # Scale-out precedes rebalancing (Algorithm 1 lines 7–9): undrain paid-for GPUs first.
                 deficit = needed - capacity_now
                 for gid in sorted(draining, key=lambda g: (-work.load.get(g, 0.0), g)):

@@ -6,7 +6,13 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.core.cli import CliError, format_simulate, run_simulate
+from scheduling.core.cli import (
+    CliError,
+    add_forecast_arguments,
+    forecast_options,
+    format_simulate,
+    run_simulate,
+)
 
 
 class Command(BaseCommand):
@@ -45,6 +51,7 @@ class Command(BaseCommand):
             help="where new GPUs load weights from; the delay is boot + the scale plan's load time from the "
             "pool's state at each scale-out (default: each profile's own path)",
         )
+        add_forecast_arguments(parser)
         parser.add_argument("--json", action="store_true", help="print one JSON object")
         parser.add_argument("--plot", default=None, help="write a timeline PNG here")
         parser.add_argument("--progress", action="store_true", help="show a progress bar")
@@ -57,6 +64,9 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         try:
+            forecast = forecast_options(
+                opts["forecast"], opts["forecast_slot_s"], opts["forecast_sigma"], opts["forecast_season_s"]
+            )
             result = run_simulate(
                 trace=opts["trace"],
                 policy=opts["policy"],
@@ -72,6 +82,7 @@ class Command(BaseCommand):
                 options=opts["option"],
                 provisioning_delay_s=opts["provisioning_delay_s"],
                 scale_out=opts["scale_out"],
+                forecast=forecast,
             )
         except CliError as exc:
             raise CommandError(str(exc)) from exc

@@ -6,7 +6,13 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.core.cli import CliError, format_compare, run_compare
+from scheduling.core.cli import (
+    CliError,
+    add_forecast_arguments,
+    forecast_options,
+    format_compare,
+    run_compare,
+)
 from scheduling.core.compare import DEFAULT_POLICIES
 
 
@@ -43,6 +49,7 @@ class Command(BaseCommand):
             help="where new GPUs load weights from; the delay is boot + the scale plan's load time from the "
             "pool's state at each scale-out (default: each profile's own path)",
         )
+        add_forecast_arguments(parser)
         parser.add_argument("--json", action="store_true")
         parser.add_argument("--plot", default=None, help="write a comparison PNG here")
         parser.add_argument("--no-progress", action="store_true")
@@ -52,6 +59,9 @@ class Command(BaseCommand):
         if not policies:
             raise CommandError("--policies: give at least one policy")
         try:
+            forecast = forecast_options(
+                opts["forecast"], opts["forecast_slot_s"], opts["forecast_sigma"], opts["forecast_season_s"]
+            )
             out = run_compare(
                 trace=opts["trace"],
                 profile=opts["profile"],
@@ -64,6 +74,7 @@ class Command(BaseCommand):
                 capacity=opts["capacity"],
                 provisioning_delay_s=opts["provisioning_delay_s"],
                 scale_out=opts["scale_out"],
+                forecast=forecast,
                 progress=not opts["no_progress"] and not opts["json"],
             )
         except CliError as exc:
