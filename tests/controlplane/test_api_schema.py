@@ -25,6 +25,7 @@ from rest_framework.authtoken.models import Token
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
+from gpu.models import Region
 from scheduling.models import Migration, ScalingAction, SchedulerDecision
 from tests.factories import ChunkRecordFactory, GpuWorkerFactory, SessionFactory, StaffFactory
 
@@ -78,6 +79,7 @@ def existing(db) -> dict[str, str]:
         "/api/decisions/": str(decision.pk),
         "/api/migrations/": str(migration.pk),
         "/api/scaling-actions/": str(action.pk),
+        "/api/regions/": str(Region.objects.get(name=Region.DEFAULT_NAME).pk),
     }
 
 
