@@ -59,7 +59,7 @@ def test_the_plan_spills_to_the_next_region_within_budget_when_full(coasts):
 
 
 def test_a_region_beyond_the_budget_is_never_assigned(coasts):
-    east, west = coasts
+    east, _west = coasts
     # when nyc sends more sessions than east holds, then they overflow in east (west is 70 ms away)
     assert {arrive("nyc").region for _ in range(7)} == {east}
     # and an origin with no region within its budget gets none
@@ -74,8 +74,8 @@ def test_the_price_multiplier_moves_the_plan(coasts):
     assert arrive("chi").region == west
 
 
-def test_the_previous_plan_is_smoothed_and_stored(coasts, settings):
-    east, west = coasts
+@pytest.mark.usefixtures("coasts")
+def test_the_previous_plan_is_smoothed_and_stored(settings):
     settings.STREAMSERVE = {**settings.STREAMSERVE, "REGION_PLAN_BETA": 0.5}
     # given a stored plan that sent all of chi to west
     origins, names = ["chi", "lon", "nyc", "sfo"], ["east", "west"]
