@@ -10,6 +10,7 @@ import pytest
 from gpu.models import GpuWorker, Region
 from scheduling.live.outbox import redis_client
 from scheduling.live.regions import PLAN_KEY, session_region_route
+from scheduling.receivers import session_event_received
 from sessions.models import GenerationSession
 from tests.factories import GpuWorkerFactory, SessionFactory
 
@@ -95,3 +96,13 @@ def test_one_region_routes_nothing():
     # when a session arrives from nyc, then it keeps no region and no plan is stored
     assert arrive("nyc").region is None
     assert redis_client().get(PLAN_KEY) is None
+
+
+def test_the_arrive_event_routes_the_session(coasts):
+    _east, west = coasts
+    # given a committed session from sfo, when the scheduler receives its arrive event
+    session = SessionFactory(origin="sfo")
+    session_event_received(session_id=str(session.pk), kind="arrive", detail={})
+    # then the session is in west
+    session.refresh_from_db()
+    assert session.region == west
