@@ -8,6 +8,7 @@ import json
 import pytest
 
 from gpu.models import GpuWorker, Region
+from scheduling.console import cluster_snapshot
 from scheduling.live.outbox import redis_client
 from scheduling.live.regions import PLAN_KEY, session_region_route
 from scheduling.receivers import session_event_received
@@ -106,3 +107,12 @@ def test_the_arrive_event_routes_the_session(coasts):
     # then the session is in west
     session.refresh_from_db()
     assert session.region == west
+
+
+def test_the_console_rows_show_origin_and_region(coasts):
+    east, _west = coasts
+    # given a routed session from nyc
+    arrive("nyc")
+    # when the console's snapshot is built, then its session row carries both
+    (row,) = cluster_snapshot()["session_list"]
+    assert (row["origin"], row["region"]) == ("nyc", east.name)
