@@ -3,13 +3,7 @@ from __future__ import annotations
 from django.contrib import admin, messages
 
 from gpu import services
-from gpu.models import CostLedgerEntry, GpuWorker, HostCache, Region, WeightHolding
-
-
-@admin.register(Region)
-class RegionAdmin(admin.ModelAdmin):
-    list_display = ["name", "price_multiplier", "gpu_limits", "rtt_ms"]
-    search_fields = ["name"]
+from gpu.models import CostLedgerEntry, GpuWorker, HostCache, WeightHolding
 
 
 @admin.register(GpuWorker)
@@ -23,13 +17,12 @@ class GpuWorkerAdmin(admin.ModelAdmin):
         "capacity",
         "price_per_hour",
         "provider",
-        "region",
         "utilization_pct",
         "last_heartbeat",
         "requested_at",
         "released_at",
     ]
-    list_filter = ["status", "gpu_type", "provider", "model_preset", "region"]
+    list_filter = ["status", "gpu_type", "provider", "model_preset"]
     search_fields = ["name", "host", "external_id"]
     date_hierarchy = "requested_at"
     readonly_fields = [
