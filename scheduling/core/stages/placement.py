@@ -1,0 +1,354 @@
+"""Placement plans (TridentServe §6.1, Alg. 2, App. C.1) and the re-placement trigger (§5.3).
+
+A GPU's *role* is the set of stages it hosts: ``EDC``, ``ED``, ``DC``, ``D`` hold the diffusion model
+(primary replicas P0–P3), ``E`` and ``C`` are auxiliary (A0, A1). A request runs on a *virtual
+replica* — a primary of its type plus the auxiliaries for the stages the primary lacks::
+
+    V0: EDC          V1: ED + C          V2: DC + E          V3: D + E + C
+
+Inter-stage traffic grows with the index, so each request's preferred type is the first one that
+fits in memory (single-request solution). Alg. 2 then gives each type GPUs in proportion to the
+work of the requests preferring it, splits each type's budget between primary and auxiliaries in
+inverse proportion to their service rates (App. C.1 Split), aligns D-carrying primaries to the
+largest parallel degree and packs homogeneous blocks per 8-GPU machine (PackPerMachine).
+
+Memory feasibility is by construction: a request is only ever offered a type and degree for which
+:func:`request_options` found the stage weights of the role plus the largest activation within the
+GPU (the dispatcher filters on the same function, constraint C0), so no plan can run out of memory.
+
+Where the extracted paper lost a formula we took the authors' code (PKU-DAIR/Hetu-DiT) or wrote
+down our own reading; docs/stages.md lists each choice.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .profiles import DEGREES, GpuSpec, PipelineProfile, Shape
+
+VR_TYPES = ("V0", "V1", "V2", "V3")
+PRIMARY_ROLE = {"V0": "EDC", "V1": "ED", "V2": "DC", "V3": "D"}
+AUX_STAGES = {"V0": "", "V1": "C", "V2": "E", "V3": "EC"}
+ROLES = ("EDC", "ED", "DC", "D", "E", "C")
+
+
+class PlacementError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class RequestOption:
+    """One way to run a request: virtual replica type, diffuse degree, and what it costs."""
+
+    vr: str
+    degree: int
+    decode_degree: int
+    encode_s: float
+    diffuse_s: float
+    decode_s: float
+    transfer_s: float  # inter-stage hand-offs this type adds (Table 3 "Comm.")
+    transfer_bytes: float
+
+    @property
+    def run_s(self) -> float:
+        return self.encode_s + self.diffuse_s + self.decode_s + self.transfer_s
+
+
+def role_weight_bytes(pipeline: PipelineProfile, role: str) -> float:
+    return sum(pipeline.weight_bytes(stage) for stage in role)
+
+
+def _fits(pipeline: PipelineProfile, gpu: GpuSpec, role: str, activation: float) -> bool:
+    return role_weight_bytes(pipeline, role) + gpu.reserve_bytes + activation <= gpu.memory_bytes
+
+
+def _decode_degree(
+    pipeline: PipelineProfile, shape: Shape, gpu: GpuSpec, role: str, limit: int, floor: int | None = None
+) -> int | None:
+    """The profiled best decode degree (or ``floor``), raised to the smallest that fits; ``None`` if
+    none does up to ``limit``."""
+    best = pipeline.best_degree("C", shape, gpu) if floor is None else floor
+    for degree in DEGREES:
+        if (
+            degree >= best
+            and degree <= limit
+            and _fits(pipeline, gpu, role, pipeline.activation_bytes("C", shape, degree))
+        ):
+            return degree
+    return None
+
+
+def _handoff_bytes(pipeline: PipelineProfile, shape: Shape, vr: str) -> float:
+    embeddings = pipeline.text_len * pipeline.encoder_hidden * pipeline.bytes_per_param
+    latents = pipeline.tokens(shape) * pipeline.patch * pipeline.patch * 16 * 4  # 16 latent channels, fp32
+    return {"V0": 0.0, "V1": latents, "V2": embeddings, "V3": embeddings + latents}[vr]
+
+
+@lru_cache(maxsize=65536)
+def request_options(
+    pipeline: PipelineProfile, shape: Shape, gpu: GpuSpec, vr: str, stage_level: bool = True
+) -> tuple[RequestOption, ...]:
+    """Every memory-feasible, efficient way to run ``shape`` on virtual replica ``vr`` (C0 of §6.2).
+
+    Diffuse degrees pass the 0.8 efficiency filter; when none of them fits in memory the smallest
+    degree that fits is offered instead (a request is never unplaceable while some degree fits).
+    Encode and decode take their profiled best degree (§6.2); with ``stage_level=False`` (the
+    wo-stageAware ablation) decode takes the diffuse degree instead, as a pipeline-level system does.
+    """
+    role = PRIMARY_ROLE[vr]
+    aux = AUX_STAGES[vr]
+    if "E" in aux and not _fits(pipeline, gpu, "E", pipeline.activation_bytes("E", shape, 1)):
+        return ()
+    if "E" in role and not _fits(pipeline, gpu, role, pipeline.activation_bytes("E", shape, 1)):
+        return ()
+    if "C" in aux and _decode_degree(pipeline, shape, gpu, "C", max(DEGREES)) is None:
+        return ()
+    fitting = [k for k in DEGREES if _fits(pipeline, gpu, role, pipeline.activation_bytes("D", shape, k))]
+    efficient = [k for k in fitting if k in pipeline.efficient_degrees("D", shape, gpu)]
+    degrees = efficient or fitting[:1]
+    transfer_bytes = _handoff_bytes(pipeline, shape, vr)
+    transfer_s = transfer_bytes / gpu.link_bytes_per_s
+    options = []
+    for k in degrees:
+        floor = None if stage_level else k
+        decode_role, limit = ("C", max(DEGREES)) if "C" in aux else (role, k)
+        decode_degree = _decode_degree(pipeline, shape, gpu, decode_role, limit, floor)
+        if decode_degree is None:
+            continue
+        options.append(
+            RequestOption(
+                vr=vr,
+                degree=k,
+                decode_degree=decode_degree,
+                encode_s=pipeline.encode_s(shape, gpu),
+                diffuse_s=pipeline.diffuse_s(shape, k, gpu),
+                decode_s=pipeline.decode_s(shape, decode_degree, gpu),
+                transfer_s=transfer_s,
+                transfer_bytes=transfer_bytes,
+            )
+        )
+    return tuple(options)
+
+
+def preferred_type(pipeline: PipelineProfile, shape: Shape, gpu: GpuSpec) -> str:
+    """Single-request solution: the first feasible type in V0 < V1 < V2 < V3 (least communication)."""
+    for vr in VR_TYPES:
+        if request_options(pipeline, shape, gpu, vr):
+            return vr
+    raise PlacementError(f"{pipeline.name} {shape} does not fit a {gpu.name} under any placement type")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A placement plan: the role of every GPU (machine of GPU g = g // gpus_per_machine)."""
+
+    roles: tuple[str, ...]
+    gpus_per_machine: int = 8
+
+    def count(self, role: str) -> int:
+        return sum(1 for r in self.roles if r == role)
+
+    def machine(self, gpu: int) -> int:
+        return gpu // self.gpus_per_machine
+
+    def hosts(self, stage: str) -> list[int]:
+        return [g for g, role in enumerate(self.roles) if stage in role]
+
+    def types(self) -> list[str]:
+        """Virtual-replica types this plan can serve (the primary is there, and so are its auxiliaries)."""
+        present = set(self.roles)
+        return [
+            vr
+            for vr in VR_TYPES
+            if PRIMARY_ROLE[vr] in present
+            and all(any(s in r and "D" not in r for r in present) for s in AUX_STAGES[vr])
+        ]
+
+
+def _work(
+    pipeline: PipelineProfile, shape: Shape, gpu: GpuSpec, vr: str, stage_level: bool
+) -> tuple[float, float, float]:
+    """GPU-seconds one request of type ``vr`` puts on its primary, its E auxiliary and its C auxiliary."""
+    option = max(request_options(pipeline, shape, gpu, vr, stage_level), key=lambda o: o.degree)
+    primary = option.degree * option.diffuse_s
+    aux_e = aux_c = 0.0
+    decode = option.decode_degree * option.decode_s
+    # Pipeline-level allocation holds the diffuse degree's GPUs for the encode too.
+    encode = option.encode_s * (1 if stage_level else option.degree)
+    if "E" in PRIMARY_ROLE[vr]:
+        primary += encode
+    else:
+        aux_e = encode
+    if "C" in PRIMARY_ROLE[vr]:
+        primary += decode
+    else:
+        aux_c = decode
+    return primary, aux_e, aux_c
+
+
+def _apportion(total: int, weights: dict[str, float], minimum: dict[str, int]) -> dict[str, int]:
+    """Largest-remainder rounding of ``total`` units in proportion to ``weights``, respecting minimums."""
+    keys = [k for k, w in weights.items() if w > 0]
+    counts = {k: minimum.get(k, 0) for k in keys}
+    left = total - sum(counts.values())
+    if left < 0:
+        raise PlacementError(f"{total} GPUs cannot hold the minimum of {sum(counts.values())}")
+    weight_sum = sum(weights[k] for k in keys)
+    ideal = {k: total * weights[k] / weight_sum for k in keys}
+    extra = {k: max(0.0, ideal[k] - counts[k]) for k in keys}
+    extra_sum = sum(extra.values())
+    if extra_sum > 0:
+        share = {k: left * extra[k] / extra_sum for k in keys}
+        for k in keys:
+            counts[k] += int(share[k])
+        rest = left - sum(int(share[k]) for k in keys)
+        for k in sorted(keys, key=lambda k: share[k] - int(share[k]), reverse=True)[:rest]:
+            counts[k] += 1
+    elif keys:
+        counts[keys[0]] += left
+    return counts
+
+
+def split_type(vr: str, budget: int, primary_work: float, aux_work: dict[str, float]) -> dict[str, int]:
+    """App. C.1 Split: the type's GPUs between primary and auxiliaries, inverse to their service rates.
+
+    A role's service rate is the inverse of the GPU-seconds it spends per request, so "inverse to the
+    rates" is "in proportion to the work". Each role present keeps at least one GPU when the budget
+    allows; tiny budgets go to the primary first (feasibility over proportionality)."""
+    roles = {PRIMARY_ROLE[vr]: primary_work} | {stage: aux_work[stage] for stage in AUX_STAGES[vr]}
+    if budget < len(roles):
+        return {PRIMARY_ROLE[vr]: budget}
+    weights = {role: max(work, 1e-9) for role, work in roles.items()}
+    return _apportion(budget, weights, dict.fromkeys(roles, 1))
+
+
+def _align_primaries(counts: Counter[str], block: int) -> None:
+    """PackPerMachine step 1: round each D-carrying primary up to a multiple of ``block`` by borrowing
+    from the auxiliaries, never taking an auxiliary below one GPU."""
+    for role in ("EDC", "ED", "DC", "D"):
+        have = counts[role]
+        if have == 0 or have % block == 0:
+            continue
+        need = block - have % block
+        spare = sum(max(0, counts[a] - 1) for a in ("E", "C"))
+        if spare < need:
+            continue
+        for _ in range(need):
+            donor = max(("E", "C"), key=lambda a: counts[a])
+            counts[donor] -= 1
+            counts[role] += 1
+
+
+def pack_per_machine(counts: Counter[str], gpus_per_machine: int) -> tuple[str, ...]:
+    """PackPerMachine step 2: whole machines of one role first, then first-fit of the remainders
+    preferring machines that already host the same role."""
+    total = sum(counts.values())
+    machines = math.ceil(total / gpus_per_machine)
+    slots: list[list[str]] = [[] for _ in range(machines)]
+    capacity = [min(gpus_per_machine, total - m * gpus_per_machine) for m in range(machines)]
+    remainders: list[tuple[str, int]] = []
+    free_machine = 0
+    for role in ROLES:
+        whole, rest = divmod(counts[role], gpus_per_machine)
+        for _ in range(whole):
+            while free_machine < machines and (
+                slots[free_machine] or capacity[free_machine] < gpus_per_machine
+            ):
+                free_machine += 1
+            if free_machine == machines:
+                rest += gpus_per_machine
+                continue
+            slots[free_machine] = [role] * gpus_per_machine
+        if rest:
+            remainders.append((role, rest))
+    for role, rest in sorted(remainders, key=lambda item: -item[1]):
+        for _ in range(rest):
+            open_machines = [m for m in range(machines) if len(slots[m]) < capacity[m]]
+            same = [m for m in open_machines if role in slots[m]]
+            target = (same or open_machines)[0]
+            slots[target].append(role)
+    return tuple(role for machine in slots for role in machine)
+
+
+def plan_placement(
+    pipeline: PipelineProfile,
+    shapes: Sequence[Shape],
+    gpus: int,
+    gpu: GpuSpec,
+    *,
+    stage_level: bool = True,
+) -> Placement:
+    """Alg. 2: a placement for ``gpus`` GPUs from the recent request mix ``shapes``.
+
+    With ``stage_level=False`` (the wo-stageAware ablation) encode and decode are sized at the
+    diffuse degree, as a pipeline-level system runs them."""
+    if gpus < 1:
+        raise PlacementError("a placement needs at least one GPU")
+    if not shapes:
+        shapes = [Shape(64, 64, 1, 1)]
+    preferred: dict[str, list[Shape]] = {}
+    for shape in shapes:
+        preferred.setdefault(preferred_type(pipeline, shape, gpu), []).append(shape)
+    # Lines 5-6: GPUs per type in proportion to the work of the requests preferring it.
+    work = {vr: [_work(pipeline, s, gpu, vr, stage_level) for s in group] for vr, group in preferred.items()}
+    type_weight = {vr: sum(sum(w) for w in items) for vr, items in work.items()}
+    minimum = {vr: min(1 + len(AUX_STAGES[vr]), gpus) for vr in type_weight}
+    if sum(minimum.values()) > gpus:
+        minimum = {}
+    budgets = _apportion(gpus, type_weight, minimum)
+    counts: Counter[str] = Counter()
+    for vr, budget in budgets.items():
+        primary = sum(w[0] for w in work[vr])
+        aux = {"E": sum(w[1] for w in work[vr]), "C": sum(w[2] for w in work[vr])}
+        for role, n in split_type(vr, budget, primary, aux).items():
+            counts[role] += n
+    _align_primaries(counts, max(DEGREES))
+    return Placement(pack_per_machine(counts, gpu.gpus_per_machine), gpu.gpus_per_machine)
+
+
+class ReplacementTrigger:
+    """§5.3: re-place when the fastest stage's throughput over a sliding window is at least
+    ``threshold`` times the slowest's.
+
+    The paper's threshold value was lost in extraction; ours is a parameter (default 1.5). Two
+    additions keep the signal meaningful, both documented: the arrivals count as a stage 0 (a request
+    mix that starves a whole virtual-replica type leaves E, D and C equally slow, and only the front
+    door shows it), and nothing fires without a backlog or before ``min_ops`` ops were seen, or within
+    one window of the last re-placement.
+    """
+
+    def __init__(self, window_s: float, threshold: float = 1.5, min_ops: int = 8):
+        if window_s <= 0 or threshold <= 1 or min_ops < 1:
+            raise PlacementError("the trigger needs window_s > 0, threshold > 1 and min_ops >= 1")
+        self.window_s = window_s
+        self.threshold = threshold
+        self.min_ops = min_ops
+        self._events: deque[tuple[float, str]] = deque()
+        self._last_fire = -math.inf
+
+    def record(self, t: float, stage: str) -> None:
+        """One op of ``stage`` completed at ``t`` (``"arrive"`` for a request entering the system)."""
+        self._events.append((t, stage))
+
+    def throughputs(self, now: float) -> dict[str, float]:
+        while self._events and self._events[0][0] < now - self.window_s:
+            self._events.popleft()
+        counts = Counter(stage for _, stage in self._events)
+        return {stage: counts.get(stage, 0) / self.window_s for stage in ("arrive", "E", "D", "C")}
+
+    def should_replace(self, now: float, backlog: int) -> bool:
+        if backlog == 0 or now - self._last_fire < self.window_s:
+            return False
+        rates = self.throughputs(now)
+        if len(self._events) < self.min_ops:
+            return False
+        slowest = min(rates.values())
+        fastest = max(rates.values())
+        if fastest < self.threshold * max(slowest, 1e-12):
+            return False
+        self._last_fire = now
+        return True
