@@ -22,8 +22,8 @@ from scheduling.core.stages.placement import (
 from scheduling.core.stages.profiles import EFFICIENCY_THRESHOLD, GB, L20, SD3_IMAGE, WAN_T2V, Shape
 from scheduling.core.stages.workloads import MIXES
 
-# A 36 GB card: the Wan-like pipeline no longer fits whole on one GPU, so placements must split stages.
-TIGHT = replace(L20, name="tight", memory_bytes=36 * GB)
+# A 40 GB card: the Wan-like pipeline no longer fits whole on one GPU, so placements must split stages.
+TIGHT = replace(L20, name="tight", memory_bytes=40 * GB)
 
 
 def _shapes(pipeline, level="medium"):
@@ -61,7 +61,7 @@ def test_every_offered_option_fits_in_memory(gpu):
 def test_preferred_type_is_the_least_communicating_feasible_one():
     small = Shape(832, 480, 33, 6)
     assert preferred_type(WAN_T2V, small, L20) == "V0"
-    # On 36 GB the encoder and the DiT no longer share a GPU: V0 and V1 are out, V2 (DC + E) is first.
+    # On 40 GB the encoder and the DiT no longer share a GPU: V0 and V1 are out, V2 (DC + E) is first.
     assert not request_options(WAN_T2V, small, TIGHT, "V0") and not request_options(
         WAN_T2V, small, TIGHT, "V1"
     )

@@ -9,8 +9,8 @@ Per tick, for the pending requests ``r``, the primary types ``p`` and the diffus
          Σ_{r,k,s} k · x[r,p,k,s] ≤ size[p]                     (what waiting options may reserve)
 
 ``s`` is *now* or *wait*: a wait option starts when ``k`` primaries of one machine free up and is
-discounted by β = 0.9; only *now* options are dispatched, and the program re-runs next tick. A
-request with an on-time *now* option gets no *wait* options (waiting cannot beat on time now).
+discounted by β = 0.9; only *now* options are dispatched, and the program re-runs next tick. A late
+*now* option is only offered once no degree can still make the deadline.
 
 Departures from the printed program, each for a reason we could check:
 
@@ -23,8 +23,10 @@ Departures from the printed program, each for a reason we could check:
   relaxation tight and the program small (a per-machine copy of every option made HiGHS spend
   ~100 ms in root cuts at 128 GPUs).
 * Wait options (our reading of the authors' single-machine program in Hetu-DiT, which schedules
-  into future windows at the busy GPUs' release times): without them a myopic program prefers two
-  late runs at degree 2 now over one on-time run at degree 8 a few seconds later.
+  into future windows at the busy GPUs' release times) and no late start while an on-time one is
+  still possible: without them a myopic program fills idle GPUs with late degree-2 runs of requests
+  that a degree-8 run a few seconds later would have served on time (in the simulator: a third of
+  the small requests missed their SLO that way).
 * The on-time indicator ``y`` and its big-M link (C3a/C3b) are folded into the coefficient: an
   option's finish time is a constant of the tick, so ``y = x`` exactly when it finishes in time.
 

@@ -213,17 +213,21 @@ def _apportion(total: int, weights: dict[str, float], minimum: dict[str, int]) -
     return counts
 
 
-def split_type(vr: str, budget: int, primary_work: float, aux_work: dict[str, float]) -> dict[str, int]:
+def split_type(
+    vr: str, budget: int, primary_work: float, aux_work: dict[str, float], primary_min: int = 1
+) -> dict[str, int]:
     """App. C.1 Split: the type's GPUs between primary and auxiliaries, inverse to their service rates.
 
     A role's service rate is the inverse of the GPU-seconds it spends per request, so "inverse to the
-    rates" is "in proportion to the work". Each role present keeps at least one GPU when the budget
-    allows; tiny budgets go to the primary first (feasibility over proportionality)."""
+    rates" is "in proportion to the work". Each auxiliary keeps at least one GPU and the primary at
+    least ``primary_min`` (the smallest degree its requests run at) when the budget allows; tiny
+    budgets go to the primary first (feasibility over proportionality)."""
     roles = {PRIMARY_ROLE[vr]: primary_work} | {stage: aux_work[stage] for stage in AUX_STAGES[vr]}
-    if budget < len(roles):
+    minimum = dict.fromkeys(roles, 1) | {PRIMARY_ROLE[vr]: primary_min}
+    if budget < sum(minimum.values()):
         return {PRIMARY_ROLE[vr]: budget}
     weights = {role: max(work, 1e-9) for role, work in roles.items()}
-    return _apportion(budget, weights, dict.fromkeys(roles, 1))
+    return _apportion(budget, weights, minimum)
 
 
 def _align_primaries(counts: Counter[str], block: int) -> None:
@@ -281,8 +285,13 @@ def plan_placement(
     gpu: GpuSpec,
     *,
     stage_level: bool = True,
+    encode_only_s: float = 0.0,
 ) -> Placement:
     """Alg. 2: a placement for ``gpus`` GPUs from the recent request mix ``shapes``.
+
+    ``encode_only_s``: GPU-seconds of encode-only work in the same window (streams' prompt encodes):
+    it gets encoder GPUs of its own in proportion (at least one), the shared encoder pool, so a
+    session's prompt never queues behind a diffusion run.
 
     With ``stage_level=False`` (the wo-stageAware ablation) encode and decode are sized at the
     diffuse degree, as a pipeline-level system runs them."""
@@ -290,24 +299,75 @@ def plan_placement(
         raise PlacementError("a placement needs at least one GPU")
     if not shapes:
         shapes = [Shape(64, 64, 1, 1)]
-    preferred: dict[str, list[Shape]] = {}
-    for shape in shapes:
-        preferred.setdefault(preferred_type(pipeline, shape, gpu), []).append(shape)
-    # Lines 5-6: GPUs per type in proportion to the work of the requests preferring it.
-    work = {vr: [_work(pipeline, s, gpu, vr, stage_level) for s in group] for vr, group in preferred.items()}
-    type_weight = {vr: sum(sum(w) for w in items) for vr, items in work.items()}
-    minimum = {vr: min(1 + len(AUX_STAGES[vr]), gpus) for vr in type_weight}
-    if sum(minimum.values()) > gpus:
-        minimum = {}
+    pool = 0
+    if encode_only_s > 0 and gpus > 1:
+        job_work = sum(
+            sum(_work(pipeline, s, gpu, preferred_type(pipeline, s, gpu), stage_level)) for s in shapes
+        )
+        pool = max(1, round(gpus * encode_only_s / (job_work + encode_only_s)))
+    gpus -= pool
+    allowed = list(VR_TYPES)
+    while True:
+        preferred = _group(pipeline, shapes, gpu, allowed)
+        # Lines 5-6: GPUs per type in proportion to the work of the requests preferring it.
+        work = {
+            vr: [_work(pipeline, s, gpu, vr, stage_level) for s in group] for vr, group in preferred.items()
+        }
+        type_weight = {vr: sum(sum(w) for w in items) for vr, items in work.items()}
+        primary_min = {
+            vr: _min_degree(pipeline, group, gpu, vr, stage_level) for vr, group in preferred.items()
+        }
+        minimum = {vr: primary_min[vr] + len(AUX_STAGES[vr]) for vr in preferred}
+        if sum(minimum.values()) <= gpus:
+            break
+        # A type whose replicas cannot even host one of its runs is useless: fold the type with the
+        # least work into the next feasible types of its requests, while that leaves every request a type.
+        foldable = [
+            vr
+            for vr in sorted(type_weight, key=type_weight.get)
+            if _group(pipeline, shapes, gpu, [t for t in allowed if t != vr], strict=False)
+        ]
+        if not foldable:
+            minimum, primary_min = {}, dict.fromkeys(preferred, 1)
+            break
+        allowed.remove(foldable[0])
     budgets = _apportion(gpus, type_weight, minimum)
     counts: Counter[str] = Counter()
     for vr, budget in budgets.items():
         primary = sum(w[0] for w in work[vr])
         aux = {"E": sum(w[1] for w in work[vr]), "C": sum(w[2] for w in work[vr])}
-        for role, n in split_type(vr, budget, primary, aux).items():
+        for role, n in split_type(vr, budget, primary, aux, primary_min[vr]).items():
             counts[role] += n
     _align_primaries(counts, max(DEGREES))
+    counts["E"] += pool
     return Placement(pack_per_machine(counts, gpu.gpus_per_machine), gpu.gpus_per_machine)
+
+
+def _group(
+    pipeline: PipelineProfile,
+    shapes: Sequence[Shape],
+    gpu: GpuSpec,
+    allowed: Sequence[str],
+    strict: bool = True,
+) -> dict[str, list[Shape]]:
+    """Each request under its first feasible type among ``allowed`` (Alg. 2 lines 3-4); with
+    ``strict=False`` an empty result says some request has none."""
+    groups: dict[str, list[Shape]] = {}
+    for shape in shapes:
+        vr = next((t for t in allowed if request_options(pipeline, shape, gpu, t)), None)
+        if vr is None:
+            if strict:
+                preferred_type(pipeline, shape, gpu)  # raises with the reason
+            return {}
+        groups.setdefault(vr, []).append(shape)
+    return groups
+
+
+def _min_degree(
+    pipeline: PipelineProfile, shapes: Sequence[Shape], gpu: GpuSpec, vr: str, stage_level: bool
+) -> int:
+    """Primaries a type needs to run every one of its requests at their smallest offered degree."""
+    return max(min(o.degree for o in request_options(pipeline, s, gpu, vr, stage_level)) for s in shapes)
 
 
 class ReplacementTrigger:
