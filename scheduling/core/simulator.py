@@ -361,6 +361,7 @@ class Simulator:
             min_gpus=self.cfg.min_gpus,
             max_gpus=self.cfg.max_gpus,
             job_demand_gpus=self.jobs.demand_gpus() if self.jobs is not None else 0.0,
+            job_gpus=tuple(sorted(self.jobs.gpu_owner)) if self.jobs is not None else (),
         )
 
     # -- placement mechanics ---------------------------------------------------------------------

@@ -26,9 +26,11 @@ Beyond the paper, each switchable so its effect can be measured:
   traces it cost more than it saved (docs/results, extension ablation, two seeds).
 
 One-shot jobs (issue 14, GenServe beside the streams): when the snapshot reports the jobs' GPU
-demand (``job_demand_gpus``, their backlog against deadlines), ⌈demand⌉ GPUs left empty by the
-streams are kept out of stream placement and rebalancing — unless an active session finds no other
-room (streams first) — and the demand, in capacity units, is added to N_req/ρ̂ for scaling.
+demand (``job_demand_gpus``, their backlog against deadlines), the empty GPUs running jobs
+(``job_gpus``) and more empty GPUs up to ⌈demand⌉ are kept out of stream placement and rebalancing —
+unless an active session finds no other room (streams first: kept GPUs are given back one at a
+time, those without a job first) — and the demand, in capacity units, is added to N_req/ρ̂ for
+scaling.
 """
 
 from __future__ import annotations
@@ -190,12 +192,16 @@ class TurboServePolicy(Policy):
     # ------------------------------------------------------------------------------------------
     @staticmethod
     def _reserve_for_jobs(snapshot: Snapshot, work: PlacementWork) -> list[str]:
-        """⌈job demand⌉ ready GPUs without sessions, kept out of stream placement (issue 14)."""
-        want = math.ceil(snapshot.job_demand_gpus - 1e-9)
-        if want <= 0:
+        """Empty ready GPUs kept out of stream placement for jobs (issue 14): those running a job,
+        then others up to ⌈job demand⌉ in all. Ordered so that ``pop()`` gives back a GPU without a
+        job first."""
+        if not snapshot.job_gpus and snapshot.job_demand_gpus <= 0:
             return []
+        busy = set(snapshot.job_gpus)
         empty = [g for g in work.eligible if work.count[g] == 0 and snapshot.gpus[g].status == "ready"]
-        reserved = empty[:want]
+        with_job = [g for g in empty if g in busy]
+        spare = max(0, math.ceil(snapshot.job_demand_gpus - 1e-9) - len(with_job))
+        reserved = with_job + [g for g in empty if g not in busy][:spare][::-1]
         for gid in reserved:
             work.make_ineligible(gid)
         return reserved
@@ -227,11 +233,10 @@ class TurboServePolicy(Policy):
                 queue.append(sid)
             else:
                 work.add(sid, gid)
-        if queue and reserved:
-            # Streams first: GPUs kept for jobs take the sessions that found no other room.
-            for gid in reserved:
-                work.make_eligible(gid)
-            reserved = []
+        while queue and reserved:
+            # Streams first: GPUs kept for jobs take the sessions that found no other room, one GPU
+            # at a time, those without a job step in flight first (the list ends with them).
+            work.make_eligible(reserved.pop())
             waiting, queue = queue, []
             for sid in waiting:
                 gid = work.best_gpu(sid)
