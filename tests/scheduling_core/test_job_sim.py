@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 
 import pytest
 from django.core.management import call_command
@@ -12,7 +13,7 @@ from scheduling.core.jobs.cosim import job_config
 from scheduling.core.jobs.profiles import BUILTIN_JOB_PROFILES
 from scheduling.core.jobs.workload import genserve_jobs
 from scheduling.core.policy import make_policy
-from scheduling.core.profiles import load_profiles
+from scheduling.core.profiles import BUILTIN_PROFILES, load_profiles
 from scheduling.core.simulator import SimConfig, simulate
 from scheduling.core.traces import (
     JobEvent,
@@ -22,6 +23,7 @@ from scheduling.core.traces import (
     read_trace,
     write_mixed_trace,
 )
+from scheduling.core.types import GB, Event, GpuView, SessionView, Snapshot
 
 JOB_KEYS = {
     "submitted",
@@ -147,3 +149,50 @@ def test_gen_trace_writes_a_genserve_mix_that_only_the_mixed_reader_takes(tmp_pa
     assert {j.kind for j in jobs} == {"image", "video"}
     with pytest.raises(TraceError, match="mixed"):
         read_trace(path)
+
+
+def _three_empty_gpus(job_gpus: tuple[str, ...], demand: float) -> Snapshot:
+    spec = BUILTIN_PROFILES["h100-1.3b"]
+    snapshot = Snapshot.build(
+        time=10.0,
+        sessions=[SessionView("s1", 1, "suspended", 1.0, None, GB)],
+        gpus=[GpuView(g, spec.name, "ready") for g in ("g1", "g2", "g3")],
+        gpu_types={spec.name: spec},
+        min_gpus=3,
+        max_gpus=3,
+    )
+    return replace(snapshot, job_gpus=job_gpus, job_demand_gpus=demand)
+
+
+def test_turboserve_keeps_jobs_gpus_out_of_stream_placement_unless_nothing_else_fits():
+    policy = make_policy("turboserve")
+    # g1 runs a job and the backlog wants one more GPU (g2): the session goes to g3.
+    decision = policy.decide(_three_empty_gpus(("g1",), 1.5), Event(10.0, "active", session="s1"))
+    assert decision.assign == (("s1", "g3"),)
+    # Every GPU runs a job: streams first, the session still gets one.
+    decision = make_policy("turboserve").decide(
+        _three_empty_gpus(("g1", "g2", "g3"), 3.0), Event(10.0, "active", session="s1")
+    )
+    assert len(decision.assign) == 1 and decision.queue == ()
+
+
+def test_reproduce_genserve_writes_the_report_json_and_figure(tmp_path):
+    call_command(
+        "reproduce_genserve",
+        rates="30",
+        sigmas="1",
+        seeds="0",
+        window_s=40.0,
+        session_rate_per_min=4.0,
+        out_dir=str(tmp_path),
+        stdout=io.StringIO(),
+        stderr=io.StringIO(),
+    )
+    data = json.loads((tmp_path / "genserve.json").read_text())
+    assert {r["policy"] for r in data["ladder"]} >= {"fcfs", "fcfs-preempt", "genserve-no-sp", "genserve"}
+    assert data["streams"][0]["dedicated_gpus"] >= 1
+    report = (tmp_path / "genserve.md").read_text()
+    assert "Ablation ladder" in report and "target ≥ 3×" in report
+    assert (tmp_path / "genserve.png").stat().st_size > 0
+    with pytest.raises(Exception, match="--sigmas"):
+        call_command("reproduce_genserve", sigmas="-1", out_dir=str(tmp_path), stdout=io.StringIO())
