@@ -12,8 +12,7 @@ GenServe (slides §4.4, Alg. 1), three stages:
    candidate for ``g`` GPUs is the first ``g`` batches. Each video gets one option per SP degree
    ``p`` (cost ``p`` GPUs, projected laxity ℓ = D − now − remaining(p), where remaining(p) = remaining
    steps × step time at ``p`` + decode) and a *pause* option (cost 0, ℓ = D − (now + round) −
-   remaining(ref), ref = its current degree or 1: would it still make its deadline if resumed next
-   round?) (Eq. 7).
+   remaining(1): would it still make its deadline if resumed next round on one GPU?) (Eq. 7).
 2. *Grouped knapsack* over the videos by dynamic programming on the GPU count, one option per video.
 3. Each terminal GPU count ``b`` is combined with the image candidate on ``N − b`` GPUs; the best
    total wins and is backtracked.
@@ -156,8 +155,10 @@ class JobPolicy:
         return sorted(d for d in video.remaining_s if d <= gpus and (self.sp or d == 1))
 
     def _pause_slack(self, video: VideoRequest, inp: RoundInput) -> float:
-        ref = video.degree if video.degree in video.remaining_s else 1
-        return video.deadline - inp.now - inp.round_s - video.remaining_s[ref]
+        # Judged on one GPU, whatever degree it runs at now: a paused video resumes where GPUs are
+        # free, and one GPU is all it can count on. (Judging a running video at its current degree
+        # and a waiting one at 1 made paused SP videos look safe, then need a rescue at high SP.)
+        return video.deadline - inp.now - inp.round_s - video.remaining_s[1]
 
     def video_options(self, video: VideoRequest, inp: RoundInput) -> list[tuple[int, Score]]:
         """(GPU cost = SP degree, score) per option; cost 0 = paused / waiting."""
