@@ -16,10 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from scheduling.core.traces import TraceError
+from scheduling.core.traces import TraceError, read_mixed_trace, write_mixed_trace
 
 from .encoder_pool import StreamModel, encoder_pool_gain
-from .jobs import read_mixed_trace, write_mixed_trace
 from .placement import PlacementError, plan_placement
 from .profiles import GPUS, L20, Shape, StageProfileError, get_gpu, get_pipeline
 from .simulator import (
@@ -134,7 +133,9 @@ def run_simulate_stages(
             raise StagesCliError("workload", str(exc)) from None
         sessions = []
         if write_trace:
-            write_mixed_trace(write_trace, jobs, meta={"workload": workload, "model": model, "seed": seed})
+            write_mixed_trace(
+                write_trace, [], jobs, meta={"workload": workload, "model": model, "seed": seed}
+            )
     config = StageSimConfig(gpus=gpus, gpu=spec, tick_s=tick_s, window_s=window_s, threshold=threshold)
     try:
         result = simulate_stages(jobs, sessions, policy, config, options=dict(ABLATIONS.get(ablation, {})))

@@ -33,10 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from scheduling.core.traces import TraceEvent
+from scheduling.core.traces import JobEvent, TraceEvent
 
 from .dispatch import Candidate, assign_machines, solve_dispatch
-from .jobs import JobEvent
 from .placement import (
     PRIMARY_ROLE,
     VR_TYPES,
@@ -55,6 +54,8 @@ ABLATIONS = {
     "wo-stageAware": {"stage_level": False},
     "wo-scheduler": {"dispatcher": "srtf"},
 }
+# A job line without a model gets its kind's pipeline.
+DEFAULT_PIPELINE = {"video": "wan-t2v", "image": "sd3-image"}
 SLO_SCALE = 2.5  # §8.1: the SLO is 2.5x the latency at the optimal parallel strategy
 MAX_CANDIDATE_REQUESTS = 256
 
@@ -542,11 +543,11 @@ def _requests(
         if job.event == "cancel":
             cancels[job.job] = job.t
             continue
-        if job.model != pipeline.name:
+        if (job.model or DEFAULT_PIPELINE[job.kind]) != pipeline.name:
             raise StageSimulationError(
                 f"job {job.job!r} asks for model {job.model!r}; this run serves {pipeline.name!r} (one pipeline per run)"
             )
-        shape = Shape(job.width, job.height, job.frames, job.steps)
+        shape = Shape(job.width, job.height, job.frames or 1, job.steps)
         preferred_type(pipeline, shape, gpu)  # raises if it fits under no placement
         best = _best_run(pipeline, shape, gpu)
         slo = job.slo_s if job.slo_s is not None else SLO_SCALE * best
@@ -602,7 +603,7 @@ def simulate_stages(
     submits = [j for j in jobs if j.event == "submit"]
     if not submits:
         raise StageSimulationError("the trace has no job submits")
-    profile = get_pipeline(pipeline or submits[0].model)
+    profile = get_pipeline(pipeline or submits[0].model or DEFAULT_PIPELINE[submits[0].kind])
     stream_profile = get_pipeline("wan-1.3b") if sessions else None
     requests, cancels = _requests(profile, jobs, sessions, config.gpu, stream_profile)
     job_shapes = [r.shape for r in requests if not r.stream]

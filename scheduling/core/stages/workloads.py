@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .jobs import JobEvent
+from scheduling.core.traces import JobEvent
+
 from .profiles import GpuSpec, PipelineProfile, Shape
 
 LEVELS = ("light", "medium", "heavy")
@@ -117,7 +118,7 @@ def generate_jobs(pipeline: PipelineProfile, spec: WorkloadSpec, gpu: GpuSpec) -
                 pipeline.name,
                 width,
                 height,
-                frames,
+                frames if pipeline.kind == "video" else None,
                 pipeline.default_steps,
                 slo,
             )
