@@ -289,7 +289,7 @@ def run_reproduce(
             "worker_weight_bytes": stream.worker_weight_bytes,
             "encoder_weight_bytes": stream.encoder_weight_bytes,
             "chunk_workspace_bytes": stream.chunk_workspace_bytes,
-            "encode_s": stream.encode_s,
+            "encode_s_l20": stream.encode_s(L20),
         },
         "dispatch_bench": bench,
     }

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .profiles import GB, GpuSpec
+from .profiles import GB, WAN_13B_STREAM, GpuSpec, PipelineProfile, Shape
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,29 @@ class StreamModel:
     worker_weight_bytes: float  # DiT + VAE decoder (+ the preset's own small text encoder)
     encoder_weight_bytes: float  # the UMT5-XXL-sized encoder the pool takes away
     chunk_workspace_bytes: float  # activations of one active session's chunk forward
-    encode_s: float  # one prompt encode on a pool GPU
+    profile: PipelineProfile  # the stream pipeline (its encoder's time on a pool GPU)
+
+    def encode_s(self, gpu: GpuSpec) -> float:
+        return self.profile.encode_s(Shape(832, 480, 1, 1), gpu)
+
+
+def stream_model(
+    *,
+    state_bytes: float,
+    worker_params: float,
+    tokens_per_chunk: int,
+    hidden: int,
+    profile: PipelineProfile = WAN_13B_STREAM,
+) -> StreamModel:
+    """The memory model's inputs from the preset's numbers (state size, parameter count, tokens of
+    one chunk, hidden size) and the stream profile (encoder size and time, activation factor)."""
+    return StreamModel(
+        state_bytes=state_bytes,
+        worker_weight_bytes=worker_params * profile.bytes_per_param,
+        encoder_weight_bytes=profile.weight_bytes("E"),
+        chunk_workspace_bytes=tokens_per_chunk * hidden * profile.bytes_per_param * profile.activation_factor,
+        profile=profile,
+    )
 
 
 @dataclass(frozen=True)
@@ -82,7 +104,7 @@ def encoder_pool_gain(
     pooled = sessions_per_gpu(gpu.memory_bytes, gpu.reserve_bytes, model.worker_weight_bytes, model, active)
     gain = (pooled - mono) / mono if mono else math.inf
     # Encoder GPUs per diffusion GPU: the encode load of its sessions over one pool GPU's rate.
-    pool_share = pooled * switches_per_session_s * model.encode_s
+    pool_share = pooled * switches_per_session_s * model.encode_s(gpu)
     amortised = pooled / (1 + pool_share)
     amortised_gain = (amortised - mono) / mono if mono else math.inf
     return PoolResult(

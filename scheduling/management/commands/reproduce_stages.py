@@ -1,0 +1,51 @@
+"""``manage.py reproduce_stages``: TridentServe against its baselines and ablations, the streams'
+encoder-pool gain and the dispatcher's time, written to ``docs/results/stages.{md,json}``.
+
+The ``wan-1.3b`` preset's numbers come from the worker runtime here, in the command layer:
+``scheduling.core`` may not import ``workers`` (import-linter contract ``core-pure``).
+"""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+
+from scheduling.core.stages.cli import StagesCliError, run_reproduce
+from scheduling.core.stages.encoder_pool import stream_model
+from workers.runtime.models.causal_dit import PRESETS
+
+
+class Command(BaseCommand):
+    help = "Reproduce TridentServe's comparisons in simulation; writes stages.md and stages.json."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--out", default="docs/results", help="output directory")
+        parser.add_argument("--gpus", type=int, default=128)
+        parser.add_argument("--duration-s", type=float, default=1800.0)
+        parser.add_argument("--load", type=float, default=0.8)
+        parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+
+    def handle(self, *args, **opts):
+        preset = PRESETS["wan-1.3b"]
+        # state_bytes() is what the model's state_bytes_for returns (read-only use of the runtime).
+        stream = stream_model(
+            state_bytes=preset.state_bytes(),
+            worker_params=preset.parameter_count(),
+            tokens_per_chunk=preset.tokens_per_frame * preset.frames_per_chunk,
+            hidden=preset.dim,
+        )
+        try:
+            report = run_reproduce(
+                out_dir=opts["out"],
+                stream=stream,
+                gpus=opts["gpus"],
+                duration_s=opts["duration_s"],
+                load=opts["load"],
+                seeds=opts["seeds"],
+                progress=lambda r: self.stderr.write(
+                    f"{r['workload']} seed {r['seed']} {r['policy']}: SLO {r['slo_attainment']:.1%}, "
+                    f"mean {r['mean_latency_s']:.1f} s, OOM {r['oom_events']}"
+                ),
+            )
+        except StagesCliError as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write(f"wrote {opts['out']}/stages.md and stages.json ({len(report['runs'])} runs)")
