@@ -680,8 +680,8 @@ def _result(
         "finished": len(done),
         "failed": sum(1 for r in jobs if r.failed),
         "stage_loads": engine.cluster.stage_loads,
-        "dispatch_ms_p50": float(np.percentile(solve, 50)),
-        "dispatch_ms_p99": float(np.percentile(solve, 99)),
+        "solve_ms_p50": float(np.percentile(solve, 50)),
+        "solve_ms_p99": float(np.percentile(solve, 99)),
         "streams": len(streams),
         "stream_encode_p95_s": float(np.percentile(stream_waits, 95)) if stream_waits else None,
     }
