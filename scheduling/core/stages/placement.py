@@ -152,12 +152,6 @@ class Placement:
     def count(self, role: str) -> int:
         return sum(1 for r in self.roles if r == role)
 
-    def machine(self, gpu: int) -> int:
-        return gpu // self.gpus_per_machine
-
-    def hosts(self, stage: str) -> list[int]:
-        return [g for g, role in enumerate(self.roles) if stage in role]
-
     def types(self) -> list[str]:
         """Virtual-replica types this plan can serve (the primary is there, and so are its auxiliaries)."""
         present = set(self.roles)

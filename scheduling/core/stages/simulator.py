@@ -128,7 +128,13 @@ class Cluster:
         return self.pipeline.weight_bytes(stage) / rate
 
     def run(
-        self, gpus: Sequence[Gpu], stage: str, earliest: float, duration: float, activation: float
+        self,
+        gpus: Sequence[Gpu],
+        stage: str,
+        earliest: float,
+        duration: float,
+        activation: float,
+        monitored: bool = True,
     ) -> tuple[float, bool]:
         """Reserve ``gpus`` for one stage run; returns (end time, out of memory).
 
@@ -149,14 +155,11 @@ class Cluster:
         end = start + duration
         for g in gpus:
             g.free_at = end
-        heapq.heappush(self.ops, (end, stage))
+        if monitored:  # the §5.3 monitor sees the jobs' stages, not the streams' prompt encodes
+            heapq.heappush(self.ops, (end, stage))
         if oom:
             self.oom_events += 1
         return end, oom
-
-
-def _best_run(pipeline: PipelineProfile, shape: Shape, gpu: GpuSpec) -> float:
-    return pipeline.best_latency_s(shape, gpu)
 
 
 def _pick_machine(cluster: Cluster, now: float, role: str, count: int) -> list[Gpu] | None:
@@ -221,8 +224,9 @@ class TridentServe:
     def maybe_replace(self, now: float, pending: Sequence[Request], recent: Sequence[Request]) -> None:
         if not self.switching or not self.trigger.should_replace(now, len(pending)):
             return
-        shapes = [r.shape for r in recent if not r.stream] + [r.shape for r in pending if not r.stream]
-        encode_only_s = sum(r.best_s for r in (*recent, *pending) if r.stream)
+        window = {r.id: r for r in (*recent, *pending)}.values()
+        shapes = [r.shape for r in window if not r.stream]
+        encode_only_s = sum(r.best_s for r in window if r.stream)
         plan = plan_placement(
             self.pipeline,
             shapes,
@@ -331,6 +335,7 @@ class TridentServe:
             now,
             self.pipeline.encode_s(r.shape, self.config.gpu),
             self.pipeline.activation_bytes("E", r.shape, 1),
+            monitored=False,
         )
         r.dispatched, r.finish, r.failed = True, end, oom
 
@@ -549,7 +554,7 @@ def _requests(
             )
         shape = Shape(job.width, job.height, job.frames or 1, job.steps)
         preferred_type(pipeline, shape, gpu)  # raises if it fits under no placement
-        best = _best_run(pipeline, shape, gpu)
+        best = pipeline.best_latency_s(shape, gpu)
         slo = job.slo_s if job.slo_s is not None else SLO_SCALE * best
         requests.append(Request(job.job, job.t, shape, job.t + slo, best))
     for event in sessions:
