@@ -110,16 +110,23 @@ def test_pack_per_machine_fills_homogeneous_machines_first():
 def test_trigger_fires_on_a_skew_above_the_threshold_with_a_backlog_and_then_cools_down():
     trigger = ReplacementTrigger(window_s=10.0, threshold=1.5, min_ops=4)
     for t in range(10):
-        for stage in ("arrive", "E", "D", "C"):
+        for stage in ("E", "D", "C"):
             trigger.record(float(t), stage)
     assert not trigger.should_replace(10.0, backlog=5)  # balanced
     for t in range(10):
-        trigger.record(10.0 + t, "arrive")
         trigger.record(10.0 + t, "E")
         if t % 2 == 0:
             trigger.record(10.0 + t, "D")
             trigger.record(10.0 + t, "C")
     assert not trigger.should_replace(19.5, backlog=0)  # skewed but nothing waits
-    assert trigger.should_replace(19.5, backlog=5)  # arrivals 2x the diffuse stage
+    assert trigger.should_replace(19.5, backlog=5)  # encode 2x the diffuse stage
     assert not trigger.should_replace(20.0, backlog=5)  # within one window of the last one
     assert trigger.throughputs(19.5)["D"] == pytest.approx(0.5)
+
+
+def test_trigger_fires_for_an_unserved_type_without_a_skew_but_not_during_cooldown():
+    trigger = ReplacementTrigger(window_s=10.0, threshold=1.5, min_ops=4)
+    assert not trigger.should_replace(5.0, backlog=3)  # no ops seen, no skew
+    assert trigger.should_replace(5.0, backlog=3, unserved=True)
+    assert not trigger.should_replace(9.0, backlog=3, unserved=True)
+    assert not trigger.should_replace(30.0, backlog=0, unserved=True)

@@ -58,6 +58,9 @@ ABLATIONS = {
 DEFAULT_PIPELINE = {"video": "wan-t2v", "image": "sd3-image"}
 SLO_SCALE = 2.5  # §8.1: the SLO is 2.5x the latency at the optimal parallel strategy
 MAX_CANDIDATE_REQUESTS = 256
+# A new plan is built from the requests of the last STATS_WINDOWS monitor windows (the paper's request
+# statistics): one 60 s window holds too few of a rare class, and plans built from it flap.
+STATS_WINDOWS = 5
 
 
 class StageSimulationError(ValueError):
@@ -214,15 +217,20 @@ class TridentServe:
         self.vr_counts: dict[str, int] = dict.fromkeys(VR_TYPES, 0)
 
     def observe(self, now: float, arrivals: Sequence[Request]) -> None:
-        for r in arrivals:
-            if not r.stream:
-                self.trigger.record(r.arrival, "arrive")
         while self.cluster.ops and self.cluster.ops[0][0] <= now:
             end, stage = heapq.heappop(self.cluster.ops)
             self.trigger.record(end, stage)
 
     def maybe_replace(self, now: float, pending: Sequence[Request], recent: Sequence[Request]) -> None:
-        if not self.switching or not self.trigger.should_replace(now, len(pending)):
+        if not self.switching:
+            return
+        types = self.placement.types()
+        unserved = any(
+            preferred_type(self.pipeline, r.shape, self.config.gpu) not in types
+            for r in pending
+            if not r.stream
+        )
+        if not self.trigger.should_replace(now, len(pending), unserved):
             return
         window = {r.id: r for r in (*recent, *pending)}.values()
         shapes = [r.shape for r in window if not r.stream]
@@ -638,7 +646,7 @@ def simulate_stages(
             if target is not None and not target.dispatched:
                 target.cancelled = True
         pending = [r for r in pending + arrived if not r.dispatched and not r.cancelled]
-        recent = [r for r in recent + arrived if r.arrival > now - config.window_s]
+        recent = [r for r in recent + arrived if r.arrival > now - STATS_WINDOWS * config.window_s]
         engine.observe(now, arrived)
         engine.maybe_replace(now, pending, recent)
         if pending:
