@@ -64,3 +64,4 @@ def test_reproduce_stages_writes_markdown_and_json(tmp_path):
     ]
     text = (tmp_path / "stages.md").read_text()
     assert "2.1–6.6×" in text and "wo-scheduler" in text and "bench_stages_dispatch --gpus 128" in text
+    assert "## Targets (issue 15)" in text and "zero out-of-memory events" in text

@@ -316,6 +316,28 @@ def _fmt(value: float | None, spec: str) -> str:
     return "—" if value is None or not math.isfinite(value) else format(value, spec)
 
 
+def _targets(report: dict[str, Any]) -> list[str]:
+    """The issue's targets, each computed from the report and marked met or not."""
+    summary, bench = report["summary"], report["dispatch_bench"]
+    dynamic = summary["dynamic"]
+    slo_x = _ratio(dynamic["tridentserve"]["slo_attainment"], dynamic["pipeline-static"]["slo_attainment"])
+    ooms = sum(r["oom_events"] for r in report["runs"] if r["policy"].startswith("tridentserve"))
+    best_pool = max(report["encoder_pool"], key=lambda row: row["gain"])
+    h100 = next(row for row in report["encoder_pool"] if row["gpu"] == "H100")
+
+    def mark(ok: bool) -> str:
+        return "met" if ok else "**not met**"
+
+    return [
+        f"- SLO attainment ≥ 2× static on Dynamic: {_fmt(slo_x, '.2f')}× — {mark(slo_x is not None and slo_x >= 2)}",
+        f"- zero out-of-memory events (TridentServe and its ablations, all runs): {ooms} — {mark(ooms == 0)}",
+        f"- dispatch ≤ 50 ms at 128 GPUs: p99 {bench['dispatch_ms_p99']:.1f} ms — {mark(bench['dispatch_ms_p99'] <= 50)}",
+        f"- sessions per GPU ≥ +30 % with the shared encoder pool (`wan-1.3b`, memory model): "
+        f"{best_pool['gpu']} {best_pool['gain']:+.0%} — {mark(best_pool['gain'] >= 0.3)}; "
+        f"H100 {h100['gain']:+.0%} — {mark(h100['gain'] >= 0.3)}",
+    ]
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     setup, summary = report["setup"], report["summary"]
     lines = [
@@ -345,6 +367,10 @@ def render_markdown(report: dict[str, Any]) -> str:
     pool = report["encoder_pool"]
     bench = report["dispatch_bench"]
     lines += [
+        "",
+        "## Targets (issue 15)",
+        "",
+        *_targets(report),
         "",
         f"Paper (§8.2, vs B1 static pipeline-level on 128 L20): SLO attainment {paper['slo_vs_static']}, mean "
         f"latency {paper['mean_latency_vs_static']}. Ablations (§8.4): placement switching "
