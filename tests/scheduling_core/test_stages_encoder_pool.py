@@ -49,19 +49,20 @@ def test_sessions_never_go_negative_when_the_weights_do_not_fit():
 
 
 def test_reproduce_stages_writes_markdown_and_json(tmp_path):
-    call_command("reproduce_stages", out=str(tmp_path), gpus=16, duration_s=240.0, seeds=[0])
+    call_command(
+        "reproduce_stages",
+        out=str(tmp_path),
+        gpus=16,
+        duration_s=240.0,
+        seeds=[0],
+        image_gpus=16,
+        image_duration_s=60.0,
+    )
     report = json.loads((tmp_path / "stages.json").read_text())
-    assert {r["workload"] for r in report["runs"]} == {
-        "steady-light",
-        "steady-medium",
-        "steady-heavy",
-        "dynamic",
-    }
-    assert len(report["runs"]) == 18 and [row["gpu"] for row in report["encoder_pool"]] == [
-        "L20",
-        "H100",
-        "H200",
-    ]
+    workloads = {"steady-light", "steady-medium", "steady-heavy", "dynamic"}
+    assert {r["workload"] for r in report["runs"]} == workloads | {f"sd3-image/{w}" for w in workloads}
+    assert len(report["runs"]) == 18 + 12
+    assert [row["gpu"] for row in report["encoder_pool"]] == ["L20", "H100", "H200"]
     text = (tmp_path / "stages.md").read_text()
     assert "2.1–6.6×" in text and "wo-scheduler" in text and "bench_stages_dispatch --gpus 128" in text
     assert "## Targets (issue 15)" in text and "zero out-of-memory events" in text

@@ -23,6 +23,8 @@ class Command(BaseCommand):
         parser.add_argument("--duration-s", type=float, default=1800.0)
         parser.add_argument("--load", type=float, default=0.8)
         parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+        parser.add_argument("--image-gpus", type=int, default=32, help="cluster of the image-pipeline runs")
+        parser.add_argument("--image-duration-s", type=float, default=600.0)
 
     def handle(self, *args, **opts):
         preset = PRESETS["wan-1.3b"]
@@ -41,6 +43,8 @@ class Command(BaseCommand):
                 duration_s=opts["duration_s"],
                 load=opts["load"],
                 seeds=opts["seeds"],
+                image_gpus=opts["image_gpus"],
+                image_duration_s=opts["image_duration_s"],
                 progress=lambda r: self.stderr.write(
                     f"{r['workload']} seed {r['seed']} {r['policy']}: SLO {r['slo_attainment']:.1%}, "
                     f"mean {r['mean_latency_s']:.1f} s, OOM {r['oom_events']}"
