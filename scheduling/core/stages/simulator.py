@@ -403,7 +403,20 @@ def _srtf_order(now: float, jobs: Sequence[Request], options_of) -> list:
     return [(r, option) for _, r, option in ranked]
 
 
-class PipelineStatic:
+class StaticPlacement:
+    """A baseline's fixed placement: nothing to observe, never re-placed, no solver."""
+
+    replacements = 0
+    solve_ms: tuple[float, ...] = ()
+
+    def observe(self, now: float, arrivals: Sequence[Request]) -> None:
+        pass
+
+    def maybe_replace(self, now: float, pending: Sequence[Request], recent: Sequence[Request]) -> None:
+        pass
+
+
+class PipelineStatic(StaticPlacement):
     """B1: all stages on every GPU, fixed groups of ``degree`` GPUs, FIFO, one degree for all stages."""
 
     def __init__(self, pipeline: PipelineProfile, config: StageSimConfig, degree: int):
@@ -421,14 +434,6 @@ class PipelineStatic:
         self.groups = [g for g in self.groups if len(g) == degree]
         if not self.groups:
             raise StageSimulationError(f"{config.gpus} GPUs cannot form one degree-{degree} instance")
-        self.replacements = 0
-        self.solve_ms: list[float] = []
-
-    def observe(self, now: float, arrivals: Sequence[Request]) -> None:
-        pass
-
-    def maybe_replace(self, now: float, pending: Sequence[Request], recent: Sequence[Request]) -> None:
-        pass
 
     def dispatch(self, now: float, pending: Sequence[Request]) -> None:
         p, gpu, k = self.pipeline, self.config.gpu, self.degree
@@ -460,7 +465,7 @@ class PipelineStatic:
             r.dispatched, r.failed, r.finish = True, oom_e or oom_c, c_end
 
 
-class StageSrtf:
+class StageSrtf(StaticPlacement):
     """B6: static disaggregated stage clusters, each stage at its best degree, SRTF with aging."""
 
     def __init__(self, pipeline: PipelineProfile, config: StageSimConfig, bootstrap: Sequence[Shape]):
@@ -483,14 +488,6 @@ class StageSrtf:
             raise StageSimulationError(f"{config.gpus} GPUs are too few for separate E, D and C clusters")
         roles = ["D"] * counts["D"] + ["E"] * counts["E"] + ["C"] * counts["C"]
         self.cluster = Cluster(pipeline, config, roles)
-        self.replacements = 0
-        self.solve_ms: list[float] = []
-
-    def observe(self, now: float, arrivals: Sequence[Request]) -> None:
-        pass
-
-    def maybe_replace(self, now: float, pending: Sequence[Request], recent: Sequence[Request]) -> None:
-        pass
 
     def dispatch(self, now: float, pending: Sequence[Request]) -> None:
         p, gpu = self.pipeline, self.config.gpu
