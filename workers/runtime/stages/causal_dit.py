@@ -117,6 +117,12 @@ class CausalDiTStages(StagedModel):
         return {stage.value: component_bytes(net, names) for stage, names in cls.COMPONENTS.items()}
 
     @classmethod
+    def state_bytes(cls, preset: str) -> int:
+        """A session's bytes on a ``DC`` worker: its diffusion state plus its decoder cache (the
+        monolithic state region, analytic)."""
+        return _config(preset).state_bytes()
+
+    @classmethod
     def handoff_layout(cls, preset: str) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Shape and dtype of one session's embeddings and latents (what crosses a stage link)."""
         cfg = _config(preset)
