@@ -10,7 +10,7 @@ from torch._C._distributed_c10d import TCPStore
 
 from workers.runtime.models import build_model
 from workers.runtime.models.causal_dit import PRESETS as DIT_PRESETS
-from workers.runtime.stages.chain import StageChain
+from workers.runtime.stages.chain import StageChain, route
 from workers.runtime.stages.contract import (
     ROLES,
     RoleError,
@@ -224,3 +224,32 @@ def test_worker_processes_stream_frames_bit_identical_to_one_process(preset, rol
         assert torch.equal(got.tensor, want)
     assert chain.head.stats.spilled_messages > 0
     assert codes == [0] * len(roles)
+
+
+def test_one_encoder_process_serves_two_diffusion_workers():
+    # Given a shared encoder (E) routing to two DC workers, one session on each,
+    chain = StageChain("tiny", ["E", "DC"], branches=2, timeout_s=30)
+    model = build_model("tiny", device="cpu")
+    sessions = {"a": (0, 3, PROMPTS[0]), "b": (1, 4, PROMPTS[0])}  # the same prompt: one encode serves both
+    states = {name: model.create_state(prompt, seed) for name, (_, seed, prompt) in sessions.items()}
+    try:
+        for name, (branch, seed, prompt) in sessions.items():
+            chain.send(
+                StageMessage(
+                    "open", {"session": name, "seed": seed, "prompt": prompt, "route": route(branch)}
+                )
+            )
+        for step in range(3):
+            if step == 1:  # a prompt switch reaches only the session it names
+                chain.send(StageMessage("prompt", {"session": "b", "prompt": PROMPTS[1], "from_chunk": 2}))
+                model.set_prompt(states["b"], PROMPTS[1], 2)
+            for name in sessions:
+                chain.send(StageMessage("step", {"sessions": [name]}))
+            # then each branch streams its own session's frames, bit-identical to the model alone.
+            for name, (branch, _, _) in sessions.items():
+                got = chain.recv(branch)
+                assert got.meta["sessions"] == [name] and got.meta["chunks"] == [step]
+                assert torch.equal(got.tensor[0], model.generate([states[name]])[0].frames)
+    finally:
+        codes = chain.close()
+    assert codes == [0, 0, 0]
