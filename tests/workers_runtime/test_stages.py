@@ -138,6 +138,14 @@ def test_a_diffusion_worker_without_an_encoder_upstream_rejects_a_bare_open():
         runner.handle(StageMessage("open", {"session": "a", "seed": 1, "prompt": PROMPTS[0]}))
 
 
+def test_a_closed_session_is_gone_from_every_stage():
+    runner = StageRunner(build_staged("demo", "EDC"))
+    runner.handle(StageMessage("open", {"session": "a", "seed": 1, "prompt": PROMPTS[0]}))
+    assert [m.kind for m in runner.handle(StageMessage("close", {"session": "a"}))] == ["close"]
+    with pytest.raises(StageProtocolError, match="session 'a' is not open on this diffusion worker"):
+        runner.handle(StageMessage("step", {"sessions": ["a"]}))
+
+
 def test_the_encoder_serves_repeated_prompts_from_its_cache():
     runner = StageRunner(build_staged("demo", "E"), encoding_cache_size=2)
     for session, prompt in enumerate([PROMPTS[0], PROMPTS[1], PROMPTS[0], PROMPTS[2], PROMPTS[1]]):
@@ -216,12 +224,16 @@ def test_worker_processes_stream_frames_bit_identical_to_one_process(preset, rol
             for message in script_messages(step, sessions):
                 chain.send(message)
         received = [chain.recv() for _ in range(STEPS)]
+        # and a close comes back from the last worker once every stage has dropped the session.
+        chain.send(StageMessage("close", {"session": "a"}))
+        closed = chain.recv()
     finally:
         codes = chain.close()
     # then every chunk is the monolithic model's, bit for bit, and every worker exited cleanly.
     for step, (got, want) in enumerate(zip(received, monolithic_frames(preset), strict=True)):
         assert got.kind == "frames" and got.meta["chunks"] == [step] * len(got.meta["sessions"])
         assert torch.equal(got.tensor, want)
+    assert (closed.kind, closed.meta) == ("close", {"session": "a"})
     assert chain.head.stats.spilled_messages > 0
     assert codes == [0] * len(roles)
 

@@ -14,7 +14,9 @@ Messages (``kind``: ``meta`` keys; tensor):
   pending switches and installs the latest one due when it runs that chunk.
 - ``step``: sessions (one batch). Diffuse runs it → ``latents``: sessions, chunks; tensor
   ``[B, ...]``. Decode turns latents into ``frames``: sessions, chunks; uint8 ``[B, T, H, W, 3]``.
-- ``close``: session. ``stop``: the end of the stream; every worker passes it on, then exits.
+- ``close``: session. Every stage drops the session's data and passes it on, so the driver gets
+  it back from the last worker as the acknowledgement that the whole chain let go of the session.
+- ``stop``: the end of the stream; every worker passes it on, then exits.
 
 The encode stage keeps an LRU cache of encodings by prompt text: in a shared encoder pool a prompt
 many sessions use (or a session switching back) is encoded once.
