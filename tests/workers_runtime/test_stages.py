@@ -219,20 +219,25 @@ def test_worker_processes_stream_frames_bit_identical_to_one_process(preset, rol
     chain = StageChain(preset, roles, max_in_flight_bytes=1, timeout_s=30)
     sessions: list[str] = []
     try:
-        # when the whole script is sent before any frame is read,
+        # when a step names a session no worker knows, then the whole script before any frame is read,
+        chain.send(StageMessage("step", {"sessions": ["nobody"]}))
         for step in range(STEPS):
             for message in script_messages(step, sessions):
                 chain.send(message)
+        error = chain.recv()
         received = [chain.recv() for _ in range(STEPS)]
         # and a close comes back from the last worker once every stage has dropped the session.
         chain.send(StageMessage("close", {"session": "a"}))
         closed = chain.recv()
     finally:
         codes = chain.close()
-    # then every chunk is the monolithic model's, bit for bit, and every worker exited cleanly.
+    # every chunk is the monolithic model's, bit for bit, and every worker exited cleanly.
     for step, (got, want) in enumerate(zip(received, monolithic_frames(preset), strict=True)):
         assert got.kind == "frames" and got.meta["chunks"] == [step] * len(got.meta["sessions"])
         assert torch.equal(got.tensor, want)
+    # the bad step is answered by the diffusion worker and the stream goes on;
+    assert error.kind == "error" and error.meta["message"] == "step" and "D" in error.meta["worker"]
+    assert "session 'nobody' is not open on this diffusion worker" in error.meta["error"]
     assert (closed.kind, closed.meta) == ("close", {"session": "a"})
     assert chain.head.stats.spilled_messages > 0
     assert codes == [0] * len(roles)

@@ -16,6 +16,8 @@ Messages (``kind``: ``meta`` keys; tensor):
   ``[B, ...]``. Decode turns latents into ``frames``: sessions, chunks; uint8 ``[B, T, H, W, 3]``.
 - ``close``: session. Every stage drops the session's data and passes it on, so the driver gets
   it back from the last worker as the acknowledgement that the whole chain let go of the session.
+- ``error``: worker, error, message (the kind it failed on), meta: a message a worker could not act on
+  (`StageProtocolError`) is answered with this, passed on to the driver; the worker goes on.
 - ``stop``: the end of the stream; every worker passes it on, then exits.
 
 The encode stage keeps an LRU cache of encodings by prompt text: in a shared encoder pool a prompt
@@ -33,7 +35,7 @@ import torch
 from workers.runtime.models.base import SessionState
 from workers.runtime.stages.contract import DecoderCache, Stage, StagedModel
 
-KINDS = ("open", "prompt", "step", "latents", "frames", "close", "stop")
+KINDS = ("open", "prompt", "step", "latents", "frames", "close", "error", "stop")
 
 
 class StageProtocolError(ValueError):

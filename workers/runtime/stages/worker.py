@@ -11,8 +11,11 @@ share one route. ``stop`` goes down every link.
 
 `StageWorker.step()` does one bounded unit of work (one message in, its results out) and says
 whether the stream goes on, so tests and embedders drive it step by step; a ``stop`` message ends
-it (a stage worker holds no durable state: SIGTERM's default, exiting at once, loses nothing). Links are opened upstream first, then downstream, so a chain of workers whose ends are
-both held by one driver cannot deadlock while building its pair groups.
+it (a stage worker holds no durable state: SIGTERM's default, exiting at once, loses nothing). A
+message the worker cannot act on (`StageProtocolError`: unknown session, missing embeddings, a
+chunk already generated) is answered with an ``error`` message passed on to the driver, and the
+worker goes on. Links are opened upstream first, then downstream, so a chain of workers whose ends
+are both held by one driver cannot deadlock while building its pair groups.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 
 import torch
 
-from workers.runtime.stages.contract import RoleError, build_staged, parse_role
+from workers.runtime.stages.contract import RoleError, build_staged, parse_role, role_name
 from workers.runtime.stages.link import (
     DEFAULT_MAX_IN_FLIGHT_BYTES,
     DEFAULT_TIMEOUT_S,
@@ -34,8 +37,6 @@ from workers.runtime.stages.link import (
 )
 from workers.runtime.stages.pipeline import StageMessage, StageProtocolError, StageRunner
 from workers.runtime.transport.pair import SOURCE_RANK, TARGET_RANK
-
-DEFAULT_ROUTE = ""
 
 
 class StageWorker:
@@ -52,6 +53,21 @@ class StageWorker:
     def step(self) -> bool:
         """Take one message from upstream, act on it, pass the results on; False once stopped."""
         message = self.upstream.recv()
+        try:
+            self._relay(message)
+        except StageProtocolError as exc:
+            # Answered, not fatal: the driver learns why and the other sessions keep streaming.
+            error = self._error(message, exc)
+            self.downstream[self._route_of(error)].send(error)
+        if message.kind == "close":
+            self._routes.pop(str(message.meta["session"]), None)
+        if message.kind == "stop":
+            for sender in self.downstream.values():
+                sender.flush()
+            return False
+        return True
+
+    def _relay(self, message: StageMessage) -> None:
         if message.kind == "open":
             self._routes[str(message.meta["session"])] = self._route_name(message.meta.get("route"))
         for out in self.runner.handle(message):
@@ -60,13 +76,6 @@ class StageWorker:
                     sender.send(out)
             else:
                 self.downstream[self._route_of(out)].send(out)
-        if message.kind == "close":
-            self._routes.pop(str(message.meta["session"]), None)
-        if message.kind == "stop":
-            for sender in self.downstream.values():
-                sender.flush()
-            return False
-        return True
 
     def run(self) -> None:
         while self.step():
@@ -76,6 +85,10 @@ class StageWorker:
         self.upstream.close()
         for sender in self.downstream.values():
             sender.close()
+
+    def _error(self, message: StageMessage, exc: StageProtocolError) -> StageMessage:
+        meta = {"worker": role_name(self.runner.stages), "error": str(exc), "message": message.kind}
+        return StageMessage("error", {**meta, "meta": message.meta})
 
     def _route_name(self, route: Any) -> str:
         if len(self.downstream) == 1:
@@ -87,6 +100,13 @@ class StageWorker:
         return str(route)
 
     def _route_of(self, message: StageMessage) -> str:
+        if len(self.downstream) == 1:
+            return next(iter(self.downstream))
+        if message.kind == "error":
+            # The route of the session it concerns when known, else the first link.
+            about = message.meta["meta"]
+            names = about.get("sessions") or [about.get("session")]
+            return self._routes.get(str(names[0]), next(iter(self.downstream)))
         sessions = message.meta.get("sessions") or [message.meta.get("session")]
         routes = {self._routes.get(str(s)) for s in sessions}
         if None in routes:
