@@ -4,7 +4,8 @@
 
 A peer process (forked from a forkserver that has imported torch) receives on link ``ping`` and
 answers on link ``pong``, both `LinkSender`/`LinkReceiver` over the migration transport's pair
-groups: Gloo on CPU, NCCL when ``--device cuda`` (the backend follows the device). For each preset's
+groups: Gloo on CPU, NCCL when ``--device cuda`` (the backend follows the device; NCCL allows one
+rank per GPU, so the peer then runs on the next GPU and the command needs two). For each preset's
 per-session embeddings and latents (``handoff_layout``) it measures:
 
 - ``latency_ms``: one-way hand-off latency, half the round trip of a message the peer echoes back
@@ -30,6 +31,7 @@ from workers.runtime.stages.link import (
     LinkSender,
     connect_store,
     open_pair,
+    resolve_device,
 )
 from workers.runtime.stages.pipeline import StageMessage
 from workers.runtime.transport.pair import SOURCE_RANK, TARGET_RANK, backend_for_device, timedelta
@@ -45,8 +47,8 @@ def _peer_main(address: str, device: str) -> None:
     """Echo ``echo`` messages back, count the others, answer ``ack`` requests; exit on ``stop``."""
     torch.set_num_threads(1)
     store = connect_store(address, timeout_s=_TIMEOUT_S)
-    inbound = LinkReceiver(open_pair(store, "ping", TARGET_RANK, device=torch.device(device)))
-    outbound = LinkSender(open_pair(store, "pong", SOURCE_RANK, device=torch.device(device)))
+    inbound = LinkReceiver(open_pair(store, "ping", TARGET_RANK, device=resolve_device(device)))
+    outbound = LinkSender(open_pair(store, "pong", SOURCE_RANK, device=resolve_device(device)))
     try:
         while True:
             message = inbound.recv()
@@ -63,14 +65,14 @@ def _peer_main(address: str, device: str) -> None:
 
 
 class _Peer:
-    def __init__(self, device: torch.device, max_in_flight_bytes: int) -> None:
+    def __init__(self, device: torch.device, peer_device: torch.device, max_in_flight_bytes: int) -> None:
         from torch._C._distributed_c10d import TCPStore
 
         self.store = TCPStore(
             "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(_TIMEOUT_S)
         )
         address = f"127.0.0.1:{self.store.port}"
-        self.process = CONTEXT.Process(target=_peer_main, args=(address, str(device)), daemon=True)
+        self.process = CONTEXT.Process(target=_peer_main, args=(address, str(peer_device)), daemon=True)
         self.process.start()
         self.sender = LinkSender(
             open_pair(self.store, "ping", SOURCE_RANK, device=device), max_in_flight_bytes=max_in_flight_bytes
@@ -83,6 +85,16 @@ class _Peer:
         self.process.join(_TIMEOUT_S)
         self.sender.close()
         self.receiver.close()
+
+
+def _peer_device(device: torch.device) -> torch.device:
+    """Where the peer process runs: the same CPU, or the next GPU (NCCL allows one rank per GPU)."""
+    if device.type != "cuda":
+        return device
+    count = torch.cuda.device_count()
+    if count < 2:
+        raise ValueError(f"the NCCL hand-off needs two GPUs, one per process; this machine has {count}")
+    return torch.device("cuda", (device.index + 1) % count)
 
 
 def _payload(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -134,9 +146,10 @@ def run_stage_handoff(
     if repeats < 1 or warmup < 0 or stream < 1:
         raise ValueError("--repeats and --stream must be >= 1, --warmup >= 0")
     layouts = {preset: staged_class(preset).handoff_layout(preset) for preset in presets}
-    target = torch.device(device)
+    target = resolve_device(device)
+    peer_device = _peer_device(target)
     torch.set_num_threads(1)
-    peer = _Peer(target, max_in_flight_bytes)
+    peer = _Peer(target, peer_device, max_in_flight_bytes)
     results = []
     try:
         for preset, layout in layouts.items():
@@ -158,6 +171,7 @@ def run_stage_handoff(
         "benchmark": "stage_handoff",
         "backend": backend_for_device(target),
         "device": str(target),
+        "peer_device": str(peer_device),
         "max_in_flight_bytes": max_in_flight_bytes,
         "repeats": repeats,
         "warmup": warmup,

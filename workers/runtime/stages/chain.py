@@ -58,6 +58,10 @@ class StageChain:
                 "branches >= 1; several branches need a shared head and at least one role after it"
             )
         self.device = torch.device(device)
+        if self.device.type != "cpu":
+            # NCCL allows one rank per GPU and this driver puts every worker on `device`; on GPUs
+            # start each worker on its own (`python -m workers.runtime.stages.worker --device cuda:N`).
+            raise ValueError("StageChain runs its workers on the CPU (Gloo); NCCL needs one GPU per worker")
         self.branches = branches
         self.store = TCPStore(
             "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(timeout_s)

@@ -52,6 +52,15 @@ class LinkError(RuntimeError):
     """A stage link failed: the peer went away or a message did not arrive within the timeout."""
 
 
+def resolve_device(text: str | torch.device) -> torch.device:
+    """``cuda`` → ``cuda:<current>``: an NCCL pair group needs an indexed device, and a tensor's
+    device always carries one, so a bare ``cuda`` would never compare equal to it."""
+    device = torch.device(text)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def parse_store_address(address: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit():

@@ -34,6 +34,7 @@ from workers.runtime.stages.link import (
     LinkSender,
     connect_store,
     open_pair,
+    resolve_device,
 )
 from workers.runtime.stages.pipeline import StageMessage, StageProtocolError, StageRunner
 from workers.runtime.transport.pair import SOURCE_RANK, TARGET_RANK
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_in_flight_mb <= 0:
         parser.error("--max-in-flight-mb must be positive")
     torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    device = resolve_device(args.device)
     staged = build_staged(args.preset, "".join(s.value for s in stages), device=device)
     store = connect_store(args.store, timeout_s=args.timeout_s)
     upstream = LinkReceiver(
