@@ -138,6 +138,12 @@ def test_a_diffusion_worker_without_an_encoder_upstream_rejects_a_bare_open():
         runner.handle(StageMessage("open", {"session": "a", "seed": 1, "prompt": PROMPTS[0]}))
 
 
+def test_a_malformed_message_is_a_protocol_error():
+    runner = StageRunner(build_staged("demo", "EDC"))
+    with pytest.raises(StageProtocolError, match=r"malformed open message .* KeyError\('seed'\)"):
+        runner.handle(StageMessage("open", {"session": "a", "prompt": PROMPTS[0]}))
+
+
 def test_a_closed_session_is_gone_from_every_stage():
     runner = StageRunner(build_staged("demo", "EDC"))
     runner.handle(StageMessage("open", {"session": "a", "seed": 1, "prompt": PROMPTS[0]}))

@@ -86,7 +86,15 @@ class StageRunner:
     def handle(self, message: StageMessage) -> list[StageMessage]:
         """The messages to pass downstream after this worker's stages have acted on ``message``."""
         handler = getattr(self, f"_on_{message.kind}", None)
-        return [message] if handler is None else handler(message)
+        if handler is None:
+            return [message]
+        try:
+            return handler(message)
+        except StageProtocolError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            # A missing or malformed field (no "seed", a non-integer chunk): the sender's mistake.
+            raise StageProtocolError(f"malformed {message.kind} message {message.meta!r}: {exc!r}") from exc
 
     # -- encode ----------------------------------------------------------------------------------
 
