@@ -176,6 +176,7 @@ def open_link(name: str, **sender_options) -> tuple[LinkSender, LinkReceiver]:
                     connect_store(f"127.0.0.1:{store.port}"), name, TARGET_RANK, device=torch.device("cpu")
                 ),
                 timeout_s=20,
+                idle_timeout_s=20,
             ),
         )
     )

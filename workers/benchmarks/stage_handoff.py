@@ -47,7 +47,9 @@ def _peer_main(address: str, device: str) -> None:
     """Echo ``echo`` messages back, count the others, answer ``ack`` requests; exit on ``stop``."""
     torch.set_num_threads(1)
     store = connect_store(address, timeout_s=_TIMEOUT_S)
-    inbound = LinkReceiver(open_pair(store, "ping", TARGET_RANK, device=resolve_device(device)))
+    inbound = LinkReceiver(
+        open_pair(store, "ping", TARGET_RANK, device=resolve_device(device)), idle_timeout_s=_TIMEOUT_S
+    )
     outbound = LinkSender(open_pair(store, "pong", SOURCE_RANK, device=resolve_device(device)))
     try:
         while True:
@@ -77,7 +79,9 @@ class _Peer:
         self.sender = LinkSender(
             open_pair(self.store, "ping", SOURCE_RANK, device=device), max_in_flight_bytes=max_in_flight_bytes
         )
-        self.receiver = LinkReceiver(open_pair(connect_store(address), "pong", TARGET_RANK, device=device))
+        self.receiver = LinkReceiver(
+            open_pair(connect_store(address), "pong", TARGET_RANK, device=device), idle_timeout_s=_TIMEOUT_S
+        )
 
     def close(self) -> None:
         self.sender.send(StageMessage("stop"))

@@ -137,7 +137,8 @@ class StageChain:
         group = open_pair(
             connect_store(address), f"out{branch}", TARGET_RANK, device=self.device, timeout_s=timeout_s
         )
-        self.tails[branch] = LinkReceiver(group, timeout_s=timeout_s)
+        # The driver waits for answers, not for new work: a silent tail is a failure after timeout_s.
+        self.tails[branch] = LinkReceiver(group, timeout_s=timeout_s, idle_timeout_s=timeout_s)
 
 
 def _plan(roles: Sequence[str], branches: int) -> list[tuple[str, str, list[str]]]:
