@@ -124,6 +124,16 @@ def test_a_stage_worker_holds_only_the_weights_of_its_stages(preset):
         encoder.create_diffusion_state(0, encoder.encode(PROMPTS[0]))
 
 
+def test_a_stage_worker_reads_only_its_stages_from_a_weights_file(tmp_path):
+    model = build_model("tiny", device="cpu", weights_seed=3)
+    path = tmp_path / "tiny.safetensors"
+    model.save_weights(str(path))
+    staged = build_staged("tiny", "DC", weights_path=str(path))
+    own, full = staged.net.state_dict(), model.net.state_dict()
+    assert set(own) == {name for name in full if not name.startswith("text.")}
+    assert all(torch.equal(own[name], full[name]) for name in own)
+
+
 @pytest.mark.parametrize("preset", ["tiny", "small", "wan-1.3b"])
 def test_stage_weight_bytes_are_analytic_and_match_the_parameter_count(preset):
     cfg = DIT_PRESETS[preset]

@@ -32,7 +32,12 @@ from workers.runtime.models.causal_dit import (
     seeded_init,
 )
 from workers.runtime.stages.contract import DecoderCache, Stage, StagedModel
-from workers.runtime.stages.partial import component_bytes, load_subset, partial_network
+from workers.runtime.stages.partial import (
+    component_bytes,
+    load_subset,
+    load_subset_from_file,
+    partial_network,
+)
 
 DECODER_CACHE = ("latent_history",)
 
@@ -65,9 +70,7 @@ class _SubsetModel(CausalDiTModel):
         if weights is not None:
             load_subset(net, weights, "the given weights")
         elif weights_path is not None:
-            from safetensors.torch import load_file
-
-            load_subset(net, load_file(weights_path, device=str(self.device)), weights_path)
+            load_subset_from_file(net, weights_path, self.device)
         else:
             seeded_init(net, weights_seed)
         self.net = net.to(self.dtype).eval().requires_grad_(False)

@@ -22,7 +22,12 @@ from workers.runtime.models.base import Layout, SessionState
 from workers.runtime.models.causal_dit import splitmix64
 from workers.runtime.models.demo import PRESETS, WEIGHTS_DIR, DemoModel, DemoNetwork
 from workers.runtime.stages.contract import DecoderCache, Stage, StagedModel
-from workers.runtime.stages.partial import component_bytes, load_subset, partial_network
+from workers.runtime.stages.partial import (
+    component_bytes,
+    load_subset,
+    load_subset_from_file,
+    partial_network,
+)
 
 
 class DemoStages(StagedModel):
@@ -55,10 +60,8 @@ class DemoStages(StagedModel):
         # Built on the CPU and moved by DemoModel, as the monolithic model's weights are.
         net = partial_network(lambda: DemoNetwork(cfg), keep, torch.device("cpu"))
         if weights is None:
-            from safetensors.torch import load_file
-
             path = weights_path or str(WEIGHTS_DIR / cfg.weights)
-            load_subset(net, load_file(path), path)
+            load_subset_from_file(net, path, torch.device("cpu"))
         else:
             load_subset(net, weights, "the given weights")
         return cls(DemoModel(cfg, preset=preset, device=device, net=net), stages)

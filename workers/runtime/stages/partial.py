@@ -43,6 +43,17 @@ def load_subset(net: nn.Module, weights: Mapping[str, torch.Tensor], origin: str
     net.load_state_dict({name: weights[name] for name in wanted}, strict=True)
 
 
+def load_subset_from_file(net: nn.Module, path: str, device: torch.device) -> None:
+    """`load_subset` from a safetensors file, reading only the tensors ``net`` has (the file is
+    memory-mapped: the other stages' weights are never read)."""
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt", device=str(device)) as weights_file:
+        available = set(weights_file.keys())
+        wanted = [name for name in net.state_dict() if name in available]
+        load_subset(net, {name: weights_file.get_tensor(name) for name in wanted}, path)
+
+
 def component_bytes(net: nn.Module, components: Collection[str]) -> int:
     """Bytes of the parameters and buffers of the named top-level components of ``net``."""
     total = 0
