@@ -84,14 +84,17 @@ def test_stage_memory_names_the_bad_flag(args, flag):
 
 def test_bench_stage_handoff_measures_each_payload_between_two_processes():
     report = run(
-        "bench_stage_handoff", "--presets", "tiny", "--repeats", "2", "--warmup", "0", "--stream", "3"
-    )
+        "bench_stage_handoff", "--presets", "tiny", "--repeats", "2", "--warmup", "0", "--stream", "3",
+        "--stage-times", "tiny",
+    )  # fmt: skip
     assert report["backend"] == "gloo" and report["device"] == "cpu"
     rows = {row["payload"]: row for row in report["results"]}
     assert rows["embeddings"]["bytes"] == 32 * 128 * 4 and rows["latents"]["bytes"] == 2 * 4 * 8 * 8 * 4
     for row in rows.values():
         assert row["latency_ms"]["count"] == 2 and row["latency_ms"]["p50"] > 0
         assert row["throughput"]["messages"] == 3 and row["throughput"]["gb_per_s"] > 0
+    assert set(report["stage_ms"]) == {"tiny"}
+    assert all(report["stage_ms"]["tiny"][stage]["count"] == 2 for stage in ("encode", "diffuse", "decode"))
     assert "machine" in report
 
 

@@ -11,11 +11,14 @@ per-session embeddings and latents (``handoff_layout``) it measures:
 - ``latency_ms``: one-way hand-off latency, half the round trip of a message the peer echoes back
   (count / p50 / p99 / max / mean over ``repeats``, after ``warmup`` dropped rounds);
 - ``throughput``: ``stream`` messages sent back to back through the bounded link, then one
-  acknowledgement: messages/s and GB/s of payload.
+  acknowledgement: messages/s and GB/s of payload;
+- ``stage_ms`` (``--stage-times``): each stage's own time for one session in this process, what a
+  hand-off is weighed against (presets that fit the device only: wan-1.3b does not fit this box).
 """
 
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
 import time
 from collections.abc import Callable
@@ -24,7 +27,7 @@ from typing import Any
 import torch
 
 from controlplane import bench
-from workers.runtime.stages.contract import staged_class
+from workers.runtime.stages.contract import build_staged, staged_class
 from workers.runtime.stages.link import (
     DEFAULT_MAX_IN_FLIGHT_BYTES,
     LinkReceiver,
@@ -38,6 +41,7 @@ from workers.runtime.transport.pair import SOURCE_RANK, TARGET_RANK, backend_for
 from workers.runtime.transport.wire import byte_view
 
 DEFAULT_PRESETS = ("demo", "tiny", "small", "wan-1.3b")
+_PROMPT = "a red circle moving left on a blue background"
 _TIMEOUT_S = 60.0
 CONTEXT = mp.get_context("forkserver")
 CONTEXT.set_forkserver_preload(["torch", "workers.runtime.stages.link"])
@@ -118,6 +122,7 @@ def _measure(peer: _Peer, payload: torch.Tensor, *, repeats: int, warmup: int, s
             raise RuntimeError("the peer echoed different bytes")
         if round_.measured:
             one_way_ms.append(elapsed * 1000.0 / 2)
+    spilled_before = peer.sender.stats.spilled_messages
     started = time.perf_counter()
     for _ in range(stream):
         peer.sender.send(StageMessage("latents", {}, payload))
@@ -133,8 +138,31 @@ def _measure(peer: _Peer, payload: torch.Tensor, *, repeats: int, warmup: int, s
             "messages_per_s": round(stream / seconds, 1),
             "gb_per_s": round(stream * nbytes / seconds / 1e9, 4),
         },
-        "spilled_messages": peer.sender.stats.spilled_messages,
+        "spilled_messages": peer.sender.stats.spilled_messages - spilled_before,
     }
+
+
+def _stage_times(preset: str, device: torch.device, *, repeats: int, warmup: int) -> dict[str, Any]:
+    """Each stage's time for one session (batch 1) on ``device``: what a hand-off is weighed against."""
+    staged = build_staged(preset, "EDC", device=device)
+    times: dict[str, list[float]] = {"encode": [], "diffuse": [], "decode": []}
+    state = staged.create_diffusion_state(0, staged.encode(_PROMPT))
+    cache = staged.create_decoder_cache()
+
+    def timed(stage: str, measured: bool, run: Callable[[], Any]) -> Any:
+        started = time.perf_counter()
+        out = run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if measured:
+            times[stage].append((time.perf_counter() - started) * 1000.0)
+        return out
+
+    for round_ in bench.rounds(repeats, warmup):
+        timed("encode", round_.measured, functools.partial(staged.encode, _PROMPT))
+        latents = timed("diffuse", round_.measured, functools.partial(staged.diffuse, [state], [None]))
+        timed("decode", round_.measured, functools.partial(staged.decode, latents, [cache]))
+    return {stage: bench.summarize(values) for stage, values in times.items()}
 
 
 def run_stage_handoff(
@@ -145,8 +173,11 @@ def run_stage_handoff(
     warmup: int = 3,
     stream: int = 50,
     max_in_flight_bytes: int = DEFAULT_MAX_IN_FLIGHT_BYTES,
+    stage_time_presets: tuple[str, ...] = (),
     progress: Callable[[str], Any] = print,
 ) -> dict[str, Any]:
+    """Hand-off figures for ``presets``; with ``stage_time_presets``, also each stage's own time
+    (built whole on ``device``: keep to presets that fit it)."""
     if repeats < 1 or warmup < 0 or stream < 1:
         raise ValueError("--repeats and --stream must be >= 1, --warmup >= 0")
     layouts = {preset: staged_class(preset).handoff_layout(preset) for preset in presets}
@@ -171,6 +202,10 @@ def run_stage_handoff(
                 results.append(row)
     finally:
         peer.close()
+    stage_ms = {}
+    for preset in stage_time_presets:
+        progress(f"timing the stages of {preset} ...")
+        stage_ms[preset] = _stage_times(preset, target, repeats=repeats, warmup=warmup)
     return {
         "benchmark": "stage_handoff",
         "backend": backend_for_device(target),
@@ -180,6 +215,7 @@ def run_stage_handoff(
         "repeats": repeats,
         "warmup": warmup,
         "results": results,
+        "stage_ms": stage_ms,
     }
 
 
@@ -193,7 +229,11 @@ def format_row(row: dict[str, Any]) -> str:
 
 def format_report(report: dict[str, Any]) -> str:
     header = f"stage hand-off over {report['backend']} ({report['device']}), two processes"
-    return "\n".join([header, *(format_row(row) for row in report["results"])])
+    lines = [header, *(format_row(row) for row in report["results"])]
+    for preset, stages in report["stage_ms"].items():
+        figures = ", ".join(f"{stage} p50 {summary['p50']:.3f} ms" for stage, summary in stages.items())
+        lines.append(f"{preset:>9} stages at batch 1: {figures}")
+    return "\n".join(lines)
 
 
 __all__ = ["format_report", "run_stage_handoff"]

@@ -22,6 +22,13 @@ class Command(BaseCommand):
         parser.add_argument(
             "--max-in-flight-mb", type=float, default=256.0, help="the link's in-flight bound (default 256)"
         )
+        parser.add_argument(
+            "--stage-times",
+            nargs="*",
+            default=["demo", "tiny", "small"],
+            metavar="PRESET",
+            help="also time each stage of these presets at batch 1 (default demo tiny small; none: skip)",
+        )
         bench.add_repeats_argument(parser, default=20, help="measured round trips per payload (default 20)")
         bench.add_warmup_argument(parser, default=3, help="dropped round trips per payload (default 3)")
         bench.add_report_arguments(parser)
@@ -40,10 +47,11 @@ class Command(BaseCommand):
                 warmup=options["warmup"],
                 stream=options["stream"],
                 max_in_flight_bytes=int(options["max_in_flight_mb"] * 2**20),
+                stage_time_presets=tuple(options["stage_times"]),
                 progress=write,
             )
         except UnknownPresetError as exc:
-            raise CommandError(f"--presets: {exc}") from exc
+            raise CommandError(f"--presets/--stage-times: {exc}") from exc
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         bench.emit(
