@@ -403,6 +403,12 @@ STREAMSERVE = {
     # `runplatform` binds here; `create_demo_user` sets these passwords.
     "HOST": env.str("HOST", default="127.0.0.1"),
     "PORT": _typed("PORT", env.int, 8000),
+    # Regions (docs/regions.md, "Live platform"): the request header that carries a session's user
+    # origin when the body has no `origin` (empty: body only); a session's RTT budget to its region;
+    # the plan's smoothing weight β and the session load units one GPU worker of capacity K serves (K).
+    "ORIGIN_HEADER": env.str("ORIGIN_HEADER", default="X-StreamServe-Origin"),
+    "REGION_RTT_BUDGET_MS": _typed("REGION_RTT_BUDGET_MS", env.float, 60.0),
+    "REGION_PLAN_BETA": _typed("REGION_PLAN_BETA", env.float, 0.5),
     "DEMO_PASSWORD": env.str("DEMO_PASSWORD", default="demo-streamserve"),
     "OPERATOR_PASSWORD": env.str("OPERATOR_PASSWORD", default="operator-streamserve"),
 }
@@ -412,9 +418,12 @@ for _name in (
     "COMMAND_TIMEOUT_S",
     "MIGRATION_TIMEOUT_S",
     "CONSOLE_PUSH_INTERVAL_S",
+    "REGION_RTT_BUDGET_MS",
 ):
     if STREAMSERVE[_name] <= 0:
         raise ImproperlyConfigured(f"Environment variable {_name} must be positive")
+if not 0.0 < STREAMSERVE["REGION_PLAN_BETA"] <= 1.0:
+    raise ImproperlyConfigured("Environment variable REGION_PLAN_BETA must be in (0, 1]")
 if STREAMSERVE["WORKER_WEIGHTS_FROM"] not in ("auto", "pool", "disk"):
     raise ImproperlyConfigured("Environment variable WORKER_WEIGHTS_FROM must be auto, pool or disk")
 for _name in (

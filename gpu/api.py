@@ -15,10 +15,42 @@ from rest_framework.views import APIView
 from controlplane.api import AUDIT_PARAMETERS, audit_format, audit_responses, csv_cell, csv_response
 from controlplane.timerange import parse_time_range
 from gpu import selectors, services
-from gpu.models import GpuWorker
+from gpu.models import GpuWorker, Region
+
+
+class RegionSerializer(serializers.ModelSerializer):
+    gpu_limits = serializers.DictField(
+        child=serializers.IntegerField(min_value=0), help_text="GPU type -> most GPUs the region may hold"
+    )
+    rtt_ms = serializers.DictField(
+        child=serializers.FloatField(min_value=0), help_text="user origin -> round-trip time in ms"
+    )
+    workers = serializers.IntegerField(read_only=True, source="live_workers", help_text="live workers")
+
+    class Meta:
+        model = Region
+        fields = ["id", "name", "price_multiplier", "gpu_limits", "rtt_ms", "workers"]
+        read_only_fields = fields
+
+
+class RegionViewSet(viewsets.ReadOnlyModelViewSet):
+    """Regions: price multiplier, GPU limits and the RTT from each user origin (any signed-in user)."""
+
+    permission_classes = [permissions.IsAuthenticated]
+    serializer_class = RegionSerializer
+    ordering_fields = ["name"]
+    ordering = ["name"]
+
+    def get_queryset(self):
+        return Region.objects.annotate(
+            live_workers=Count("workers", filter=Q(workers__status__in=GpuWorker.LIVE_STATUSES))
+        )
 
 
 class GpuWorkerSerializer(serializers.ModelSerializer):
+    region = serializers.SlugRelatedField(
+        read_only=True, slug_field="name", allow_null=True, help_text="empty: the default region"
+    )
     sessions = serializers.IntegerField(read_only=True, source="resident_sessions")
     # Empty until the weights are complete: one of disk, host_cache, peer, init afterwards.
     weights_source = serializers.CharField(
@@ -59,6 +91,7 @@ class GpuWorkerSerializer(serializers.ModelSerializer):
             "weights_source_detail",
             "expected_ready_at",
             "weights_plan",
+            "region",
         ]
         read_only_fields = fields
 
@@ -79,7 +112,7 @@ class GpuWorkerViewSet(viewsets.ReadOnlyModelViewSet):
     ordering = ["name"]
 
     def get_queryset(self):
-        return GpuWorker.objects.annotate(
+        return GpuWorker.objects.select_related("region").annotate(
             resident_sessions=Count("sessions", filter=Q(sessions__status__in=["executing", "migrating"]))
         )
 

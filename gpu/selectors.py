@@ -9,7 +9,7 @@ from django.db.models import Q, Sum
 from django.db.models.functions import Trunc
 
 from controlplane.timerange import TimeRange
-from gpu.models import CostLedgerEntry, GpuWorker, HostCache, WeightHolding
+from gpu.models import CostLedgerEntry, GpuWorker, HostCache, Region, WeightHolding
 
 
 def cost_buckets(*, time_range: TimeRange) -> dict:
@@ -114,3 +114,8 @@ def parameter_pool() -> list[dict]:
             }
         )
     return list(models.values())
+
+
+def known_origins() -> set[str]:
+    """The user origins some region has an RTT for (the union of the regions' ``rtt_ms`` keys)."""
+    return {origin for row in Region.objects.values_list("rtt_ms", flat=True) for origin in row}

@@ -239,7 +239,7 @@ def _timeline(limit: int = TIMELINE_LENGTH) -> list[dict[str, Any]]:
 def _sessions(limit: int = SESSION_LIST_LENGTH) -> list[dict[str, Any]]:
     rows = (
         GenerationSession.objects.exclude(status=Status.TERMINATED)
-        .select_related("owner", "worker", "host_worker")
+        .select_related("owner", "worker", "host_worker", "region")
         .order_by("-created_at")[:limit]
     )
     return [
@@ -252,6 +252,8 @@ def _sessions(limit: int = SESSION_LIST_LENGTH) -> list[dict[str, Any]]:
             "activity": s.activity,
             "worker": s.worker.name if s.worker else None,
             "host_worker": s.host_worker.name if s.host_worker else None,
+            "origin": s.origin,
+            "region": s.region.name if s.region else None,
             "queue_position": s.queue_position,
             "chunks_generated": s.chunks_generated,
             "load": s.load,

@@ -311,7 +311,10 @@ function renderSessions(sessions) {
     badge.dataset.state = s.status;
     badge.textContent = s.status + (s.queue_position ? ` #${s.queue_position}` : "");
     field("activity").textContent = s.activity;
-    field("worker").textContent = s.worker || (s.host_worker ? `${s.host_worker} (host)` : "–");
+    const where = s.worker || (s.host_worker ? `${s.host_worker} (host)` : "–");
+    // Several regions: the session's region and its user's origin beside the worker.
+    const route = s.region ? ` · ${s.region}${s.origin ? ` (from ${s.origin})` : ""}` : "";
+    field("worker").textContent = where + route;
     field("load").textContent = s.load;
     field("chunks").textContent = s.chunks_generated;
   }

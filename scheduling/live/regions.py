@@ -1,0 +1,136 @@
+"""The live global router: route an arriving session to a region by the smoothed OT plan.
+
+The algorithm is ``scheduling.core.regions.transport`` (the simulator's): this module only reads the
+platform's state into its arrays and keeps the previous plan in Redis.
+
+- demand by origin: the load of live (not terminated) sessions per origin, the arriving one included;
+- capacity by region: Σ K over the region's live workers (a worker without a region is in the
+  default region, ``Region.DEFAULT_NAME``);
+- cost: ``w_rtt · RTT + w_price · price_multiplier · (mean $/h per session slot of the live workers)``;
+- allowed: RTT ≤ ``REGION_RTT_BUDGET_MS`` (a missing RTT is not allowed);
+- plan: ``solve_plan`` (``ot.emd``, absolute masses), ``routing_probabilities`` (overflow spread by
+  capacity), ``smooth_plan`` against the previous plan (β = ``REGION_PLAN_BETA``) when the regions and
+  origins are the same.
+
+A session is routed to the allowed region where its origin is furthest below the plan's share
+(``share · demand − sessions already there``): deterministic, and it fills the plan in proportion.
+With one region, without an origin, or with no region within the budget, the session keeps no region
+(``region`` null: placed as before, on any worker); a region beyond the budget is never assigned.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Sum
+
+from gpu.models import GpuWorker, Region
+from scheduling.core.regions.transport import (
+    CostWeights,
+    cost_matrix,
+    routing_probabilities,
+    smooth_plan,
+    solve_plan,
+)
+from scheduling.live.outbox import redis_client
+from sessions.models import GenerationSession
+
+log = logging.getLogger(__name__)
+
+PLAN_KEY = "streamserve:regions:plan"
+_DEFAULT_USD_PER_SESSION_H = 1.0  # price scale when no live worker has a price
+
+
+def _state() -> tuple[list[Region], list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    regions = list(Region.objects.order_by("name"))
+    origins = sorted({o for r in regions for o in r.rtt_ms})
+    index = {r.pk: i for i, r in enumerate(regions)}
+    default = next((i for i, r in enumerate(regions) if r.name == Region.DEFAULT_NAME), None)
+    capacity = np.zeros(len(regions))
+    slot_prices: list[float] = []
+    for region_id, k, price in GpuWorker.objects.filter(status__in=GpuWorker.LIVE_STATUSES).values_list(
+        "region_id", "capacity", "price_per_hour"
+    ):
+        i = index.get(region_id, default)
+        if i is not None:
+            capacity[i] += k
+        slot_prices.append(float(price) / k)
+    slot_price = float(np.mean(slot_prices)) if slot_prices and max(slot_prices) > 0 else None
+    price = np.array([r.price_multiplier for r in regions]) * (slot_price or _DEFAULT_USD_PER_SESSION_H)
+    rtt = np.array([[float(r.rtt_ms.get(o, np.inf)) for r in regions] for o in origins]).reshape(
+        len(origins), len(regions)
+    )
+    demand = np.zeros(len(origins))
+    origin_index = {o: j for j, o in enumerate(origins)}
+    live = (
+        GenerationSession.objects.exclude(status=GenerationSession.Status.TERMINATED)
+        .exclude(origin="")
+        .values("origin")
+        .annotate(load=Sum("load"))
+    )
+    for row in live:
+        if row["origin"] in origin_index:
+            demand[origin_index[row["origin"]]] = row["load"]
+    return regions, origins, rtt, demand, capacity, price
+
+
+def region_plan() -> tuple[list[Region], list[str], np.ndarray, np.ndarray] | None:
+    """The smoothed routing plan (origins × regions, row-stochastic) and the allowed mask; ``None``
+    with fewer than two regions or no origins. Stores the plan as the next call's previous one."""
+    regions, origins, rtt, demand, capacity, price = _state()
+    if len(regions) < 2 or not origins:
+        return None
+    allowed = rtt <= settings.STREAMSERVE["REGION_RTT_BUDGET_MS"]
+    finite_rtt = np.where(np.isfinite(rtt), rtt, 0.0)
+    cost = cost_matrix(finite_rtt, np.zeros_like(finite_rtt), price, CostWeights())
+    plan = solve_plan(demand, capacity, cost, allowed)
+    with np.errstate(invalid="ignore", divide="ignore"):  # an origin with no region within budget
+        probs = np.nan_to_num(routing_probabilities(plan, allowed, fallback=capacity + 1e-6))
+    names = [r.name for r in regions]
+    client = redis_client()
+    raw = client.get(PLAN_KEY)
+    previous = None
+    if raw:
+        stored = json.loads(raw)
+        if stored.get("regions") == names and stored.get("origins") == origins:
+            previous = np.array(stored["plan"])
+    smoothed = smooth_plan(previous, probs, settings.STREAMSERVE["REGION_PLAN_BETA"])
+    smoothed = smoothed * allowed  # the previous plan may predate a budget change
+    client.set(PLAN_KEY, json.dumps({"regions": names, "origins": origins, "plan": smoothed.tolist()}))
+    return regions, origins, smoothed, allowed
+
+
+def session_region_route(*, session_id: str) -> Region | None:
+    """Assign an arriving session its region by the plan (see the module docstring); returns it."""
+    session = GenerationSession.objects.filter(pk=session_id).first()
+    if session is None or session.region_id is not None or not session.origin:
+        return None
+    planned = region_plan()
+    if planned is None:
+        return None
+    regions, origins, plan, allowed = planned
+    if session.origin not in origins:
+        return None
+    o = origins.index(session.origin)
+    if not allowed[o].any():
+        log.warning("session %s from %s: no region within the RTT budget", session_id, session.origin)
+        return None
+    placed = dict(
+        GenerationSession.objects.exclude(status=GenerationSession.Status.TERMINATED)
+        .filter(origin=session.origin, region__isnull=False)
+        .exclude(pk=session.pk)
+        .values("region_id")
+        .annotate(load=Sum("load"))
+        .values_list("region_id", "load")
+    )
+    demand = sum(placed.values()) + session.load
+    deficit = np.array([plan[o, r] * demand - placed.get(reg.pk, 0.0) for r, reg in enumerate(regions)])
+    deficit = np.where(allowed[o], deficit, -np.inf)
+    region = regions[int(np.argmax(deficit))]
+    with transaction.atomic():
+        updated = GenerationSession.objects.filter(pk=session.pk, region__isnull=True).update(region=region)
+    return region if updated else None

@@ -1,0 +1,118 @@
+"""The live global router against real PostgreSQL and Redis: sessions go where the OT plan sends
+them, never beyond their RTT budget, and a single region changes nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpu.models import GpuWorker, Region
+from scheduling.console import cluster_snapshot
+from scheduling.live.outbox import redis_client
+from scheduling.live.regions import PLAN_KEY, session_region_route
+from scheduling.receivers import session_event_received
+from sessions.models import GenerationSession
+from tests.factories import GpuWorkerFactory, SessionFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def no_previous_plan(settings):
+    settings.STREAMSERVE = {**settings.STREAMSERVE, "REGION_RTT_BUDGET_MS": 60.0, "REGION_PLAN_BETA": 1.0}
+    redis_client().delete(PLAN_KEY)
+    yield
+    redis_client().delete(PLAN_KEY)
+
+
+@pytest.fixture
+def coasts(db):
+    """East near nyc, west near sfo (70 ms across: beyond the budget); chi near both."""
+    local = Region.objects.get(name=Region.DEFAULT_NAME)
+    local.delete()
+    east = Region.objects.create(name="east", rtt_ms={"nyc": 3, "sfo": 70, "chi": 20, "lon": 100})
+    west = Region.objects.create(name="west", rtt_ms={"nyc": 70, "sfo": 3, "chi": 25, "lon": 140})
+    GpuWorkerFactory(region=east, capacity=4)
+    GpuWorkerFactory(region=west, capacity=4)
+    GpuWorkerFactory(region=west, capacity=4)
+    return east, west
+
+
+def arrive(origin: str) -> GenerationSession:
+    session = SessionFactory(origin=origin)
+    session_region_route(session_id=str(session.pk))
+    session.refresh_from_db()
+    return session
+
+
+def test_sessions_go_to_the_region_near_their_origin(coasts):
+    east, west = coasts
+    # when sessions arrive from both coasts, then each is routed to its near region
+    assert [arrive(o).region for o in ["nyc", "sfo", "nyc", "sfo"]] == [east, west, east, west]
+
+
+def test_the_plan_spills_to_the_next_region_within_budget_when_full(coasts):
+    east, west = coasts
+    # given chi, 20 ms from east (4 slots) and 25 ms from west (8 slots), same prices
+    # when six sessions arrive from chi, then the plan fills east first and spills into west
+    regions = [arrive("chi").region for _ in range(6)]
+    assert regions == [east] * 4 + [west] * 2
+
+
+def test_a_region_beyond_the_budget_is_never_assigned(coasts):
+    east, _west = coasts
+    # when nyc sends more sessions than east holds, then they overflow in east (west is 70 ms away)
+    assert {arrive("nyc").region for _ in range(7)} == {east}
+    # and an origin with no region within its budget gets none
+    assert arrive("lon").region is None
+
+
+def test_the_price_multiplier_moves_the_plan(coasts):
+    east, west = coasts
+    # given east's GPUs made dear: 100 × (3.6 $/h / 4) × 2 = 180 ms-equivalents above west
+    Region.objects.filter(pk=east.pk).update(price_multiplier=3.0)
+    # when a chi session arrives, then the plan sends it to the cheaper west despite 5 ms more RTT
+    assert arrive("chi").region == west
+
+
+@pytest.mark.usefixtures("coasts")
+def test_the_previous_plan_is_smoothed_and_stored(settings):
+    settings.STREAMSERVE = {**settings.STREAMSERVE, "REGION_PLAN_BETA": 0.5}
+    # given a stored plan that sent all of chi to west
+    origins, names = ["chi", "lon", "nyc", "sfo"], ["east", "west"]
+    previous = [[0.0, 1.0], [0.0, 0.0], [1.0, 0.0], [0.0, 1.0]]
+    redis_client().set(PLAN_KEY, json.dumps({"regions": names, "origins": origins, "plan": previous}))
+    # when a chi session arrives (the fresh plan sends chi to east)
+    arrive("chi")
+    # then the stored plan is halfway between the two
+    stored = json.loads(redis_client().get(PLAN_KEY))
+    assert stored["plan"][0] == pytest.approx([0.5, 0.5])
+
+
+def test_one_region_routes_nothing():
+    # given only the default region, with a known origin
+    Region.objects.filter(name=Region.DEFAULT_NAME).update(rtt_ms={"nyc": 3})
+    GpuWorkerFactory(status=GpuWorker.Status.READY)
+    # when a session arrives from nyc, then it keeps no region and no plan is stored
+    assert arrive("nyc").region is None
+    assert redis_client().get(PLAN_KEY) is None
+
+
+def test_the_arrive_event_routes_the_session(coasts):
+    _east, west = coasts
+    # given a committed session from sfo, when the scheduler receives its arrive event
+    session = SessionFactory(origin="sfo")
+    session_event_received(session_id=str(session.pk), kind="arrive", detail={})
+    # then the session is in west
+    session.refresh_from_db()
+    assert session.region == west
+
+
+def test_the_console_rows_show_origin_and_region(coasts):
+    east, _west = coasts
+    # given a routed session from nyc
+    arrive("nyc")
+    # when the console's snapshot is built, then its session row carries both
+    (row,) = cluster_snapshot()["session_list"]
+    assert (row["origin"], row["region"]) == ("nyc", east.name)
