@@ -34,7 +34,9 @@ class RegionSerializer(serializers.ModelSerializer):
 
 
 class RegionViewSet(viewsets.ReadOnlyModelViewSet):
-    """Regions: price multiplier, GPU limits and the RTT from each user origin (any signed-in user)."""
+    """Regions: price multiplier, GPU limits and the RTT from each user origin (any signed-in user).
+
+    The local region is listed once an operator gives it a row (it exists without one)."""
 
     permission_classes = [permissions.IsAuthenticated]
     serializer_class = RegionSerializer
@@ -42,14 +44,12 @@ class RegionViewSet(viewsets.ReadOnlyModelViewSet):
     ordering = ["name"]
 
     def get_queryset(self):
-        return Region.objects.annotate(
-            live_workers=Count("workers", filter=Q(workers__status__in=GpuWorker.LIVE_STATUSES))
-        )
+        return selectors.regions_with_live_workers()
 
 
 class GpuWorkerSerializer(serializers.ModelSerializer):
     region = serializers.SlugRelatedField(
-        read_only=True, slug_field="name", allow_null=True, help_text="empty: the default region"
+        read_only=True, slug_field="name", allow_null=True, help_text="null: the local region"
     )
     sessions = serializers.IntegerField(read_only=True, source="resident_sessions")
     # Empty until the weights are complete: one of disk, host_cache, peer, init afterwards.

@@ -46,6 +46,11 @@ class Region(models.Model):
 
     The row of the RTT matrix for this region lives in ``rtt_ms`` (origin -> ms); the known origins
     are the union of the keys over all regions. Workers belong to a region (``GpuWorker.region``).
+
+    The local region (``DEFAULT_NAME``) needs no row: a worker or session whose ``region`` is null is
+    in it. A row of that name, when an operator adds one, only gives the local region a price, GPU
+    limits and an RTT row. No code path requires the row, so nothing breaks when it is absent — a
+    fresh database, or one flushed by transactional tests (a data migration's row would not survive).
     """
 
     DEFAULT_NAME = "local"
@@ -128,6 +133,7 @@ class GpuWorker(models.Model):
     weights_source_detail = models.CharField(max_length=255, blank=True, default="")
     weights_plan = models.JSONField(default=dict, blank=True)
     expected_ready_at = models.DateTimeField(null=True, blank=True)
+    # Null: the local region (see ``Region``).
     region = models.ForeignKey(
         Region, null=True, blank=True, on_delete=models.PROTECT, related_name="workers"
     )

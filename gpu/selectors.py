@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from decimal import Decimal
 
-from django.db.models import Q, Sum
-from django.db.models.functions import Trunc
+from django.db.models import Case, Count, IntegerField, Q, QuerySet, Subquery, Sum, Value, When
+from django.db.models.functions import Coalesce, Trunc
 
 from controlplane.timerange import TimeRange
 from gpu.models import CostLedgerEntry, GpuWorker, HostCache, Region, WeightHolding
@@ -119,3 +119,21 @@ def parameter_pool() -> list[dict]:
 def known_origins() -> set[str]:
     """The user origins some region has an RTT for (the union of the regions' ``rtt_ms`` keys)."""
     return {origin for row in Region.objects.values_list("rtt_ms", flat=True) for origin in row}
+
+
+def regions_with_live_workers() -> QuerySet[Region]:
+    """Regions annotated with ``live_workers``; the local region's row also counts the workers that
+    have no region (null means the local region, see ``Region``)."""
+    live = Q(workers__status__in=GpuWorker.LIVE_STATUSES)
+    unplaced = (
+        GpuWorker.objects.filter(region__isnull=True, status__in=GpuWorker.LIVE_STATUSES)
+        .values("region")
+        .annotate(n=Count("pk"))
+        .values("n")
+    )
+    local_extra = Case(
+        When(name=Region.DEFAULT_NAME, then=Coalesce(Subquery(unplaced[:1]), 0)),
+        default=Value(0),
+        output_field=IntegerField(),
+    )
+    return Region.objects.annotate(live_workers=Count("workers", filter=live) + local_extra)

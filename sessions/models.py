@@ -57,7 +57,7 @@ class GenerationSession(models.Model):
         "gpu.GpuWorker", null=True, blank=True, on_delete=models.PROTECT, related_name="sessions"
     )
     # The user's origin (a key of the regions' RTT rows; empty: unknown) and the region routed to
-    # (empty: the default region; scheduling.live.regions sets it on arrival).
+    # (null: the local region; scheduling.live.regions sets it on arrival).
     origin = models.CharField(max_length=64, blank=True, default="")
     region = models.ForeignKey(
         "gpu.Region", null=True, blank=True, on_delete=models.PROTECT, related_name="sessions"

@@ -54,7 +54,7 @@ class SessionSerializer(serializers.ModelSerializer):
         read_only=True,
         default=None,
         allow_null=True,
-        help_text="null: the default region",
+        help_text="null: the local region (not routed)",
     )
 
     class Meta:

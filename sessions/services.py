@@ -133,7 +133,6 @@ class LiveSessionLimit(Exception):
     """The owner already holds ``MAX_LIVE_SESSIONS_PER_USER`` sessions that are not terminated."""
 
 
-@transaction.atomic
 def origin_validate(origin: str | None) -> str:
     """A session's user origin: empty, or one some region has an RTT for (``Region.rtt_ms``)."""
     origin = (origin or "").strip()
@@ -143,6 +142,7 @@ def origin_validate(origin: str | None) -> str:
     return origin
 
 
+@transaction.atomic
 def session_create(*, owner, spec: SessionSpec, origin: str = "") -> GenerationSession:
     """A new session: it arrives and, since its user is typing into it, becomes active at once.
 
@@ -152,6 +152,7 @@ def session_create(*, owner, spec: SessionSpec, origin: str = "") -> GenerationS
     Raises ``LiveSessionLimit`` when the owner already holds ``MAX_LIVE_SESSIONS_PER_USER`` live
     sessions: one user must not fill the queue and the GPUs on their own.
     """
+    origin = origin_validate(origin)
     limit = settings.STREAMSERVE["MAX_LIVE_SESSIONS_PER_USER"]
     # The owner's row is the lock: two concurrent creations cannot both count limit - 1.
     get_user_model().objects.select_for_update().get(pk=owner.pk)
@@ -172,7 +173,7 @@ def session_create(*, owner, spec: SessionSpec, origin: str = "") -> GenerationS
         seed=spec.seed,
         activity=Activity.ACTIVE,
         last_active_at=now,
-        origin=origin_validate(origin),
+        origin=origin,
     )
     Prompt.objects.create(session=session, text=spec.prompt, from_chunk=0)
     event_record(

@@ -5,14 +5,6 @@ import gpu.models
 from django.db import migrations, models
 
 
-def create_default_region(apps, schema_editor):
-    """One region, "local", holding every existing worker: a single-region platform behaves as before."""
-    Region = apps.get_model("gpu", "Region")
-    GpuWorker = apps.get_model("gpu", "GpuWorker")
-    region, _ = Region.objects.get_or_create(name="local", defaults={"price_multiplier": 1.0})
-    GpuWorker.objects.filter(region__isnull=True).update(region=region)
-
-
 class Migration(migrations.Migration):
     dependencies = [
         ("gpu", "0002_parameter_pool"),
@@ -73,5 +65,4 @@ class Migration(migrations.Migration):
                 to="gpu.region",
             ),
         ),
-        migrations.RunPython(create_default_region, migrations.RunPython.noop),
     ]

@@ -104,11 +104,19 @@ def region_plan() -> tuple[list[Region], list[str], np.ndarray, np.ndarray] | No
     return regions, origins, smoothed, allowed
 
 
+@transaction.atomic
 def session_region_route(*, session_id: str) -> Region | None:
-    """Assign an arriving session its region by the plan (see the module docstring); returns it."""
-    session = GenerationSession.objects.filter(pk=session_id).first()
+    """Assign an arriving session its region by the plan (see the module docstring); returns it.
+
+    Runs on the committed ``arrive`` event, outside any request transaction, so it opens its own.
+    The decision reads the sessions already routed and adds one: two arrivals routed at once would
+    see the same deficit and both take it. Locking the region rows serialises routing decisions
+    (arrivals are rare next to chunks; the lock lasts one plan solve).
+    """
+    session = GenerationSession.objects.select_for_update(no_key=True).filter(pk=session_id).first()
     if session is None or session.region_id is not None or not session.origin:
         return None
+    list(Region.objects.select_for_update().values_list("pk", flat=True))
     planned = region_plan()
     if planned is None:
         return None
@@ -131,6 +139,5 @@ def session_region_route(*, session_id: str) -> Region | None:
     deficit = np.array([plan[o, r] * demand - placed.get(reg.pk, 0.0) for r, reg in enumerate(regions)])
     deficit = np.where(allowed[o], deficit, -np.inf)
     region = regions[int(np.argmax(deficit))]
-    with transaction.atomic():
-        updated = GenerationSession.objects.filter(pk=session.pk, region__isnull=True).update(region=region)
-    return region if updated else None
+    GenerationSession.objects.filter(pk=session.pk).update(region=region)
+    return region

@@ -80,7 +80,7 @@ def existing(db) -> dict[str, str]:
         "/api/decisions/": str(decision.pk),
         "/api/migrations/": str(migration.pk),
         "/api/scaling-actions/": str(action.pk),
-        "/api/regions/": str(Region.objects.get(name=Region.DEFAULT_NAME).pk),
+        "/api/regions/": str(Region.objects.create(name="east", rtt_ms={"nyc": 3.0}).pk),
     }
 
 

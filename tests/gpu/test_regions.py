@@ -10,9 +10,12 @@ from tests.factories import GpuWorkerFactory
 
 
 @pytest.mark.django_db
-def test_default_region_exists_after_migrations():
-    # given the migrated database, then the data migration's single region is there
-    assert list(Region.objects.values_list("name", flat=True)) == [Region.DEFAULT_NAME]
+def test_the_local_region_needs_no_row(user_api):
+    # given a migrated database and a worker without a region
+    GpuWorkerFactory(status=GpuWorker.Status.READY)
+    # then no region row is required, and none is listed until an operator adds one
+    assert not Region.objects.exists()
+    assert user_api.get("/api/regions/").json()["results"] == []
 
 
 @pytest.mark.django_db
@@ -38,16 +41,21 @@ def test_region_validation_names_the_field(field, value):
 
 @pytest.mark.django_db
 def test_regions_api_lists_regions_with_live_workers(user_api, api):
-    # given a second region with one live and one released worker
+    # given the local region's row, a second region with one live and one released worker, and a
+    # live worker without a region (in the local region)
+    Region.objects.create(name=Region.DEFAULT_NAME)
     east = Region.objects.create(name="east", price_multiplier=1.2, gpu_limits={"H100": 8}, rtt_ms={"nyc": 3})
     GpuWorkerFactory(region=east, status=GpuWorker.Status.PROVISIONING)
     GpuWorkerFactory(region=east, status=GpuWorker.Status.FAILED)
+    GpuWorkerFactory(status=GpuWorker.Status.READY)
     # when a signed-in user reads the regions
     response = user_api.get("/api/regions/")
-    # then both regions are listed with their data and east counts its live worker only
+    # then both regions are listed with their data, east counts its live worker only and the local
+    # region counts the worker without a region
     assert response.status_code == 200
     rows = {r["name"]: r for r in response.json()["results"]}
     assert set(rows) == {"east", "local"}
+    assert rows["local"]["workers"] == 1
     assert rows["east"] == {
         "id": east.id,
         "name": "east",

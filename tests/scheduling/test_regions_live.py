@@ -29,8 +29,6 @@ def no_previous_plan(settings):
 @pytest.fixture
 def coasts(db):
     """East near nyc, west near sfo (70 ms across: beyond the budget); chi near both."""
-    local = Region.objects.get(name=Region.DEFAULT_NAME)
-    local.delete()
     east = Region.objects.create(name="east", rtt_ms={"nyc": 3, "sfo": 70, "chi": 20, "lon": 100})
     west = Region.objects.create(name="west", rtt_ms={"nyc": 70, "sfo": 3, "chi": 25, "lon": 140})
     GpuWorkerFactory(region=east, capacity=4)
@@ -91,8 +89,8 @@ def test_the_previous_plan_is_smoothed_and_stored(settings):
 
 
 def test_one_region_routes_nothing():
-    # given only the default region, with a known origin
-    Region.objects.filter(name=Region.DEFAULT_NAME).update(rtt_ms={"nyc": 3})
+    # given only the local region, with a known origin
+    Region.objects.create(name=Region.DEFAULT_NAME, rtt_ms={"nyc": 3})
     GpuWorkerFactory(status=GpuWorker.Status.READY)
     # when a session arrives from nyc, then it keeps no region and no plan is stored
     assert arrive("nyc").region is None
