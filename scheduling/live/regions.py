@@ -3,7 +3,9 @@
 The algorithm is ``scheduling.core.regions.transport`` (the simulator's): this module only reads the
 platform's state into its arrays and keeps the previous plan in Redis.
 
-- demand by origin: the load of live (not terminated) sessions per origin, the arriving one included;
+- demand by origin: the load of live (not terminated) sessions per origin, the arriving one included,
+  raised to the forecast of the next slot where ``region_forecast_step`` (beat, one call a slot)
+  has stored one for the same origins;
 - capacity by region: Σ K over the region's live workers (a worker without a region is in the
   default region, ``Region.DEFAULT_NAME``);
 - cost: ``w_rtt · RTT + w_price · price_multiplier · (mean $/h per session slot of the live workers)``;
@@ -29,6 +31,7 @@ from django.db import transaction
 from django.db.models import Sum
 
 from gpu.models import GpuWorker, Region
+from scheduling.core.regions.forecast import make_forecaster
 from scheduling.core.regions.transport import (
     CostWeights,
     cost_matrix,
@@ -42,12 +45,44 @@ from sessions.models import GenerationSession
 log = logging.getLogger(__name__)
 
 PLAN_KEY = "streamserve:regions:plan"
+HISTORY_KEY = "streamserve:regions:history"  # one JSON sample a slot: {"origins", "load"}
+FORECAST_KEY = "streamserve:regions:forecast"  # {"origins", "demand"}: the next slot's, by origin
+ETS_WINDOW = 80  # the samples ETS is fitted on (scheduling.core.regions.forecast.EtsForecaster)
 _DEFAULT_USD_PER_SESSION_H = 1.0  # price scale when no live worker has a price
+
+
+def _origins(regions: list[Region]) -> list[str]:
+    return sorted({o for r in regions for o in r.rtt_ms})
+
+
+def _origin_load(origins: list[str]) -> np.ndarray:
+    """The load of live (not terminated) sessions per origin, in ``origins`` order."""
+    load = np.zeros(len(origins))
+    index = {o: j for j, o in enumerate(origins)}
+    live = (
+        GenerationSession.objects.exclude(status=GenerationSession.Status.TERMINATED)
+        .filter(origin__in=origins)
+        .values("origin")
+        .annotate(load=Sum("load"))
+    )
+    for row in live:
+        load[index[row["origin"]]] = row["load"]
+    return load
+
+
+def _forecast(origins: list[str]) -> np.ndarray | None:
+    """The next slot's demand by origin stored by ``region_forecast_step``; ``None`` when there is
+    none for these origins (no slot has run yet, or the regions' RTT rows changed since)."""
+    raw = redis_client().get(FORECAST_KEY)
+    if not raw:
+        return None
+    stored = json.loads(raw)
+    return np.array(stored["demand"]) if stored.get("origins") == origins else None
 
 
 def _state() -> tuple[list[Region], list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     regions = list(Region.objects.order_by("name"))
-    origins = sorted({o for r in regions for o in r.rtt_ms})
+    origins = _origins(regions)
     index = {r.pk: i for i, r in enumerate(regions)}
     default = next((i for i, r in enumerate(regions) if r.name == Region.DEFAULT_NAME), None)
     capacity = np.zeros(len(regions))
@@ -64,18 +99,51 @@ def _state() -> tuple[list[Region], list[str], np.ndarray, np.ndarray, np.ndarra
     rtt = np.array([[float(r.rtt_ms.get(o, np.inf)) for r in regions] for o in origins]).reshape(
         len(origins), len(regions)
     )
-    demand = np.zeros(len(origins))
-    origin_index = {o: j for j, o in enumerate(origins)}
-    live = (
-        GenerationSession.objects.exclude(status=GenerationSession.Status.TERMINATED)
-        .exclude(origin="")
-        .values("origin")
-        .annotate(load=Sum("load"))
-    )
-    for row in live:
-        if row["origin"] in origin_index:
-            demand[origin_index[row["origin"]]] = row["load"]
+    demand = _origin_load(origins)
+    forecast = _forecast(origins)
+    if forecast is not None:
+        # TORTA §5.2 solves the plan on the next slot's forecast demand; the sessions already here
+        # last minutes, so the plan covers at least them and the forecast's rise beyond.
+        demand = np.maximum(demand, forecast)
     return regions, origins, rtt, demand, capacity, price
+
+
+def _history_tail(samples: list[dict], origins: list[str]) -> list[list[float]]:
+    """The latest run of samples taken with these origins (older ones described other columns)."""
+    tail: list[list[float]] = []
+    for sample in reversed(samples):
+        if sample["origins"] != origins:
+            break
+        tail.append(sample["load"])
+    return tail[::-1]
+
+
+def region_forecast_step() -> dict[str, float]:
+    """One forecast slot (beat task "region forecast", its period the slot): observe each origin's
+    load, append it to the history in Redis, and store the forecast one slot ahead for the router.
+
+    The forecaster (``REGION_FORECAST``) is rebuilt from the history each slot, since beat runs on
+    any Celery worker: ETS over its last ``ETS_WINDOW`` samples (statsmodels fits at 12 and 52
+    samples), seasonal-naive over one season, last-value over one sample. Returns origin -> demand.
+    """
+    client = redis_client()
+    origins = _origins(list(Region.objects.all()))
+    if not origins:
+        client.delete(FORECAST_KEY)
+        return {}
+    name = settings.STREAMSERVE["REGION_FORECAST"]
+    season = settings.STREAMSERVE["REGION_FORECAST_SEASON_SLOTS"]
+    keep = {"ets": ETS_WINDOW, "seasonal-naive": season, "last-value": 1}[name]
+    sample = {"origins": origins, "load": _origin_load(origins).tolist()}
+    client.rpush(HISTORY_KEY, json.dumps(sample))
+    client.ltrim(HISTORY_KEY, -max(keep, ETS_WINDOW), -1)
+    samples = [json.loads(raw) for raw in client.lrange(HISTORY_KEY, -keep, -1)]
+    forecaster = make_forecaster(name, len(origins), season=season)
+    for load in _history_tail(samples, origins):
+        forecaster.observe(np.array(load))
+    demand = forecaster.forecast(1)[:, 0]
+    client.set(FORECAST_KEY, json.dumps({"origins": origins, "demand": demand.tolist()}))
+    return dict(zip(origins, demand.tolist(), strict=True))
 
 
 def region_plan() -> tuple[list[Region], list[str], np.ndarray, np.ndarray] | None:

@@ -6,11 +6,18 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.utils import timezone
 
 from gpu.models import GpuWorker, Region
 from scheduling.console import cluster_snapshot
 from scheduling.live.outbox import redis_client
-from scheduling.live.regions import PLAN_KEY, session_region_route
+from scheduling.live.regions import (
+    FORECAST_KEY,
+    HISTORY_KEY,
+    PLAN_KEY,
+    region_forecast_step,
+    session_region_route,
+)
 from scheduling.receivers import session_event_received
 from sessions.models import GenerationSession
 from tests.factories import GpuWorkerFactory, SessionFactory
@@ -21,9 +28,9 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(autouse=True)
 def no_previous_plan(settings):
     settings.STREAMSERVE = {**settings.STREAMSERVE, "REGION_RTT_BUDGET_MS": 60.0, "REGION_PLAN_BETA": 1.0}
-    redis_client().delete(PLAN_KEY)
+    redis_client().delete(PLAN_KEY, HISTORY_KEY, FORECAST_KEY)
     yield
-    redis_client().delete(PLAN_KEY)
+    redis_client().delete(PLAN_KEY, HISTORY_KEY, FORECAST_KEY)
 
 
 @pytest.fixture
@@ -86,6 +93,40 @@ def test_the_previous_plan_is_smoothed_and_stored(settings):
     # then the stored plan is halfway between the two
     stored = json.loads(redis_client().get(PLAN_KEY))
     assert stored["plan"][0] == pytest.approx([0.5, 0.5])
+
+
+def test_the_router_plans_on_the_forecast(coasts, settings):
+    east, west = coasts
+    settings.STREAMSERVE = {**settings.STREAMSERVE, "REGION_FORECAST": "last-value"}
+    # given a slot in which nyc had four sessions, gone since: the forecast expects them back
+    nyc = [arrive("nyc") for _ in range(4)]
+    assert region_forecast_step() == {"chi": 0.0, "lon": 0.0, "nyc": 4.0, "sfo": 0.0}
+    GenerationSession.objects.filter(pk__in=[s.pk for s in nyc]).update(
+        status=GenerationSession.Status.TERMINATED, terminated_at=timezone.now()
+    )
+    # when a chi session arrives, then the plan keeps east's four slots for nyc (west is beyond its
+    # budget) and sends chi west
+    assert arrive("chi").region == west
+    # and without a forecast chi goes to east, 5 ms nearer
+    redis_client().delete(FORECAST_KEY)
+    assert arrive("chi").region == east
+
+
+def test_the_forecast_step_fits_ets_on_the_history_of_these_origins(coasts, settings):
+    settings.STREAMSERVE = {**settings.STREAMSERVE, "REGION_FORECAST": "ets"}
+    # given a sample taken when the regions knew other origins, then 20 slots of rising nyc load
+    client = redis_client()
+    client.rpush(HISTORY_KEY, json.dumps({"origins": ["nyc"], "load": [100.0]}))
+    for load in range(20):
+        client.rpush(
+            HISTORY_KEY, json.dumps({"origins": ["chi", "lon", "nyc", "sfo"], "load": [0, 0, load, 0]})
+        )
+    SessionFactory(origin="nyc", load=20.0)
+    # when a slot runs, then ETS (fitted on this run of samples only) expects the rise to go on
+    forecast = region_forecast_step()
+    assert forecast["nyc"] > 20.0
+    assert forecast["chi"] == 0.0
+    assert json.loads(client.get(FORECAST_KEY))["demand"][2] == forecast["nyc"]
 
 
 def test_one_region_routes_nothing():
