@@ -129,7 +129,7 @@ class GpuWorkerViewSet(viewsets.ReadOnlyModelViewSet):
 
 
 class CostAuditView(APIView):
-    """GPU-seconds and money over a time range, bucketed, by GPU type (from the cost ledger)."""
+    """GPU-seconds and money over a time range, bucketed, by GPU type and by region (cost ledger)."""
 
     permission_classes = [permissions.IsAdminUser]
 
@@ -138,15 +138,15 @@ class CostAuditView(APIView):
         time_range = parse_time_range(request.query_params)
         output = audit_format(request.query_params)
         services.ledger_accrue()
-        report = selectors.cost_buckets(time_range=time_range)
         if output == "csv":
-            rows = []
-            for bucket in report["buckets"]:
-                for gpu_type, figures in sorted(bucket["by_gpu_type"].items()):
-                    rows.append(
-                        [csv_cell(bucket["start"]), gpu_type, figures["gpu_seconds"], figures["cost_usd"]]
-                    )
-            return csv_response("cost.csv", ["bucket_start", "gpu_type", "gpu_seconds", "cost_usd"], rows)
+            rows = [
+                [csv_cell(r["bucket"]), r["gpu_type"], r["region"], r["gpu_seconds"], r["cost_usd"]]
+                for r in selectors.cost_rows(time_range=time_range)
+            ]
+            return csv_response(
+                "cost.csv", ["bucket_start", "gpu_type", "region", "gpu_seconds", "cost_usd"], rows
+            )
+        report = selectors.cost_buckets(time_range=time_range)
         return Response(report)
 
 

@@ -12,47 +12,68 @@ from controlplane.timerange import TimeRange
 from gpu.models import CostLedgerEntry, GpuWorker, HostCache, Region, WeightHolding
 
 
-def cost_buckets(*, time_range: TimeRange) -> dict:
-    """GPU-seconds and money per bucket and per GPU type over [start, end), from the ledger.
+def region_name(field: str = "region__name") -> Coalesce:
+    """A row's region name, the local region's where ``region`` is null (see ``Region``)."""
+    return Coalesce(field, Value(Region.DEFAULT_NAME))
+
+
+def cost_rows(*, time_range: TimeRange) -> list[dict]:
+    """Ledger sums per bucket, GPU type and region over [start, end), in that order.
 
     A ledger row belongs to the bucket its interval starts in; rows are at most a minute long,
-    so minute, hour and day buckets are exact.
+    so minute, hour and day buckets are exact. Its region is its worker's (workers never move).
     """
-    rows = (
+    return list(
         CostLedgerEntry.objects.filter(
             interval_start__gte=time_range.start, interval_start__lt=time_range.end
         )
-        .annotate(bucket=Trunc("interval_start", time_range.bucket))
-        .values("bucket", "gpu_type")
+        .annotate(
+            bucket=Trunc("interval_start", time_range.bucket), region=region_name("worker__region__name")
+        )
+        .values("bucket", "gpu_type", "region")
         .annotate(gpu_seconds=Sum("gpu_seconds"), cost_usd=Sum("cost_usd"))
-        .order_by("bucket", "gpu_type")
+        .order_by("bucket", "gpu_type", "region")
     )
+
+
+def _add(figures: dict, row: dict) -> None:
+    figures["gpu_seconds"] += row["gpu_seconds"]
+    figures["cost_usd"] += row["cost_usd"]
+
+
+def _figures() -> dict:
+    return {"gpu_seconds": 0.0, "cost_usd": Decimal(0)}
+
+
+def cost_buckets(*, time_range: TimeRange) -> dict:
+    """GPU-seconds and money per bucket, by GPU type and by region, from the ledger (``cost_rows``)."""
     buckets: dict = {}
-    totals_by_type: dict[str, dict] = defaultdict(lambda: {"gpu_seconds": 0.0, "cost_usd": Decimal(0)})
-    for row in rows:
+    totals: dict = {**_figures(), "by_gpu_type": defaultdict(_figures), "by_region": defaultdict(_figures)}
+    for row in cost_rows(time_range=time_range):
         entry = buckets.setdefault(
             row["bucket"],
-            {"start": row["bucket"], "gpu_seconds": 0.0, "cost_usd": Decimal(0), "by_gpu_type": {}},
+            {
+                "start": row["bucket"],
+                **_figures(),
+                "by_gpu_type": defaultdict(_figures),
+                "by_region": defaultdict(_figures),
+            },
         )
-        entry["gpu_seconds"] += row["gpu_seconds"]
-        entry["cost_usd"] += row["cost_usd"]
-        entry["by_gpu_type"][row["gpu_type"]] = {
-            "gpu_seconds": row["gpu_seconds"],
-            "cost_usd": row["cost_usd"],
-        }
-        totals_by_type[row["gpu_type"]]["gpu_seconds"] += row["gpu_seconds"]
-        totals_by_type[row["gpu_type"]]["cost_usd"] += row["cost_usd"]
+        for figures in (entry, entry["by_gpu_type"][row["gpu_type"]], entry["by_region"][row["region"]]):
+            _add(figures, row)
+        for figures in (totals, totals["by_gpu_type"][row["gpu_type"]], totals["by_region"][row["region"]]):
+            _add(figures, row)
     return {
         "start": time_range.start,
         "end": time_range.end,
         "bucket": time_range.bucket,
-        "buckets": list(buckets.values()),
-        "totals": {
-            "gpu_seconds": sum(t["gpu_seconds"] for t in totals_by_type.values()),
-            "cost_usd": sum((t["cost_usd"] for t in totals_by_type.values()), Decimal(0)),
-            "by_gpu_type": dict(totals_by_type),
-        },
+        "buckets": [_plain(entry) for entry in buckets.values()],
+        "totals": _plain(totals),
     }
+
+
+def _plain(entry: dict) -> dict:
+    return {**entry, "by_gpu_type": dict(entry["by_gpu_type"]), "by_region": dict(entry["by_region"])}
 
 
 def weight_sources(*, model_preset: str) -> list[dict]:

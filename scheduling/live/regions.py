@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 import numpy as np
 from django.conf import settings
@@ -106,6 +107,22 @@ def _state() -> tuple[list[Region], list[str], np.ndarray, np.ndarray, np.ndarra
         # last minutes, so the plan covers at least them and the forecast's rise beyond.
         demand = np.maximum(demand, forecast)
     return regions, origins, rtt, demand, capacity, price
+
+
+def origin_demand() -> list[dict[str, Any]]:
+    """Each known origin's load now beside the forecast stored for the next slot (the console's
+    forecast against actual; ``forecast`` null until a slot has run for these origins)."""
+    origins = _origins(list(Region.objects.all()))
+    load = _origin_load(origins)
+    forecast = _forecast(origins)
+    return [
+        {
+            "origin": origin,
+            "load": round(float(load[j]), 3),
+            "forecast": None if forecast is None else round(float(forecast[j]), 3),
+        }
+        for j, origin in enumerate(origins)
+    ]
 
 
 def _history_tail(samples: list[dict], origins: list[str]) -> list[list[float]]:

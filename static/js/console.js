@@ -211,6 +211,38 @@ function renderPool(pool) {
     : "No live host cache.";
 }
 
+function gpusText(region) {
+  const types = new Set([...Object.keys(region.gpus_by_type), ...Object.keys(region.gpu_limits)]);
+  if (!types.size) return "0";
+  return [...types]
+    .sort()
+    .map((t) => `${t} ${region.gpus_by_type[t] || 0}${t in region.gpu_limits ? ` / ${region.gpu_limits[t]}` : ""}`)
+    .join(", ");
+}
+
+function renderRegions(regions, origins) {
+  if (!regions) return;
+  const rows = regions.map((r) =>
+    el(
+      "tr",
+      {},
+      el("td", { text: r.name }),
+      el("td", { text: gpusText(r) }),
+      el("td", { class: "num", text: `${r.load} / ${r.slots}` }),
+      el("td", { class: "num", text: String(r.sessions) }),
+      el("td", { class: "num", text: fmtMoney(r.cost_rate_per_hour) }),
+      el("td", { class: "num", text: String(r.price_multiplier) }),
+    ),
+  );
+  $("region-rows").replaceChildren(
+    ...(rows.length ? rows : [el("tr", {}, el("td", { colspan: "6", class: "muted", text: "No region." }))]),
+  );
+  // Forecast against actual: each origin's load now and the router's forecast for the next slot.
+  $("region-origins").textContent = (origins || []).length
+    ? origins.map((o) => `${o.origin}: load ${o.load}, forecast ${o.forecast === null ? "–" : o.forecast}`).join(" · ")
+    : "No user origins configured.";
+}
+
 function renderWorkers(workers) {
   const container = $("workers");
   const seen = new Set();
@@ -367,6 +399,7 @@ function apply(snapshot) {
   renderSummary(snapshot);
   renderWorkers(snapshot.workers);
   renderSessions(snapshot.session_list);
+  renderRegions(snapshot.regions, snapshot.origins);
   renderPool(snapshot.parameter_pool);
   renderTimeline(snapshot.timeline);
   renderConfig(snapshot.config);

@@ -4,6 +4,7 @@ them, never beyond their RTT budget, and a single region changes nothing."""
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 
 import pytest
 from django.utils import timezone
@@ -155,3 +156,29 @@ def test_the_console_rows_show_origin_and_region(coasts):
     # when the console's snapshot is built, then its session row carries both
     (row,) = cluster_snapshot()["session_list"]
     assert (row["origin"], row["region"]) == ("nyc", east.name)
+
+
+@pytest.mark.usefixtures("coasts")
+def test_the_console_shows_each_region_and_each_origins_forecast(settings):
+    settings.STREAMSERVE = {**settings.STREAMSERVE, "REGION_FORECAST": "last-value"}
+    # given a worker without a region (the local region), sessions routed to each coast and a slot
+    GpuWorkerFactory(gpu_type="h20", price_per_hour=Decimal("1.8"))
+    for origin in ["nyc", "sfo", "sfo"]:
+        arrive(origin)
+    region_forecast_step()
+    arrive("nyc")
+    # when the console's snapshot is built
+    snapshot = cluster_snapshot()
+    # then each region shows its GPUs, slots, sessions and cost rate
+    regions = {r["name"]: r for r in snapshot["regions"]}
+    assert set(regions) == {"east", "west", "local"}
+    assert [(r["gpus"], r["slots"], r["sessions"], r["cost_rate_per_hour"]) for r in regions.values()] == [
+        (1, 4, 2, 3.6),
+        (1, 4, 0, 1.8),
+        (2, 8, 2, 7.2),
+    ]
+    assert regions["local"]["gpus_by_type"] == {"h20": 1}
+    # and each origin its load now against the forecast made a slot ago
+    by_origin = {o["origin"]: (o["load"], o["forecast"]) for o in snapshot["origins"]}
+    assert by_origin["nyc"] == (2.0, 1.0)
+    assert by_origin["sfo"] == (2.0, 2.0)
