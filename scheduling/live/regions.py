@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import defaultdict
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -226,3 +228,75 @@ def session_region_route(*, session_id: str) -> Region | None:
     region = regions[int(np.argmax(deficit))]
     GenerationSession.objects.filter(pk=session.pk).update(region=region)
     return region
+
+
+@dataclass(frozen=True)
+class RegionShare:
+    """Part of a scale-out: ``count`` GPUs for ``region`` (``None``: the local region, see ``Region``)
+    at ``price_multiplier`` × the GPU type's price."""
+
+    region: Region | None
+    count: int
+    price_multiplier: float = 1.0
+
+    @property
+    def name(self) -> str:
+        return self.region.name if self.region else Region.DEFAULT_NAME
+
+
+def _region_figures(gpu_type: str) -> tuple[dict[str, float], dict[str, float], dict[str, int]]:
+    """By region name (the local region's for a null region): routed load of live sessions, Σ K of
+    live workers, and live workers of ``gpu_type``."""
+    names = dict(Region.objects.values_list("pk", "name"))
+    load: dict[str, float] = defaultdict(float)
+    slots: dict[str, float] = defaultdict(float)
+    used: dict[str, int] = defaultdict(int)
+    for region_id, session_load in (
+        GenerationSession.objects.exclude(status=GenerationSession.Status.TERMINATED)
+        .values("region_id")
+        .annotate(load=Sum("load"))
+        .values_list("region_id", "load")
+    ):
+        load[names.get(region_id, Region.DEFAULT_NAME)] += session_load
+    live = GpuWorker.objects.filter(status__in=GpuWorker.LIVE_STATUSES)
+    for region_id, k, worker_type in live.values_list("region_id", "capacity", "gpu_type"):
+        name = names.get(region_id, Region.DEFAULT_NAME)
+        slots[name] += k
+        used[name] += worker_type == gpu_type
+    return load, slots, used
+
+
+def scale_out_regions(*, gpu_type: str, count: int, capacity_per_gpu: int) -> list[RegionShare]:
+    """Split a scale-out of ``count`` GPUs of ``gpu_type`` over the regions, within their limits.
+
+    Each GPU goes to the region whose routed load (live sessions with that region; the local region
+    takes those without one) is furthest above its capacity (Σ K of its live workers), counting the
+    GPUs already given; ties go to the lower price multiplier, then the name. A region takes a GPU
+    only while its live GPUs of that type are under its ``gpu_limits`` entry (a type without an entry
+    is not limited). The local region is always a candidate, limited by its row when it has one, and
+    its new workers keep a null region. GPUs no region has room for are not requested: the limits are
+    hard, and the autoscaler asks again on a later decision.
+    """
+    rows = {r.name: r for r in Region.objects.all()}
+    local = rows.pop(Region.DEFAULT_NAME, None)
+    candidates = [RegionShare(None, 0, local.price_multiplier if local else 1.0)]
+    candidates += [RegionShare(row, 0, row.price_multiplier) for row in rows.values()]
+
+    def has_room(share: RegionShare, given: int) -> bool:
+        row = share.region or local  # the local region's limits live on its row, if any
+        limit = row.gpu_limits.get(gpu_type) if row else None
+        return limit is None or used[share.name] + given < limit
+
+    load, slots, used = _region_figures(gpu_type)
+    given: dict[str, int] = defaultdict(int)
+    for _ in range(count):
+        room = [c for c in candidates if has_room(c, given[c.name])]
+        if not room:
+            log.warning(
+                "scale-out of %s: %d GPUs beyond every region's limit", gpu_type, count - sum(given.values())
+            )
+            break
+        deficit = {c.name: load[c.name] - slots[c.name] - given[c.name] * capacity_per_gpu for c in room}
+        best = min(room, key=lambda c: (-deficit[c.name], c.price_multiplier, c.name))
+        given[best.name] += 1
+    return [replace(c, count=given[c.name]) for c in candidates if given[c.name]]

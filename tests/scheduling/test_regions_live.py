@@ -11,14 +11,17 @@ from django.utils import timezone
 
 from gpu.models import GpuWorker, Region
 from scheduling.console import cluster_snapshot
-from scheduling.live.outbox import redis_client
+from scheduling.live.outbox import Outbox, redis_client
 from scheduling.live.regions import (
     FORECAST_KEY,
     HISTORY_KEY,
     PLAN_KEY,
     region_forecast_step,
+    scale_out_regions,
     session_region_route,
 )
+from scheduling.live.scaling import scale_out
+from scheduling.models import SchedulerDecision
 from scheduling.receivers import session_event_received
 from sessions.models import GenerationSession
 from tests.factories import GpuWorkerFactory, SessionFactory
@@ -182,3 +185,51 @@ def test_the_console_shows_each_region_and_each_origins_forecast(settings):
     by_origin = {o["origin"]: (o["load"], o["forecast"]) for o in snapshot["origins"]}
     assert by_origin["nyc"] == (2.0, 1.0)
     assert by_origin["sfo"] == (2.0, 2.0)
+
+
+def test_scale_out_goes_where_routed_load_exceeds_capacity_within_the_limits(coasts):
+    east, west = coasts
+    # given six nyc sessions in east (4 slots), two sfo sessions in west (8 slots), every region's
+    # H100 limit reached but east's (2; it holds 1) and the local region capped at none
+    for origin in ["nyc"] * 6 + ["sfo"] * 2:
+        arrive(origin)
+    Region.objects.filter(pk__in=[east.pk, west.pk]).update(gpu_limits={"h100": 2})
+    Region.objects.create(name=Region.DEFAULT_NAME, gpu_limits={"h100": 0})
+    # when three H100s are wanted, then east gets one and the rest is beyond every limit
+    shares = scale_out_regions(gpu_type="h100", count=3, capacity_per_gpu=4)
+    assert [(s.region, s.count) for s in shares] == [(east, 1)]
+    # and with room in west too, the second goes there (east is then at its limit)
+    Region.objects.filter(pk=west.pk).update(gpu_limits={"h100": 3})
+    shares = scale_out_regions(gpu_type="h100", count=3, capacity_per_gpu=4)
+    assert [(s.region, s.count) for s in shares] == [(east, 1), (west, 1)]
+    # and a GPU type without a limit entry is not limited
+    assert sum(s.count for s in scale_out_regions(gpu_type="l4", count=3, capacity_per_gpu=4)) == 3
+
+
+def test_a_scaled_out_worker_is_in_its_region_at_the_regions_price(coasts, settings):
+    east, west = coasts
+    settings.STREAMSERVE = {
+        **settings.STREAMSERVE,
+        "PROVISIONER": "static",
+        "STATIC_WORKERS": "cpu-9@localhost:cpu",
+    }
+    # given east short of capacity and twice as dear, with room for one CPU worker, and no room for
+    # CPU workers elsewhere
+    Region.objects.filter(pk=east.pk).update(gpu_limits={"cpu": 1}, price_multiplier=2.0)
+    Region.objects.filter(pk=west.pk).update(gpu_limits={"cpu": 0})
+    Region.objects.create(name=Region.DEFAULT_NAME, gpu_limits={"cpu": 0})
+    for _ in range(6):
+        arrive("nyc")
+    decision = SchedulerDecision.objects.create(
+        trigger="tick", decided_at=timezone.now(), policy="turboserve", active_sessions=8, budget=3,
+        target_budget=5, duration_ms=0.0, rho_max=1.5, rho_hat=0.7,
+    )  # fmt: skip
+    # when the decision scales out by two and the provisioner is asked after it
+    outbox = Outbox()
+    (action,) = scale_out(decision=decision, preset="tiny", gpu_type="cpu", count=2, budget=3, outbox=outbox)
+    for call in outbox.after:
+        call()
+    # then one worker is requested, in east, at the profile's $0.1/h × 2
+    assert (action.from_budget, action.to_budget, action.reason.endswith("region east")) == (3, 4, True)
+    worker = GpuWorker.objects.get(name="cpu-9")
+    assert (worker.region, worker.price_per_hour) == (east, Decimal("0.2"))
