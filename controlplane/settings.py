@@ -407,7 +407,7 @@ STREAMSERVE = {
     "PORT": _typed("PORT", env.int, 8000),
     # Regions (docs/regions.md, "Live platform"): the request header that carries a session's user
     # origin when the body has no `origin` (empty: body only); a session's RTT budget to its region;
-    # the plan's smoothing weight β and the session load units one GPU worker of capacity K serves (K).
+    # the plan's smoothing weight β.
     "ORIGIN_HEADER": env.str("ORIGIN_HEADER", default="X-StreamServe-Origin"),
     "REGION_RTT_BUDGET_MS": _typed("REGION_RTT_BUDGET_MS", env.float, 60.0),
     "REGION_PLAN_BETA": _typed("REGION_PLAN_BETA", env.float, 0.5),

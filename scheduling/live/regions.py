@@ -1,13 +1,15 @@
-"""The live global router: route an arriving session to a region by the smoothed OT plan.
+"""The live regions (docs/regions.md, "Live platform"): the global router, its forecast slot, and
+the split of a scale-out over the regions within their GPU limits.
 
-The algorithm is ``scheduling.core.regions.transport`` (the simulator's): this module only reads the
-platform's state into its arrays and keeps the previous plan in Redis.
+The algorithms are ``scheduling.core.regions`` (the simulator's): this module only reads the
+platform's state into their arrays and keeps the previous plan, the load history and the forecast in
+Redis.
 
 - demand by origin: the load of live (not terminated) sessions per origin, the arriving one included,
   raised to the forecast of the next slot where ``region_forecast_step`` (beat, one call a slot)
   has stored one for the same origins;
 - capacity by region: Σ K over the region's live workers (a worker without a region is in the
-  default region, ``Region.DEFAULT_NAME``);
+  local region, ``Region.DEFAULT_NAME``, which takes part when it has a row with RTTs);
 - cost: ``w_rtt · RTT + w_price · price_multiplier · (mean $/h per session slot of the live workers)``;
 - allowed: RTT ≤ ``REGION_RTT_BUDGET_MS`` (a missing RTT is not allowed);
 - plan: ``solve_plan`` (``ot.emd``, absolute masses), ``routing_probabilities`` (overflow spread by
