@@ -176,9 +176,6 @@ class StreamingVideoModel(abc.ABC):
     ) -> SessionState: ...
 
     @abc.abstractmethod
-    def set_prompt(self, state: SessionState, prompt: str, from_chunk: int) -> None: ...
-
-    @abc.abstractmethod
     def generate(self, states: list[SessionState]) -> list[GeneratedChunk]: ...
 
     @abc.abstractmethod
@@ -189,6 +186,46 @@ class StreamingVideoModel(abc.ABC):
     def state_bytes_for(self, options: dict[str, Any] | None = None) -> int: ...
 
     # -- shared implementation -----------------------------------------------------------------
+
+    @staticmethod
+    def session_meta(
+        prompt: str,
+        seed: int,
+        options: dict[str, Any] | None,
+        start_chunk: int,
+        counters: dict[str, int] | None = None,
+    ) -> dict[str, Any]:
+        """The metadata of a fresh session's state region: seed, chunk counter, any model-specific
+        counters (e.g. ``frames_written``), the prompt schedule and the prompt its tensors hold."""
+        return {
+            "seed": int(seed),
+            "next_chunk": int(start_chunk),
+            **(counters or {}),
+            "prompt_schedule": [[int(start_chunk), prompt]],
+            "active_prompt": prompt,
+            "options": dict(options or {}),
+        }
+
+    def set_prompt(self, state: SessionState, prompt: str, from_chunk: int) -> None:
+        """Schedule `prompt` from chunk `from_chunk` on; `generate` switches when it gets there."""
+        next_chunk = state.next_chunk
+        if from_chunk < next_chunk:
+            raise ValueError(f"chunk {from_chunk} was already generated (next chunk is {next_chunk})")
+        schedule = [entry for entry in state.meta["prompt_schedule"] if entry[0] < from_chunk]
+        # Entries that can no longer take effect (superseded before the next chunk) are dropped.
+        while len(schedule) > 1 and schedule[1][0] <= next_chunk:
+            schedule.pop(0)
+        schedule.append([int(from_chunk), prompt])
+        state.meta["prompt_schedule"] = schedule
+
+    @staticmethod
+    def prompt_for_chunk(state: SessionState, chunk_index: int) -> str:
+        """The prompt in force at `chunk_index` under the state's prompt schedule."""
+        prompt = state.meta["prompt_schedule"][0][1]
+        for start, text in state.meta["prompt_schedule"]:
+            if start <= chunk_index:
+                prompt = text
+        return prompt
 
     def weights_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's parameters as one flat state dict (the blocks the parameter pool moves)."""
