@@ -34,7 +34,6 @@ from workers.runtime.models.base import (
     StateManifestError,
     StreamingVideoModel,
     carve_region,
-    json_copy,
     manifest_layout,
     region_offsets,
     tensor_checksum,
@@ -98,6 +97,10 @@ class HostStateRecord:
     copy_ms: float
     pinned: bool
     region: torch.Tensor | None = field(default=None, repr=False)  # flat uint8 host buffer (from suspend)
+    # (model, manifest) when `suspend` built this record from a live state of that model: resumed
+    # into the same model with that very manifest object, it needs no second validation (on small
+    # job regions that check is a good part of a resume). A replaced manifest is validated again.
+    validated: tuple[StreamingVideoModel, dict[str, Any]] | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -458,7 +461,14 @@ class ChunkEngine:
         session.last_meta = manifest["meta"]
         session.last_transfer = TransferReport(session_id, nbytes, copy_ms)
         return HostStateRecord(
-            session_id, manifest, host_views, nbytes, copy_ms, pinned=self._cuda, region=host_region
+            session_id,
+            manifest,
+            host_views,
+            nbytes,
+            copy_ms,
+            pinned=self._cuda,
+            region=host_region,
+            validated=(self.model, manifest),
         )
 
     def resume(self, session_id: str, record: HostStateRecord) -> TransferReport:
@@ -470,7 +480,12 @@ class ChunkEngine:
         session = self._sessions.get(session_id)
         if session is not None and session.state is not None:
             raise SessionStateError(f"session {session_id!r} is already resident")
-        self.model.validate_manifest(record.manifest)
+        if (
+            record.validated is None
+            or record.validated[0] is not self.model
+            or record.validated[1] is not record.manifest
+        ):
+            self.model.validate_manifest(record.manifest)
         layout = manifest_layout(record.manifest)
         _, total = region_offsets(layout)
         region = record.region
@@ -493,9 +508,8 @@ class ChunkEngine:
             self._copy_all(device_views, record.tensors)
         copy_ms = (time.perf_counter() - started) * 1000.0
         # Validated above; no second pass through restore_state (its checks would repeat these).
-        state = SessionState(
-            tensors=device_views, meta=json_copy(record.manifest["meta"]), region=device_region
-        )
+        # The record is spent (its tensors are dropped below), so its meta is adopted, not copied.
+        state = SessionState(tensors=device_views, meta=record.manifest["meta"], region=device_region)
         if region is not None:
             self._pool.give(region)
         record.tensors, record.region = {}, None
