@@ -320,6 +320,7 @@ class WorkerDaemon:
         # How long the last chunk took to generate: the prior for a job step never measured yet
         # (``workers.runtime.jobs``); one chunk period until a chunk has run.
         self.chunk_generation_s = self.chunk_s
+        self._job_stepped = False  # whether the last turn ran a job step
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -375,8 +376,8 @@ class WorkerDaemon:
         due_at = self._earliest_due()
         wait_s = 0.0 if due_at is None else max(0.0, due_at - now)
         block_ms = int(min(wait_s, 0.2) * 1000) if due_at is not None else 200
-        if self.jobs.runnable():
-            block_ms = 0  # job steps are waiting: poll for commands without blocking
+        if self._job_stepped:
+            block_ms = 0  # jobs are making progress: poll for commands without blocking
         did = self._collect_arrivals()
         did = self._apply_commands(block_ms=None if did else (block_ms or None)) or did
         did = self._collect_migrations() or did
@@ -386,7 +387,9 @@ class WorkerDaemon:
         if not due:
             # Chunks first: a job step runs only in the time left before the next chunk is due.
             free_s = window_s(self._next_chunk_start(), now)
-            return self.jobs.run_step(now=now, free_s=free_s, probe_s=self.chunk_generation_s) or did
+            # When no job step fits, the next turn blocks until a chunk or a command is due.
+            self._job_stepped = self.jobs.run_step(now=now, free_s=free_s, probe_s=self.chunk_generation_s)
+            return self._job_stepped or did
         results = self.engine.step(max_batch=self.capacity, due=due)
         if results:
             self.chunk_generation_s = results[0].generation_ms / 1000.0
@@ -615,6 +618,8 @@ class WorkerDaemon:
     def _cmd_shutdown(self, command: dict) -> dict:
         if any(o for o in self.sessions.values()):
             raise CommandRefused(f"{len(self.sessions)} session(s) still on {self.name}")
+        if self.jobs.jobs:
+            raise CommandRefused(f"{len(self.jobs.jobs)} job(s) still on {self.name}")
         self.stopping.set()
         return {}
 
