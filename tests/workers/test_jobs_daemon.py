@@ -1,7 +1,8 @@
 """One-shot jobs through the worker daemon (iface-14): two real worker processes, each a
 `WorkerDaemon` over a tiny engine with its own migration listener, commanded through their real
 Redis command streams; a paused video job moves from one to the other over Gloo and finishes there
-with the MP4 of an uninterrupted run.
+with the MP4 of an uninterrupted run. And one daemon stepped on a fake clock: due chunks first, job
+steps only in the window before the next chunk.
 
 The workers report through the ``Reporter`` seam into a queue the test reads: the control plane's
 side (``sessions.jobs``, behind ``DjangoReporter``) is built on another branch (h14live).
@@ -22,7 +23,7 @@ import torch
 from django.conf import settings
 
 from workers.channel import send_command, stream_key
-from workers.daemon import Reporter
+from workers.daemon import Reporter, WorkerDaemon
 from workers.runtime.encoding import encode_mp4
 from workers.runtime.engine import ChunkEngine
 
@@ -205,3 +206,68 @@ def test_job_commands_with_bad_fields_or_unknown_jobs_are_refused_with_the_reaso
     _, _, done = worker.expect(lambda r: r[0] == "job_completed")
     assert done["content"].startswith(b"\x89PNG") and done["content_type"] == "image/png"
     assert worker.answer(worker.send("job_cancel", job=job, epoch=1)) == ("acked", "", {"already": True})
+
+
+class FakeClock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_on_a_fake_clock_the_daemon_runs_due_chunks_first_and_job_steps_only_in_the_window_left():
+    # Given a daemon (not started: no publisher or heartbeat threads) on a fake clock, with one stream
+    # (a 0.5 s chunk period, one chunk of look-ahead) and one image job
+    torch.set_num_threads(1)
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    clock, reports = FakeClock(100.0), queue.Queue()
+    daemon = WorkerDaemon(
+        name=f"jobs-{uuid.uuid4().hex[:8]}",
+        engine=ChunkEngine.from_preset("tiny", encode_workers=1),
+        redis_client=client,
+        reporter=QueueReporter(reports),
+        capacity=2,
+        clock=clock,
+    )
+    try:
+        image = JOB | {"job_kind": "image", "frames": 1, "steps": 8}
+        send_command(client, daemon.name, {"id": "s", "kind": "start", "session": "s", "epoch": 1, "seed": 3,
+                                           "prompts": [[0, "a heron"]]})  # fmt: skip
+        send_command(client, daemon.name, {"id": "j", "kind": "job_run", "job": "j", "epoch": 1,
+                                           "deadline": time.time() + 60, **image})  # fmt: skip
+
+        def progress() -> tuple[int, int]:
+            return daemon.engine.next_chunk("s"), daemon.engine.job_progress("j")[0]
+
+        # When the daemon steps: chunk 0 (in the turn that applies both commands) and, a chunk
+        # ahead, chunk 1 go first, though the job waits
+        answered: list[tuple] = []
+        for _ in range(10):  # the first turn reads the (empty) backlog of unacknowledged commands
+            if len(answered) == 2:
+                break
+            daemon.step()
+            while not reports.empty():
+                kind, args, _ = reports.get()
+                answered += [args] if kind == "answer" else []
+        assert sorted(answered) == [("j", "acked", "", {"admitted": True}), ("s", "acked", "", {
+            "restored_from_chunk": None, "next_chunk": 0})]  # fmt: skip
+        assert progress() == (1, 0)
+        daemon.step()
+        assert progress() == (2, 0)
+        # Then, with 0.375 s before chunk 2 must start, job steps fill the gap
+        daemon.step()
+        assert progress() == (2, 1)
+        # A window shorter than a measured step runs nothing; at the chunk's start the chunk runs
+        chunk_start = daemon._next_chunk_start()
+        clock.now = chunk_start - 1e-5
+        assert not daemon.step() and progress() == (2, 1)
+        clock.now = chunk_start
+        daemon.step()
+        assert progress() == (3, 1)
+        daemon.step()
+        assert progress() == (3, 2)
+    finally:
+        daemon.jobs.close()
+        daemon.engine.close()
+        client.delete(stream_key(daemon.name))
