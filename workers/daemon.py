@@ -634,7 +634,7 @@ class WorkerDaemon:
             owned_job = self.jobs.owned(command)
             if owned_job.job_id in self.migrations:
                 raise CommandRefused(f"job {owned_job.job_id} is already migrating")
-            manifest, tensors, _frozen = self.jobs.region_for_migration(owned_job)
+            manifest, tensors = self.jobs.region_for_migration(owned_job)
             return self._send_region(owned_job.job_id, command, manifest, tensors)
         owned = self._owned(command)
         sid = owned.session_id

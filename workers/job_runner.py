@@ -174,7 +174,6 @@ class JobRunner:
             return {"step": owned.step, "already": True}
         report = self.engine.resume(owned.job_id, owned.parked)
         owned.parked = None
-        owned.epoch = command["epoch"]
         self._report(owned, force=True)
         return {"step": owned.step, "copy_ms": round(report.copy_ms, 3)}
 
@@ -197,6 +196,7 @@ class JobRunner:
             raise JobRefused(f"{command.get('kind')} field 'epoch' is missing or not int")
         if epoch < owned.epoch:
             raise JobRefused(f"stale epoch {epoch} < {owned.epoch} for job {job_id}")
+        owned.epoch = epoch  # a newer epoch: the control plane reassigned the job to us again
         return owned
 
     def forget(self, job_id: str) -> None:
@@ -206,14 +206,15 @@ class JobRunner:
 
     # --- migration (the daemon's migrate_out / migrate_in with "job") -----------------------------
 
-    def region_for_migration(self, owned: OwnedJob) -> tuple[dict[str, Any], dict[str, Any], bool]:
-        """(manifest, tensors, frozen): the parked record's, or the live region frozen in place."""
+    def region_for_migration(self, owned: OwnedJob) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(manifest, tensors): the parked record's, or the live region frozen at this step boundary
+        (the daemon thaws it if the transfer fails)."""
         if owned.parked is not None:
-            manifest, tensors, frozen = owned.parked.manifest, owned.parked.tensors, False
+            manifest, tensors = owned.parked.manifest, owned.parked.tensors
         else:
-            (manifest, tensors), frozen = self.engine.export_state(owned.job_id), True
+            manifest, tensors = self.engine.export_state(owned.job_id)
         manifest.setdefault("meta", {})["job_travel"] = owned.travel_meta()
-        return manifest, tensors, frozen
+        return manifest, tensors
 
     def arrived(self, job_id: str, epoch: int, manifest: dict[str, Any], tensors: dict[str, Any]) -> None:
         """A migrated job's region landed here: it is paused (iface-14) until a ``job_resume``."""
