@@ -397,18 +397,18 @@ class ChunkEngine:
         """One denoising step of each job in `job_ids` (resident, unfrozen, unfinished, one shape),
         as one batched call. The step is the unit of preemption: between two calls any of them can
         be suspended, exported or removed."""
-        jobs = [self._job(job_id) for job_id in job_ids]
-        for job in jobs:
+        states: dict[str, SessionState] = {}
+        for job in (self._job(job_id) for job_id in job_ids):
             if job.state is None or job.frozen:
                 raise SessionStateError(f"job {job.session_id!r} is suspended or frozen")
-        states = [job.state for job in jobs]
+            states[job.session_id] = job.state
         started = time.perf_counter()
-        self.model.job_step(states)  # type: ignore[arg-type]
+        self.model.job_step(list(states.values()))
         if self._cuda:
             torch.cuda.synchronize(self.device)  # step_ms covers the work, not its launch
         step_ms = (time.perf_counter() - started) * 1000.0
-        done = {job.session_id: int(job.state.meta["step"]) for job in jobs}  # type: ignore[union-attr]
-        finished = [job.session_id for job in jobs if job.state.meta["step"] >= job.state.meta["steps"]]  # type: ignore[union-attr]
+        done = {job_id: int(state.meta["step"]) for job_id, state in states.items()}
+        finished = [job_id for job_id, state in states.items() if done[job_id] >= int(state.meta["steps"])]
         return JobStepReport(steps_done=done, finished=finished, step_ms=step_ms)
 
     def job_frames(self, job_id: str) -> torch.Tensor:
