@@ -18,8 +18,7 @@ from typing import Any
 import torch
 
 from workers.runtime.models import UnknownPresetError
-from workers.runtime.models.base import Layout, SessionState
-from workers.runtime.models.causal_dit import splitmix64
+from workers.runtime.models.base import Layout, SessionState, splitmix64
 from workers.runtime.models.demo import PRESETS, WEIGHTS_DIR, DemoModel, DemoNetwork
 from workers.runtime.stages.contract import DecoderCache, Stage, StagedModel
 from workers.runtime.stages.partial import (
