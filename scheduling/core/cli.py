@@ -14,12 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from .compare import DEFAULT_POLICIES, compare_policies
+from .jobs.cosim import JobConfig, job_config
+from .jobs.profiles import JobProfileError
+from .jobs.solver import JOB_POLICIES
 from .policy import PolicyError, is_static, make_policy
 from .profiles import ProfileError, load_profiles
 from .provisioning import FIXED, SCALE_OUT_PATHS, with_path
 from .scaleplan import ScalePlanError
 from .simulator import SimConfig, SimulationError, simulate
-from .traces import TraceError, read_trace
+from .traces import TraceError, read_mixed_trace, read_trace
 
 REQUIRED_RESULT_KEYS = (
     "policy",
@@ -128,6 +131,27 @@ def load_trace(path: str) -> tuple[dict, list]:
         raise CliError("trace", f"{path}: {exc}") from exc
 
 
+def load_mixed_trace(path: str) -> tuple[dict, list, list]:
+    try:
+        return read_mixed_trace(path)
+    except FileNotFoundError as exc:
+        raise CliError("trace", f"no such file {path}") from exc
+    except TraceError as exc:
+        raise CliError("trace", f"{path}: {exc}") from exc
+
+
+def build_job_config(job_policy: str, job_profiles: Sequence[str] = (), round_steps: int = 5) -> JobConfig:
+    """The job side of a simulation (issue 14): ``--job-policy``, ``--job-profile``, ``--job-round-steps``."""
+    if job_policy not in JOB_POLICIES:
+        raise CliError("job-policy", f"unknown job policy {job_policy!r} (known: {', '.join(JOB_POLICIES)})")
+    if round_steps < 1:
+        raise CliError("job-round-steps", "must be >= 1")
+    try:
+        return job_config(job_policy, tuple(job_profiles), round_steps)
+    except JobProfileError as exc:
+        raise CliError("job-profile", str(exc)) from exc
+
+
 def build_config(
     *,
     profile: str = "h20-1.3b",
@@ -208,8 +232,15 @@ def run_simulate(
     provisioning_delay_s: float | None = None,
     scale_out: str | None = None,
     forecast: dict[str, Any] | None = None,
+    job_policy: str = "genserve",
+    job_profiles: Sequence[str] = (),
+    job_round_steps: int = 5,
 ) -> dict[str, Any]:
     """Simulate one policy on one trace. Static policies run ``budget`` GPUs (default --max-gpus).
+
+    A trace with one-shot job events (docs/traces.md) runs them beside the streams under
+    ``job_policy`` (docs/scheduling.md, "One-shot jobs"); the result then gains a ``jobs`` object.
+    Without job events the result is exactly the stream-only one.
 
     ``scale_out`` (disk / host-cache / peer) computes each new GPU's delay from the pool's state by
     the scale planner; ``None`` keeps each profile's own path. The result's ``scale_out`` summarises
@@ -220,7 +251,10 @@ def run_simulate(
     fit time, the floor's GPU-seconds and the run without the floor)."""
     if forecast is not None and policy != "turboserve":
         raise CliError("forecast", f"applies to --policy turboserve only, got {policy!r}")
-    meta, events = load_trace(trace)
+    meta, events, job_events = load_mixed_trace(trace)
+    jobs = build_job_config(job_policy, job_profiles, job_round_steps)
+    if job_events and forecast is not None:
+        raise CliError("forecast", "the forecast comparison takes session-only traces")
     config = build_config(
         profile=profile,
         max_gpus=max_gpus,
@@ -244,7 +278,17 @@ def run_simulate(
     name = str(meta.get("name") or Path(trace).stem)
     bar = _progress_bar(len(events), f"simulate {policy}", progress)
     try:
-        result = simulate(events, pol, config, trace_name=name, progress=bar.update if bar else None)
+        result = simulate(
+            events,
+            pol,
+            config,
+            trace_name=name,
+            progress=bar.update if bar else None,
+            job_events=job_events,
+            jobs=jobs,
+        )
+    except JobProfileError as exc:
+        raise CliError("trace", f"{trace}: {exc}") from exc
     except SimulationError as exc:
         raise CliError("policy", f"decision rejected by the simulator: {exc}") from exc
     except ScalePlanError as exc:

@@ -16,7 +16,11 @@ Model (docs/scheduling.md has the full description):
 * the simulator, not the policy, is the judge of the contract (docs/scheduling.md, "The contract
   an external policy is held to"): a session may be queued only while no ready GPU has memory for
   it, and a migration's stall is κ computed from the session's state bytes and the link, whatever
-  κ the policy reported.
+  κ the policy reported;
+* one-shot jobs (issue 14), when the trace has any, run on the GPUs the streams leave through
+  ``jobs.cosim.JobSide``: the simulator hands it job events, its timers and every decision, adds
+  the job step in flight to the stall of a session placed on a job's GPU, and shows the policy the
+  jobs' GPU demand (``Snapshot.job_demand_gpus``).
 """
 
 from __future__ import annotations
@@ -31,9 +35,11 @@ from typing import Any
 
 import numpy as np
 
+from .jobs.cosim import JobConfig, JobSide
 from .policy import Policy
 from .provisioning import FIXED, SCALE_OUT_PATHS
 from .scaleplan import ScalePlanError
+from .traces import JobEvent, merge_by_time
 from .types import Decision, Event, GpuTypeSpec, GpuView, SessionView, Snapshot
 
 
@@ -88,10 +94,14 @@ class SimResult:
     # Every GPU requested: its path and the delay it got (summary; per scale-out in the events).
     scale_out: dict[str, Any] = field(default_factory=dict)
     scale_out_events: list[dict[str, Any]] = field(default_factory=list)
+    # One-shot jobs' figures (jobs.cosim.JobSide.result); None (and absent from JSON) without jobs.
+    jobs: dict[str, Any] | None = None
 
     def to_json(self, timeline: bool = True) -> dict[str, Any]:
         detail = ("timeline", "scale_out_events")
-        out = {k: v for k, v in self.__dict__.items() if k not in detail or timeline}
+        out = {k: v for k, v in self.__dict__.items() if (k not in detail or timeline) and k != "jobs"}
+        if self.jobs is not None:
+            out["jobs"] = self.jobs
         return out
 
 
@@ -185,11 +195,13 @@ def _scale_out_paths(config: SimConfig) -> dict[str, str]:
 
 # internal event priorities at equal time: chunk completions, then GPUs becoming ready, then the
 # trace, then ticks — so a decision sees every chunk that finished at that instant.
-_STEP, _READY, _TRACE, _TICK = 0, 1, 2, 3
+_STEP, _READY, _TRACE, _TICK, _JOB = 0, 1, 2, 3, 4
 
 
 class Simulator:
-    def __init__(self, policy: Policy, config: SimConfig, trace_name: str = "trace"):
+    def __init__(
+        self, policy: Policy, config: SimConfig, trace_name: str = "trace", jobs: JobConfig | None = None
+    ):
         if not config.profiles:
             raise ValueError("at least one GPU profile is needed")
         self.policy = policy
@@ -242,6 +254,7 @@ class Simulator:
         self.active_samples: list[tuple[float, int]] = []
         self.budget_samples: list[tuple[float, int]] = []
         self.n_active = 0
+        self.jobs = JobSide(self, jobs, lambda t, payload: self._push(t, _JOB, payload)) if jobs else None
 
     # -- bookkeeping -----------------------------------------------------------------------------
     def _push(self, t: float, prio: int, payload: Any) -> None:
@@ -347,10 +360,15 @@ class Simulator:
             idle_resident=tuple(self.idle_resident),
             min_gpus=self.cfg.min_gpus,
             max_gpus=self.cfg.max_gpus,
+            job_demand_gpus=self.jobs.demand_gpus() if self.jobs is not None else 0.0,
+            job_gpus=tuple(sorted(self.jobs.gpu_owner)) if self.jobs is not None else (),
         )
 
     # -- placement mechanics ---------------------------------------------------------------------
     def _attach(self, s: _Session, g: _Gpu) -> None:
+        if self.jobs is not None:
+            # Streams first, but a job step in flight is never cut: the chunk waits for its end.
+            s.stall_ms += self.jobs.blocking_ms(g.id)
         g.members[s.id] = None
         g.load += s.load
         g.bytes += s.bytes
@@ -417,6 +435,8 @@ class Simulator:
         # CPU time as well: on a shared machine wall time includes preemption by other processes.
         self.sched_cpu_ms.append((wallclock.process_time() - c0) * 1000.0)
         self._apply(decision)
+        if self.jobs is not None:
+            self.jobs.after_decision()
 
     def _decide_tick(self) -> None:
         self._decide(Event(self.now, "tick"))
@@ -571,6 +591,8 @@ class Simulator:
                         g.status = "ready"
                         self._touch_gpu(g)
                         self._decide(Event(t, "gpu_ready", gpu=g.id))
+                elif kind == "job":
+                    self.jobs.on_timer(payload)  # type: ignore[union-attr]
                 elif kind == "tick":
                     self._decide(Event(t, "tick"))
                     if t + cfg.tick_s <= duration:
@@ -588,6 +610,11 @@ class Simulator:
         return self._result(duration)
 
     def _trace_event(self, ev: Any) -> None:
+        if isinstance(ev, JobEvent):
+            if self.jobs is None:
+                raise SimulationError(f"t={ev.t}: job event {ev.job} but no job policy configured")
+            self.jobs.on_trace(ev)
+            return
         kind = ev.event
         was_active = False
         if kind == "arrive":
@@ -679,6 +706,7 @@ class Simulator:
             duration_s=duration,
             queued_sessions=self.queued_sessions,
             timeline=self._timeline(duration),
+            jobs=self.jobs.result(duration) if self.jobs is not None else None,
             policy_config=self.policy.describe(),
             scale_out=self._scale_out_summary(),
             scale_out_events=self.scale_out_events,
@@ -759,6 +787,14 @@ def simulate(
     config: SimConfig,
     trace_name: str = "trace",
     progress: Callable[[int], None] | None = None,
+    job_events: Sequence[JobEvent] = (),
+    jobs: JobConfig | None = None,
 ) -> SimResult:
-    """Replay ``events`` (``TraceEvent``s sorted by ``t``) through ``policy``; see module docstring."""
-    return Simulator(policy, config, trace_name).run(events, progress)
+    """Replay ``events`` (``TraceEvent``s sorted by ``t``) through ``policy``; see module docstring.
+
+    ``job_events`` (one-shot jobs) need ``jobs`` (the job policy and cost profiles); the result then
+    carries ``jobs``. Without job events the run is exactly the stream-only simulation."""
+    if job_events and jobs is None:
+        raise ValueError("job events need a JobConfig (the job policy and cost profiles)")
+    merged = merge_by_time(events, job_events) if job_events else events
+    return Simulator(policy, config, trace_name, jobs if job_events else None).run(merged, progress)

@@ -24,6 +24,13 @@ Beyond the paper, each switchable so its effect can be measured:
   trailing window — the scale-down stabilisation window of Kubernetes' HPA, sized by the boot time.
   A dip shorter than the window keeps its GPUs. Off by default: on the reproduction's generated
   traces it cost more than it saved (docs/results, extension ablation, two seeds).
+
+One-shot jobs (issue 14, GenServe beside the streams): when the snapshot reports the jobs' GPU
+demand (``job_demand_gpus``, their backlog against deadlines), the empty GPUs running jobs
+(``job_gpus``) and more empty GPUs up to ⌈demand⌉ are kept out of stream placement and rebalancing —
+unless an active session finds no other room or a stream GPU is above K (streams first: kept GPUs
+are given back one at a time, those without a job first) — and max(demand, GPUs kept), in capacity
+units, is added to N_req/ρ̂ for scaling.
 """
 
 from __future__ import annotations
@@ -183,6 +190,22 @@ class TurboServePolicy(Policy):
         return gpus * k
 
     # ------------------------------------------------------------------------------------------
+    @staticmethod
+    def _reserve_for_jobs(snapshot: Snapshot, work: PlacementWork) -> list[str]:
+        """Empty ready GPUs kept out of stream placement for jobs (issue 14): those running a job,
+        then others up to ⌈job demand⌉ in all. Ordered so that ``pop()`` gives back a GPU without a
+        job first."""
+        if not snapshot.job_gpus and snapshot.job_demand_gpus <= 0:
+            return []
+        busy = set(snapshot.job_gpus)
+        empty = [g for g in work.eligible if work.count[g] == 0 and snapshot.gpus[g].status == "ready"]
+        with_job = [g for g in empty if g in busy]
+        spare = max(0, math.ceil(snapshot.job_demand_gpus - 1e-9) - len(with_job))
+        reserved = with_job + [g for g in empty if g not in busy][:spare][::-1]
+        for gid in reserved:
+            work.make_ineligible(gid)
+        return reserved
+
     def decide(self, snapshot: Snapshot, event: Event) -> Decision:
         now = snapshot.time
         if math.isinf(self.last_scale_out):
@@ -202,6 +225,7 @@ class TurboServePolicy(Policy):
         for sid in snapshot.idle_resident:
             work.remove(sid, snapshot.sessions[sid].gpu)  # type: ignore[arg-type]
             suspend.append(sid)
+        reserved = self._reserve_for_jobs(snapshot, work)
         queue: list[str] = []
         for sid in snapshot.pending:
             gid = work.best_gpu(sid)
@@ -209,6 +233,18 @@ class TurboServePolicy(Policy):
                 queue.append(sid)
             else:
                 work.add(sid, gid)
+        while reserved and (queue or work.rho_max() > 1.0 + _EPS):
+            # Streams first: while a session finds no room or a stream GPU is above K, GPUs kept for
+            # jobs are given back one at a time, those without a job step in flight first (the list
+            # ends with them); rebalancing below then moves load onto them.
+            work.make_eligible(reserved.pop())
+            waiting, queue = queue, []
+            for sid in waiting:
+                gid = work.best_gpu(sid)
+                if gid is None:
+                    queue.append(sid)
+                else:
+                    work.add(sid, gid)
         # One pass over the GPUs for everything the autoscaler needs.
         draining: list[str] = []
         live: list[str] = []
@@ -251,6 +287,10 @@ class TurboServePolicy(Policy):
         floor_capacity = self._floor_capacity(snapshot, add_type, rho_hat) if self.autoscale else 0.0
         floor_short = floor_capacity > capacity_now + _EPS
         needed = max(needed, floor_capacity)
+        # The jobs need their demand, and at least the GPUs kept for them (out of the streams' reach).
+        job_gpus = max(snapshot.job_demand_gpus, float(len(reserved)))
+        job_capacity = job_gpus * snapshot.gpu_types[add_type].capacity if add_type else 0.0
+        needed += job_capacity
         window = delay if self.scale_in_window_s is None else self.scale_in_window_s
         # The window holds the observed need (N_req/ρ̂), not the forecast: a forecast that did not
         # materialise (a ramp that ended) must not keep its GPUs for another window.
@@ -266,7 +306,8 @@ class TurboServePolicy(Policy):
                 signal = max(signal, (n_req + headroom) / capacity_now)
             direction = hysteresis(signal, rho_hat, self.delta)
             total = sum(counts.values())
-            if (direction > 0 or queue or floor_short) and needed > capacity_now + _EPS:
+            jobs_short = job_capacity > _EPS
+            if (direction > 0 or queue or floor_short or jobs_short) and needed > capacity_now + _EPS:
                 # Scale-out precedes rebalancing (Algorithm 1 lines 7–9): undrain paid-for GPUs first.
                 deficit = needed - capacity_now
                 for gid in sorted(draining, key=lambda g: (-work.load.get(g, 0.0), g)):
@@ -303,7 +344,7 @@ class TurboServePolicy(Policy):
                 surplus = capacity_now - needed_recently
                 cancel = sorted(provisioning, key=lambda g: (-gpus[g].requested_at, g))
                 ready = sorted(
-                    work.eligible,
+                    (g for g in work.eligible if g not in reserved),
                     key=lambda g: (
                         work.rho(g),
                         -snapshot.gpu_types[gpus[g].gpu_type].price_per_hour

@@ -259,6 +259,11 @@ class Snapshot:
     idle_resident: tuple[str, ...]
     min_gpus: int = 0
     max_gpus: int = 1_000_000
+    # GPUs the one-shot jobs' backlog needs to meet its deadlines (jobs.cosim.JobSide.demand_gpus);
+    # an autoscaler adds it to the streams' load (issue 14). 0 without jobs.
+    job_demand_gpus: float = 0.0
+    # GPUs running a job allocation now (sorted ids): placing a session there waits for the job's step.
+    job_gpus: tuple[str, ...] = ()
 
     @classmethod
     def build(

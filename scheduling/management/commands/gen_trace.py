@@ -1,4 +1,6 @@
-"""``manage.py gen_trace``: write a seeded session trace (JSON Lines, docs/traces.md)."""
+"""``manage.py gen_trace``: write a seeded session trace (JSON Lines, docs/traces.md), optionally
+with a GenServe-shaped mix of one-shot jobs (``--shape genserve`` alone, or ``--job-rate-per-min`` on
+any session shape)."""
 
 from __future__ import annotations
 
@@ -9,9 +11,11 @@ import sys
 from django.core.management.base import BaseCommand, CommandError
 
 from scheduling.core import generators
-from scheduling.core.traces import trace_stats, write_trace
+from scheduling.core.jobs.workload import RESOLUTION_WEIGHTS, genserve_jobs
+from scheduling.core.traces import trace_stats, write_mixed_trace, write_trace
 
-SHAPES = (*generators.TABLE12, "table11", "table7", "poisson", "diurnal", "segment")
+SHAPES = (*generators.TABLE12, "table11", "table7", "poisson", "diurnal", "segment", "genserve")
+JOB_FLAGS = ("job_rate_per_min", "job_image_fraction", "job_sigma", "job_resolutions", "job_duration_s")
 
 
 def parse_load_mix(text: str) -> list[tuple[float, float]]:
@@ -54,6 +58,19 @@ class Command(BaseCommand):
         parser.add_argument("--period-s", type=float, help="diurnal: period of the cycle (default: duration)")
         parser.add_argument("--load-mix", help="relative per-chunk costs, e.g. 1.0:0.7,2.0:0.3")
         parser.add_argument("--stats", action="store_true", help="print per-span statistics")
+        parser.add_argument(
+            "--job-rate-per-min",
+            type=float,
+            help="add GenServe-shaped one-shot jobs at this Poisson rate (default 24 with --shape genserve)",
+        )
+        parser.add_argument("--job-image-fraction", type=float, help="jobs: share of images (default 0.5)")
+        parser.add_argument("--job-sigma", type=float, help="jobs: SLO scale σ (default 1.0)")
+        parser.add_argument(
+            "--job-resolutions", help=f"jobs: resolution mix, one of {', '.join(RESOLUTION_WEIGHTS)}"
+        )
+        parser.add_argument(
+            "--job-duration-s", type=float, help="jobs: submit window (default: the session trace's, or 600)"
+        )
 
     def handle(self, *args, **opts):
         shape = opts["shape"]
@@ -78,6 +95,8 @@ class Command(BaseCommand):
             "trough_rate_per_min",
             "period_s",
         )
+        if shape == "genserve" and load_mix is not None:
+            raise CommandError("--load-mix is not supported with --shape genserve (jobs only)")
         if shape not in ("poisson", "diurnal"):
             for name in open_flags:
                 if opts[name] is not None:
@@ -88,21 +107,46 @@ class Command(BaseCommand):
             value = opts[name]
             if value is not None and (not math.isfinite(value) or value < 0):
                 raise CommandError(f"--{name.replace('_', '-')} must be a finite number >= 0")
-        meta, events = self._generate(shape, opts, load_mix)
+        with_jobs = shape == "genserve" or any(opts[name] is not None for name in JOB_FLAGS)
+        meta, events = ({}, []) if shape == "genserve" else self._generate(shape, opts, load_mix)
+        jobs = self._jobs(meta, opts) if with_jobs else []
         out = opts["out"]
-        if out == "-":
-            write_trace(sys.stdout, events, meta)
-        else:
-            try:
-                write_trace(out, events, meta)
-            except OSError as exc:
-                raise CommandError(f"--out: cannot write {out}: {exc}") from None
-            self.stderr.write(f"wrote {len(events)} events to {out}")
+        try:
+            target = sys.stdout if out == "-" else out
+            if with_jobs:
+                write_mixed_trace(target, events, jobs, meta)
+            else:
+                write_trace(target, events, meta)
+        except OSError as exc:
+            raise CommandError(f"--out: cannot write {out}: {exc}") from None
+        if out != "-":
+            self.stderr.write(f"wrote {len(events) + len(jobs)} events to {out}")
         if opts["stats"]:
             span = meta.get("span_s") or meta.get("window_s") or 60.0
             stats = trace_stats(events, span_s=span, duration_s=meta["duration_s"])
             stream = self.stderr if out == "-" else self.stdout
             stream.write(json.dumps(stats, indent=2))
+
+    def _jobs(self, meta, opts):
+        """GenServe-shaped job submits (scheduling.core.jobs.workload); records them in ``meta``."""
+        duration = opts["job_duration_s"] or (meta.get("duration_s") if meta else None) or 600.0
+        try:
+            jobs_meta, jobs = genserve_jobs(
+                rate_per_min=24.0 if opts["job_rate_per_min"] is None else opts["job_rate_per_min"],
+                duration_s=duration,
+                image_fraction=0.5 if opts["job_image_fraction"] is None else opts["job_image_fraction"],
+                sigma=1.0 if opts["job_sigma"] is None else opts["job_sigma"],
+                resolutions=opts["job_resolutions"] or "uniform",
+                seed=opts["seed"],
+            )
+        except ValueError as exc:
+            raise CommandError(f"--job-*: {exc}") from None
+        if not meta:
+            meta.update(jobs_meta)
+        else:
+            meta["jobs"] = jobs_meta
+            meta["duration_s"] = max(float(meta.get("duration_s", 0.0)), jobs_meta["duration_s"])
+        return jobs
 
     def _generate(self, shape, opts, load_mix):
         seed = opts["seed"]

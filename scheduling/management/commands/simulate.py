@@ -56,6 +56,19 @@ class Command(BaseCommand):
         parser.add_argument("--plot", default=None, help="write a timeline PNG here")
         parser.add_argument("--progress", action="store_true", help="show a progress bar")
         parser.add_argument(
+            "--job-policy",
+            default="genserve",
+            help="policy for one-shot jobs in the trace: genserve, fcfs, edf, fcfs-preempt or an ablation "
+            "(genserve-no-preempt, genserve-no-dp, genserve-no-sp)",
+        )
+        parser.add_argument(
+            "--job-profile",
+            action="append",
+            default=[],
+            help="job cost profile JSON (profile_model one-shot output), repeatable; default: built-ins",
+        )
+        parser.add_argument("--job-round-steps", type=int, default=5, help="Δ: a round every Δ video steps")
+        parser.add_argument(
             "--option",
             action="append",
             default=[],
@@ -83,6 +96,9 @@ class Command(BaseCommand):
                 provisioning_delay_s=opts["provisioning_delay_s"],
                 scale_out=opts["scale_out"],
                 forecast=forecast,
+                job_policy=opts["job_policy"],
+                job_profiles=opts["job_profile"],
+                job_round_steps=opts["job_round_steps"],
             )
         except CliError as exc:
             raise CommandError(str(exc)) from exc
