@@ -10,6 +10,7 @@ from django.db import close_old_connections
 from gpu.provisioners.registry import get_provisioner
 from scheduling.live.enqueue import SCHEDULER_EVENT, SCHEDULER_TICK, WORKER_RELEASE
 from scheduling.live.liveness import workers_check
+from scheduling.live.regions import region_forecast_step
 from scheduling.live.run import scheduler_run
 from scheduling.live.scaling import release
 
@@ -42,3 +43,10 @@ def worker_release(*, worker_id: int, action_id: int | None = None) -> None:
     """Scale-in: stop a drained worker's process/pod (graceful first) and mark it released."""
     close_old_connections()
     release(worker_id=worker_id, action_id=action_id)
+
+
+@shared_task(name="scheduling.tasks.region_forecast", time_limit=60, soft_time_limit=50, ignore_result=True)
+def region_forecast() -> dict[str, float]:
+    """Beat, one call a forecast slot: the router's demand forecast by origin (``docs/regions.md``)."""
+    close_old_connections()
+    return region_forecast_step()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, status, viewsets
@@ -43,6 +44,14 @@ class TooManyLiveSessions(APIException):
     default_code = "too_many_live_sessions"
 
 
+def _origin(request, data) -> str:
+    """The body's ``origin``, else the header named by ``ORIGIN_HEADER`` (empty: body only)."""
+    if "origin" in data.validated_data:
+        return data.validated_data["origin"]
+    header = settings.STREAMSERVE["ORIGIN_HEADER"]
+    return request.headers.get(header, "") if header else ""
+
+
 class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Generation sessions. Users see only their own (another user's session is a 404); staff see all."""
 
@@ -72,7 +81,7 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
             seed=data.validated_data.get("seed"),
         )
         try:
-            session = services.session_create(owner=request.user, spec=spec)
+            session = services.session_create(owner=request.user, spec=spec, origin=_origin(request, data))
         except services.LiveSessionLimit as exc:
             raise TooManyLiveSessions(str(exc)) from exc
         return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED)

@@ -35,11 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from .jobs.cosim import JobConfig, JobSide, merge_events
+from .jobs.cosim import JobConfig, JobSide
 from .policy import Policy
 from .provisioning import FIXED, SCALE_OUT_PATHS
 from .scaleplan import ScalePlanError
-from .traces import JobEvent
+from .traces import JobEvent, merge_by_time
 from .types import Decision, Event, GpuTypeSpec, GpuView, SessionView, Snapshot
 
 
@@ -796,5 +796,5 @@ def simulate(
     carries ``jobs``. Without job events the run is exactly the stream-only simulation."""
     if job_events and jobs is None:
         raise ValueError("job events need a JobConfig (the job policy and cost profiles)")
-    merged = merge_events(list(events), list(job_events)) if job_events else events
+    merged = merge_by_time(events, job_events) if job_events else events
     return Simulator(policy, config, trace_name, jobs if job_events else None).run(merged, progress)

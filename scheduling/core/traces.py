@@ -340,6 +340,17 @@ def write_trace(
     _write_lines(path_or_file, lines)
 
 
+def merge_by_time(
+    session_events: Iterable[TraceEvent], job_events: Iterable[JobEvent]
+) -> list[TraceEvent | JobEvent]:
+    """Both kinds in one time order, sessions first at equal times (the streams come first)."""
+    keyed: list[tuple[float, int, int, TraceEvent | JobEvent]] = [
+        (e.t, 0, i, e) for i, e in enumerate(session_events)
+    ]
+    keyed += [(e.t, 1, i, e) for i, e in enumerate(job_events)]
+    return [e for *_, e in sorted(keyed, key=lambda k: k[:3])]
+
+
 def write_mixed_trace(
     path_or_file: str | Path | IO[str],
     session_events: Iterable[TraceEvent],
@@ -348,10 +359,7 @@ def write_mixed_trace(
 ) -> None:
     """Write session and job events merged by ``t`` (at equal times sessions first: a stream's event
     is applied before a job's, as the streams come first); validated like :func:`write_trace`."""
-    keyed = [(e.t, 0, i, e) for i, e in enumerate(session_events)]
-    keyed += [(e.t, 1, i, e) for i, e in enumerate(job_events)]
-    merged = [e for *_, e in sorted(keyed, key=lambda k: k[:3])]
-    lines = list(_trace_lines(merged, meta))
+    lines = list(_trace_lines(merge_by_time(session_events, job_events), meta))
     parse_mixed_trace(lines)
     _write_lines(path_or_file, lines)
 

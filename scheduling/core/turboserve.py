@@ -28,9 +28,9 @@ Beyond the paper, each switchable so its effect can be measured:
 One-shot jobs (issue 14, GenServe beside the streams): when the snapshot reports the jobs' GPU
 demand (``job_demand_gpus``, their backlog against deadlines), the empty GPUs running jobs
 (``job_gpus``) and more empty GPUs up to ⌈demand⌉ are kept out of stream placement and rebalancing —
-unless an active session finds no other room (streams first: kept GPUs are given back one at a
-time, those without a job first) — and the demand, in capacity units, is added to N_req/ρ̂ for
-scaling.
+unless an active session finds no other room or a stream GPU is above K (streams first: kept GPUs
+are given back one at a time, those without a job first) — and max(demand, GPUs kept), in capacity
+units, is added to N_req/ρ̂ for scaling.
 """
 
 from __future__ import annotations
@@ -233,9 +233,10 @@ class TurboServePolicy(Policy):
                 queue.append(sid)
             else:
                 work.add(sid, gid)
-        while queue and reserved:
-            # Streams first: GPUs kept for jobs take the sessions that found no other room, one GPU
-            # at a time, those without a job step in flight first (the list ends with them).
+        while reserved and (queue or work.rho_max() > 1.0 + _EPS):
+            # Streams first: while a session finds no room or a stream GPU is above K, GPUs kept for
+            # jobs are given back one at a time, those without a job step in flight first (the list
+            # ends with them); rebalancing below then moves load onto them.
             work.make_eligible(reserved.pop())
             waiting, queue = queue, []
             for sid in waiting:
@@ -286,7 +287,9 @@ class TurboServePolicy(Policy):
         floor_capacity = self._floor_capacity(snapshot, add_type, rho_hat) if self.autoscale else 0.0
         floor_short = floor_capacity > capacity_now + _EPS
         needed = max(needed, floor_capacity)
-        job_capacity = snapshot.job_demand_gpus * snapshot.gpu_types[add_type].capacity if add_type else 0.0
+        # The jobs need their demand, and at least the GPUs kept for them (out of the streams' reach).
+        job_gpus = max(snapshot.job_demand_gpus, float(len(reserved)))
+        job_capacity = job_gpus * snapshot.gpu_types[add_type].capacity if add_type else 0.0
         needed += job_capacity
         window = delay if self.scale_in_window_s is None else self.scale_in_window_s
         # The window holds the observed need (N_req/ρ̂), not the forecast: a forecast that did not

@@ -196,3 +196,20 @@ def test_reproduce_genserve_writes_the_report_json_and_figure(tmp_path):
     assert (tmp_path / "genserve.png").stat().st_size > 0
     with pytest.raises(Exception, match="--sigmas"):
         call_command("reproduce_genserve", sigmas="-1", out_dir=str(tmp_path), stdout=io.StringIO())
+
+
+def test_turboserve_gives_a_jobs_gpu_back_when_a_stream_gpu_is_above_k():
+    spec = BUILTIN_PROFILES["h100-1.3b"]  # K = 8
+    sessions = [SessionView(f"s{i}", 1, "executing", 1.0, "g1", GB, since=0.0) for i in range(10)]
+    snapshot = Snapshot.build(
+        time=10.0,
+        sessions=sessions,
+        gpus=[GpuView(g, spec.name, "ready") for g in ("g1", "g2")],
+        gpu_types={spec.name: spec},
+        min_gpus=2,
+        max_gpus=2,
+    )
+    kept = make_policy("turboserve").decide(
+        replace(snapshot, job_gpus=("g2",), job_demand_gpus=1.0), Event(10.0, "tick")
+    )
+    assert {m.dst for m in kept.migrations} == {"g2"}

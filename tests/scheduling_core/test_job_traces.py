@@ -139,6 +139,27 @@ def test_one_shot_profile_json_loads_and_becomes_the_default():
         catalog.profile("image", "wan2.2-5b")
 
 
+def test_profile_model_one_shot_output_loads_as_is():
+    # The shape workers/benchmarks/jobs.py:profile_one_shot writes (seconds per step, no SP).
+    written = {
+        "model": "tiny",
+        "kind": "video",
+        "points": [
+            {"width": 64, "height": 64, "frames": 8, "batch": 1, "step_s": 0.004},
+            {"width": 64, "height": 64, "frames": 16, "batch": 1, "step_s": 0.007},
+            {"width": 64, "height": 64, "frames": 16, "batch": 2, "step_s": 0.012},
+        ],
+        "machine": "cpu: x86_64, 2 logical cores, torch threads 1",
+    }
+    profile = job_profile_from_json(written)
+    assert profile.step_ms(64, 64, 16, batch=2) == pytest.approx(12.0)
+    assert profile.degrees(64, 64, 16) == (1,) and profile.default_steps == 50
+    # Tokens default to pixels × frames: 128×64×16 is costed from 64×64×16 at twice the tokens.
+    assert profile.step_ms(128, 64, 16) == pytest.approx(14.0)
+    with pytest.raises(JobProfileError, match="step_ms"):
+        job_profile_from_json({**written, "points": [{"width": 8, "height": 8, "frames": 1, "batch": 1}]})
+
+
 def test_writer_orders_sessions_before_jobs_at_equal_times():
     out = io.StringIO()
     submit = JobEvent(1.0, "j", "submit", "image", None, 8, 8, None, 2, 1.0)

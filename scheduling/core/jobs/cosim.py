@@ -406,10 +406,3 @@ class JobSide:
             "unfinished": sum(j.done_at is None for j in jobs),
             "met": sum(met(j) for j in jobs),
         }
-
-
-def merge_events(session_events: list, job_events: list) -> list:
-    """Session and job events in one time order (sessions first at equal times)."""
-    keyed = [(e.t, 0, i, e) for i, e in enumerate(session_events)]
-    keyed += [(e.t, 1, i, e) for i, e in enumerate(job_events)]
-    return [e for *_, e in sorted(keyed, key=lambda k: k[:3])]

@@ -1,12 +1,16 @@
 """Job cost profiles: the time of one denoising step per (model, resolution, frames, batch, SP degree).
 
 A profile is a list of *measured points* ``(width, height, frames, batch, sp, step_ms)`` for one model
-on one GPU type. The JSON shape (what ``profile_model`` writes in one-shot mode; docs/traces.md)::
+on one GPU type. The JSON shape (docs/traces.md, "Job costs")::
 
     {"model": "sd3.5-medium", "kind": "image", "gpu_type": "rtx-pro-6000",
      "token_patch": 16, "temporal_stride": 4, "default_steps": 28, "decode_fraction": 0.0,
      "points": [{"width": 768, "height": 768, "frames": 1, "batch": 1, "sp": 1, "step_ms": 30.8}, ...],
      "source": "..."}
+
+Only ``model``, ``kind`` and ``points`` (each ``width, height, frames, batch`` and ``step_ms`` or
+``step_s``, ``sp`` defaulting to 1) are required, so what ``profile_model --one-shot`` writes
+(``{"model", "kind", "points": [{..., "step_s"}], "machine"}``) loads as it is.
 
 Costing rule (docs/traces.md, "Job costs"): a job is costed from the measured *shape*
 ``(width, height, frames)`` nearest to it in log token count (ties: the larger shape, so an
@@ -150,13 +154,45 @@ class JobProfile:
         }
 
 
-_PROFILE_FIELDS = {"model", "kind", "gpu_type", "token_patch", "temporal_stride", "default_steps", "points"}
-_PROFILE_OPTIONAL = {"decode_fraction", "source"}
-_POINT_FIELDS = {"width", "height", "frames", "batch", "sp", "step_ms"}
+_PROFILE_FIELDS = {"model", "kind", "points"}
+# Optional, with their defaults: what ``profile_model --one-shot`` does not write. A token is then a
+# pixel of a frame (tokens ∝ W·H·F), and the default step count is the built-in model's of the kind.
+_PROFILE_OPTIONAL = {
+    "gpu_type",
+    "token_patch",
+    "temporal_stride",
+    "default_steps",
+    "decode_fraction",
+    "source",
+    "machine",
+}
+_POINT_FIELDS = {"width", "height", "frames", "batch"}
+_POINT_OPTIONAL = {"sp"}  # default 1
+_POINT_TIMES = {"step_ms": 1.0, "step_s": 1000.0}  # exactly one of them, in ms or s
+
+
+def _point_from_json(raw: Any, index: int) -> MeasuredPoint:
+    if not isinstance(raw, Mapping):
+        raise JobProfileError(f"points[{index}] must be an object")
+    times = [k for k in _POINT_TIMES if k in raw]
+    missing = sorted(_POINT_FIELDS - raw.keys())
+    unknown = sorted(raw.keys() - _POINT_FIELDS - _POINT_OPTIONAL - _POINT_TIMES.keys())
+    if missing or unknown or len(times) != 1:
+        raise JobProfileError(
+            f"points[{index}] needs {sorted(_POINT_FIELDS)}, optionally 'sp', and one of 'step_ms'/'step_s'"
+        )
+    try:
+        return MeasuredPoint(
+            **{k: int(raw[k]) for k in _POINT_FIELDS},
+            sp=int(raw.get("sp", 1)),
+            step_ms=float(raw[times[0]]) * _POINT_TIMES[times[0]],
+        )
+    except (TypeError, ValueError) as exc:
+        raise JobProfileError(f"points[{index}]: {exc}") from None
 
 
 def job_profile_from_json(data: Mapping[str, Any]) -> JobProfile:
-    """Build a profile from the documented JSON object (``profile_model`` in one-shot mode)."""
+    """Build a profile from the documented JSON object; ``profile_model --one-shot`` output loads as is."""
     if not isinstance(data, Mapping):
         raise JobProfileError("a job profile must be a JSON object")
     missing = sorted(_PROFILE_FIELDS - data.keys())
@@ -167,29 +203,22 @@ def job_profile_from_json(data: Mapping[str, Any]) -> JobProfile:
         raise JobProfileError(f"job profile has unknown field(s) {', '.join(unknown)}")
     if not isinstance(data["points"], list):
         raise JobProfileError("points must be a list of objects")
-    points = []
-    for i, raw in enumerate(data["points"]):
-        if not isinstance(raw, Mapping) or set(raw) != _POINT_FIELDS:
-            raise JobProfileError(f"points[{i}] must have exactly {sorted(_POINT_FIELDS)}")
-        try:
-            points.append(
-                MeasuredPoint(
-                    **{k: int(raw[k]) for k in _POINT_FIELDS - {"step_ms"}}, step_ms=float(raw["step_ms"])
-                )
-            )
-        except (TypeError, ValueError) as exc:
-            raise JobProfileError(f"points[{i}]: {exc}") from None
+    points = tuple(_point_from_json(raw, i) for i, raw in enumerate(data["points"]))
+    kind = str(data["kind"])
+    default_steps = data.get("default_steps")
+    if default_steps is None and kind in DEFAULT_MODELS:
+        default_steps = BUILTIN_JOB_PROFILES[DEFAULT_MODELS[kind]].default_steps
     try:
         return JobProfile(
             model=str(data["model"]),
-            kind=str(data["kind"]),
-            gpu_type=str(data["gpu_type"]),
-            token_patch=int(data["token_patch"]),
-            temporal_stride=int(data["temporal_stride"]),
-            default_steps=int(data["default_steps"]),
-            points=tuple(points),
+            kind=kind,
+            gpu_type=str(data.get("gpu_type", data.get("machine", ""))),
+            token_patch=int(data.get("token_patch", 1)),
+            temporal_stride=int(data.get("temporal_stride", 1)),
+            default_steps=int(default_steps or 1),
+            points=points,
             decode_fraction=float(data.get("decode_fraction", 0.0)),
-            source=str(data.get("source", "")),
+            source=str(data.get("source", data.get("machine", ""))),
         )
     except (TypeError, ValueError) as exc:
         raise JobProfileError(str(exc)) from None
