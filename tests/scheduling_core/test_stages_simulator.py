@@ -122,6 +122,16 @@ def test_simulate_stages_flag_errors_name_the_flag(kwargs, flag):
         call_command("simulate_stages", **kwargs)
 
 
+def test_a_trace_mixing_pipelines_is_refused_naming_the_trace(tmp_path):
+    trace = tmp_path / "mixed.jsonl"
+    image = JobEvent(1.0, "i1", "submit", "image", None, 1024, 1024, None, 20, 10.0)
+    write_mixed_trace(trace, [], [*_burst(0.0, (832, 480, 33), 1, 1.0, "v"), image])
+    with pytest.raises(
+        CommandError, match=r"--trace: job 'i1' needs pipeline 'sd3-image'; this run serves 'wan-t2v'"
+    ):
+        call_command("simulate_stages", trace=str(trace), gpus=16)
+
+
 def test_bench_stages_dispatch_reports_percentiles_and_rejects_bad_flags():
     result = _json("bench_stages_dispatch", gpus=16, repeats=3)
     assert result["gpus"] == 16 and result["pending"] == 16

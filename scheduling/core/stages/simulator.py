@@ -553,9 +553,11 @@ def _requests(
         if job.event == "cancel":
             cancels[job.job] = job.t
             continue
-        if (job.model or DEFAULT_PIPELINE[job.kind]) != pipeline.name:
+        wanted = job.model or DEFAULT_PIPELINE[job.kind]
+        if wanted != pipeline.name:
             raise StageSimulationError(
-                f"job {job.job!r} asks for model {job.model!r}; this run serves {pipeline.name!r} (one pipeline per run)"
+                f"job {job.job!r} needs pipeline {wanted!r}; this run serves {pipeline.name!r} "
+                "(one pipeline per run: a trace of images and videos is two runs)"
             )
         shape = Shape(job.width, job.height, job.frames or 1, job.steps)
         preferred_type(pipeline, shape, gpu)  # raises if it fits under no placement
