@@ -1,5 +1,6 @@
-"""The live regions (docs/regions.md, "Live platform"): the global router, its forecast slot, and
-the split of a scale-out over the regions within their GPU limits.
+"""The live regions (docs/regions.md, "Live platform"): the global router, its forecast slot, the
+slot's moves of parked sessions, and the regions as the scheduler's per-region planning reads them
+(``region_layout``; the planning itself is ``scheduling.core.regions.partition``).
 
 The algorithms are ``scheduling.core.regions`` (the simulator's): this module only reads the
 platform's state into their arrays and keeps the previous plan, the load history and the forecast in
@@ -19,14 +20,14 @@ Redis.
 A session is routed to the allowed region where its origin is furthest below the plan's share
 (``share · demand − sessions already there``): deterministic, and it fills the plan in proportion.
 With one region, without an origin, or with no region within the budget, the session keeps no region
-(``region`` null: placed as before, on any worker); a region beyond the budget is never assigned.
+(``region`` null: the local region); a region beyond the budget is never assigned.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any
 
 import numpy as np
@@ -229,6 +230,83 @@ def session_region_route(*, session_id: str) -> Region | None:
     region = regions[int(np.argmax(deficit))]
     GenerationSession.objects.filter(pk=session.pk).update(region=region)
     return region
+
+
+@dataclass(frozen=True)
+class ParkedMove:
+    """A parked session the slot moved: it resumes in ``target`` at its next activation."""
+
+    session: str
+    origin: str
+    source: str
+    target: str
+
+
+def parked_sessions_reroute() -> list[ParkedMove]:
+    """Once a slot: move parked sessions off the regions the plan shifts their origin's load away from.
+
+    The plan (``region_plan``, on the forecast) gives each origin's share per region; an origin's
+    routed load in a region beyond share × its load is excess there, below it a deficit. An idle,
+    suspended session (its state parked in host memory: no chunk is running) in a region with
+    excess gets the allowed region (within the RTT budget) with the largest deficit, longest idle
+    first, while both the excess and the deficit hold at least its load (so moves never overshoot and
+    the next slot does not move it back), at most ``REGION_MOVES_PER_SLOT`` a slot. Only its
+    ``region`` changes now (a compare-and-set on it still being idle and suspended there); at its next
+    activation the scheduler places it in the new region, and the state moves by the usual
+    resume-from-another-host migration (``resume-remote``), so a session that never comes back costs no
+    transfer. Sessions without a region (not routed) stay.
+    """
+    limit = settings.STREAMSERVE["REGION_MOVES_PER_SLOT"]
+    if limit == 0:
+        return []
+    with transaction.atomic():
+        # Serialised with arrival routing, which reads the same placed loads (see session_region_route).
+        list(Region.objects.select_for_update().values_list("pk", flat=True))
+        planned = region_plan()
+        if planned is None:
+            return []
+        regions, origins, plan, allowed = planned
+        index = {r.pk: i for i, r in enumerate(regions)}
+        row_of = {o: j for j, o in enumerate(origins)}
+        live = GenerationSession.objects.exclude(status=GenerationSession.Status.TERMINATED).filter(
+            origin__in=origins, region__isnull=False
+        )
+        placed = np.zeros((len(origins), len(regions)))
+        for origin, region_id, load in (
+            live.values("origin", "region_id")
+            .annotate(load=Sum("load"))
+            .values_list("origin", "region_id", "load")
+        ):
+            placed[row_of[origin], index[region_id]] += load
+        excess = placed - plan * placed.sum(axis=1, keepdims=True)
+        parked = live.filter(
+            status=GenerationSession.Status.SUSPENDED, activity=GenerationSession.Activity.IDLE
+        ).order_by("last_active_at", "pk")
+        moves: list[ParkedMove] = []
+        for session in parked:
+            if len(moves) >= limit:
+                break
+            o, r = row_of[session.origin], index[session.region_id]
+            if excess[o, r] < session.load - 1e-9:
+                continue
+            deficit = np.where(allowed[o], -excess[o], -np.inf)
+            deficit[r] = -np.inf
+            t = int(np.argmax(deficit))
+            if deficit[t] < session.load - 1e-9:
+                continue
+            moved = GenerationSession.objects.filter(
+                pk=session.pk,
+                region_id=session.region_id,
+                status=GenerationSession.Status.SUSPENDED,
+                activity=GenerationSession.Activity.IDLE,
+            ).update(region=regions[t])
+            if moved != 1:
+                continue  # it became active meanwhile: the scheduler has it
+            excess[o, r] -= session.load
+            excess[o, t] += session.load
+            moves.append(ParkedMove(str(session.pk), session.origin, regions[r].name, regions[t].name))
+            log.info("parked session %s (%s) moved from region %s to %s", *astuple(moves[-1]))
+    return moves
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ them, never beyond their RTT budget, and a single region changes nothing."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
@@ -16,12 +17,13 @@ from scheduling.live.regions import (
     FORECAST_KEY,
     HISTORY_KEY,
     PLAN_KEY,
+    parked_sessions_reroute,
     region_forecast_step,
     session_region_route,
 )
 from scheduling.live.run import scheduler_run
 from scheduling.live.scaling import scale_out
-from scheduling.models import ScalingAction, SchedulerConfig, SchedulerDecision
+from scheduling.models import Migration, ScalingAction, SchedulerConfig, SchedulerDecision
 from scheduling.receivers import session_event_received
 from sessions.models import GenerationSession
 from tests.factories import GpuWorkerFactory, SessionFactory
@@ -203,7 +205,7 @@ def test_sessions_run_only_on_their_regions_workers(coasts):
     # then all three execute on east's worker, and every decision names its region
     placed = GenerationSession.objects.filter(pk__in=[s.pk for s in sessions])
     assert {(s.status, s.worker.region_id) for s in placed} == {(GenerationSession.Status.EXECUTING, east.pk)}
-    assert {d.inputs["region"] for d in SchedulerDecision.objects.all()} <= {"east", "west"}
+    assert {d.inputs["region"] for d in SchedulerDecision.objects.all()} == {"east"}
 
 
 def test_a_session_its_region_cannot_place_runs_in_the_nearest_region_within_budget(coasts):
@@ -278,3 +280,59 @@ def test_a_scaled_out_worker_is_in_its_region_at_the_regions_price(coasts, setti
     worker = GpuWorker.objects.get(name="cpu-9")
     assert (worker.region, worker.price_per_hour) == (east, Decimal("0.2"))
 
+
+def parked_in(region: Region, origin: str, host: GpuWorker, minutes_idle: int) -> GenerationSession:
+    return SessionFactory(
+        origin=origin,
+        region=region,
+        status=GenerationSession.Status.SUSPENDED,
+        activity="idle",
+        state_location=GenerationSession.StateLocation.HOST,
+        host_worker=host,
+        last_active_at=timezone.now() - timedelta(minutes=minutes_idle),
+    )
+
+
+def test_parked_sessions_move_where_the_plan_shifts_their_origin_and_resume_there(coasts, settings):
+    east, west = coasts
+    settings.STREAMSERVE = {**settings.STREAMSERVE, "REGION_MOVES_PER_SLOT": 2}
+    east_worker = GpuWorker.objects.get(region=east)
+    # given east's four slots taken by nyc (west is beyond nyc's budget), three chi sessions parked in
+    # east (chi is within budget of both) and one chi session active there
+    for _ in range(4):
+        active_in(east, origin="nyc")
+    parked = [parked_in(east, "chi", east_worker, minutes_idle=m) for m in (1, 9, 5)]
+    active_in(east, origin="chi")
+    # when a slot runs, then the two longest idle move to west, where the plan sends chi
+    moves = parked_sessions_reroute()
+    assert [(m.session, m.source, m.target) for m in moves] == [
+        (str(parked[1].pk), "east", "west"),
+        (str(parked[2].pk), "east", "west"),
+    ]
+    # and the next slot moves the third (the active one stays until it idles)
+    assert [m.session for m in parked_sessions_reroute()] == [str(parked[0].pk)]
+    assert parked_sessions_reroute() == []
+    # when a moved session becomes active again, then its parked state migrates to a west worker
+    session = parked[1]
+    GenerationSession.objects.filter(pk=session.pk).update(activity="active", last_active_at=timezone.now())
+    scheduler_run(trigger="active", session_id=str(session.pk))
+    migration = Migration.objects.get(session=session)
+    assert (migration.reason, migration.source, migration.target.region) == (
+        "resume-remote",
+        east_worker,
+        west,
+    )
+
+
+def test_no_parked_session_moves_when_disabled_or_when_the_plan_keeps_it(coasts, settings):
+    east, _west = coasts
+    east_worker = GpuWorker.objects.get(region=east)
+    # given one chi session parked in east, which has room: the plan keeps chi there (20 ms against 25)
+    parked_in(east, "chi", east_worker, minutes_idle=3)
+    # when a slot runs, then it stays
+    assert parked_sessions_reroute() == []
+    # and with moves disabled nothing moves even when the plan would
+    settings.STREAMSERVE = {**settings.STREAMSERVE, "REGION_MOVES_PER_SLOT": 0}
+    for _ in range(4):
+        active_in(east, origin="nyc")
+    assert parked_sessions_reroute() == []
