@@ -4,6 +4,9 @@ nearest region within its budget that can, else waits in its own region."""
 
 from __future__ import annotations
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from scheduling.core.regions.partition import decide_by_region, partition_snapshot
 from scheduling.core.turboserve import TurboServePolicy
 from scheduling.core.types import Event, GpuTypeSpec, GpuView, SessionView, Snapshot
@@ -137,3 +140,63 @@ def test_a_region_that_queues_its_own_sessions_takes_none_from_another():
     # then neither moves: both wait in their own region
     assert rerouted == {}
     assert (decisions["east"].queue, decisions["west"].queue) == (("x",), ("y",))
+
+
+REGIONS = ("east", "west", "local")
+
+
+@st.composite
+def regional_clusters(draw):
+    """Up to six ready GPUs spread over three regions, sessions on them within memory or waiting."""
+    gpu_region = {f"g{i}": draw(st.sampled_from(REGIONS)) for i in range(draw(st.integers(1, 6)))}
+    sessions, routes, used = [], {}, dict.fromkeys(gpu_region, 0)
+    for i in range(draw(st.integers(0, 14))):
+        sid = f"s{i:02d}"
+        gpu = draw(st.sampled_from([None, *gpu_region]))
+        if gpu is not None and used[gpu] >= 2:
+            gpu = None  # the memory limit: two sessions
+        if gpu is not None:
+            used[gpu] += 1
+        alpha = draw(st.integers(0, 1)) if gpu is not None else 1
+        sessions.append(
+            SessionView(
+                id=sid, alpha=alpha, state="executing" if gpu else "queued", gpu=gpu, load=1.0, since=1.0
+            )
+        )
+        routes[sid] = gpu_region[gpu] if gpu else draw(st.sampled_from(REGIONS))
+    alternatives = {s.id: draw(st.permutations(REGIONS)) for s in sessions if s.gpu is None}
+    return snapshot(sessions, [ready(g) for g in gpu_region]), gpu_region, routes, alternatives
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(regional_clusters())
+def test_no_session_is_placed_outside_its_region_and_no_gpu_over_memory(cluster):
+    snap, gpu_region, routes, alternatives = cluster
+    parts = partition_snapshot(
+        snap, session_region=routes, gpu_region=gpu_region, gpu_limits={}, default="local"
+    )
+    policies = {r: TurboServePolicy(rho_hat=0.7) for r in parts}
+    decisions, rerouted = decide_by_region(
+        policies, parts, Event(time=snap.time, kind="tick"), event_region=None, alternatives=alternatives
+    )
+    resident = {g: list(snap.residents[g]) for g in gpu_region}
+    for region, decision in decisions.items():
+        for sid in decision.suspend:
+            resident[snap.sessions[sid].gpu].remove(sid)
+        for move in decision.migrations:
+            # Rebalancing stays inside the region.
+            assert gpu_region[move.src] == gpu_region[move.dst] == region
+            resident[move.src].remove(move.session)
+            resident[move.dst].append(move.session)
+        for sid, gid in decision.assign:
+            # A session starts in its routed region, or in the one it was re-routed to.
+            assert gpu_region[gid] == region == rerouted.get(sid, routes[sid])
+            resident[gid].append(sid)
+    # Memory is never exceeded, and every active session is placed or waits exactly once.
+    assert all(len(sessions) <= 2 for sessions in resident.values())
+    queued = [sid for d in decisions.values() for sid in d.queue]
+    placed = {sid for sessions in resident.values() for sid in sessions}
+    assert len(queued) == len(set(queued)) and not set(queued) & placed
+    assert {s.id for s in snap.sessions.values() if s.alpha} <= placed | set(queued)
+    # A session is re-routed only to a region its alternatives allow, and only when its own was full.
+    assert all(region in alternatives[sid] and region != routes[sid] for sid, region in rerouted.items())

@@ -89,11 +89,17 @@ class _Room:
     bytes: int
     load: float
 
-    def fits(self, load: float, state_bytes: int) -> bool:
+    def fits(self, state_bytes: int) -> bool:
+        """Memory for one more session (the hard limit; K is only the latency target)."""
         return (
             self.count + 1 <= self.spec.session_limit()
             and self.bytes + state_bytes <= self.spec.bytes_limit()
         )
+
+    def take(self, load: float, state_bytes: int, sign: int = 1) -> None:
+        self.count += sign
+        self.bytes += sign * state_bytes
+        self.load += sign * load
 
 
 def _room(snapshot: Snapshot, decision: Decision) -> dict[str, _Room]:
@@ -110,10 +116,7 @@ def _room(snapshot: Snapshot, decision: Decision) -> dict[str, _Room]:
 
     def shift(sid: str, gid: str | None, sign: int) -> None:
         if gid in room:
-            s = sessions[sid]
-            room[gid].count += sign
-            room[gid].bytes += sign * s.state_bytes
-            room[gid].load += sign * s.load
+            room[gid].take(sessions[sid].load, sessions[sid].state_bytes, sign)
 
     for sid in decision.suspend:
         shift(sid, sessions[sid].gpu, -1)
@@ -135,8 +138,9 @@ def spill_queued(
     """Place each queued session with ``alternatives`` (other regions within its RTT budget, nearest
     first) on the GPU of the first of them that has room after that region's decision: below K
     first, then the lowest resulting latency (TurboServe's assignment rule, Eq. 3, within one
-    region). Returns the decisions with those sessions moved from one region's ``queue`` to another's
-    ``assign``, and session -> new region."""
+    region). A region that queues sessions of its own gives none of its room away. Returns the
+    decisions with those sessions moved from one region's ``queue`` to another's ``assign``, and
+    session -> new region."""
     rooms = {r: _room(snapshots[r], d) for r, d in decisions.items()}
     assign = {r: list(d.assign) for r, d in decisions.items()}
     queue = {r: list(d.queue) for r, d in decisions.items()}
@@ -150,12 +154,7 @@ def spill_queued(
                 gid = _best_room(rooms[other], s.load, s.state_bytes)
                 if gid is None:
                     continue
-                room = rooms[other][gid]
-                room.count, room.bytes, room.load = (
-                    room.count + 1,
-                    room.bytes + s.state_bytes,
-                    room.load + s.load,
-                )
+                rooms[other][gid].take(s.load, s.state_bytes)
                 assign[other].append((sid, gid))
                 queue[region].remove(sid)
                 rerouted[sid] = other
@@ -168,7 +167,7 @@ def _best_room(room: Mapping[str, _Room], load: float, state_bytes: int) -> str 
     best = None
     for gid in sorted(room):
         r = room[gid]
-        if not r.fits(load, state_bytes):
+        if not r.fits(state_bytes):
             continue
         after = r.load + load
         key = (after > r.spec.capacity + _EPS, r.spec.latency_ms(after), gid)
