@@ -415,6 +415,8 @@ STREAMSERVE = {
     # the seasonal-naive season in slots (2880 slots of 30 s: a day).
     "REGION_FORECAST": env.str("REGION_FORECAST", default="ets"),
     "REGION_FORECAST_SEASON_SLOTS": _typed("REGION_FORECAST_SEASON_SLOTS", env.int, 2880),
+    # Parked (idle, suspended) sessions the plan may move to another region per slot (0: none).
+    "REGION_MOVES_PER_SLOT": _typed("REGION_MOVES_PER_SLOT", env.int, 4),
     "DEMO_PASSWORD": env.str("DEMO_PASSWORD", default="demo-streamserve"),
     "OPERATOR_PASSWORD": env.str("OPERATOR_PASSWORD", default="operator-streamserve"),
 }
@@ -433,6 +435,8 @@ if STREAMSERVE["REGION_FORECAST"] not in ("ets", "seasonal-naive", "last-value")
     raise ImproperlyConfigured(
         "Environment variable REGION_FORECAST must be ets, seasonal-naive or last-value"
     )
+if STREAMSERVE["REGION_MOVES_PER_SLOT"] < 0:
+    raise ImproperlyConfigured("Environment variable REGION_MOVES_PER_SLOT must be 0 or more")
 if not 0.0 < STREAMSERVE["REGION_PLAN_BETA"] <= 1.0:
     raise ImproperlyConfigured("Environment variable REGION_PLAN_BETA must be in (0, 1]")
 if STREAMSERVE["WORKER_WEIGHTS_FROM"] not in ("auto", "pool", "disk"):

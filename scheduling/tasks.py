@@ -10,7 +10,7 @@ from django.db import close_old_connections
 from gpu.provisioners.registry import get_provisioner
 from scheduling.live.enqueue import SCHEDULER_EVENT, SCHEDULER_TICK, WORKER_RELEASE
 from scheduling.live.liveness import workers_check
-from scheduling.live.regions import region_forecast_step
+from scheduling.live.regions import parked_sessions_reroute, region_forecast_step
 from scheduling.live.run import scheduler_run
 from scheduling.live.scaling import release
 
@@ -47,6 +47,9 @@ def worker_release(*, worker_id: int, action_id: int | None = None) -> None:
 
 @shared_task(name="scheduling.tasks.region_forecast", time_limit=60, soft_time_limit=50, ignore_result=True)
 def region_forecast() -> dict[str, float]:
-    """Beat, one call a forecast slot: the router's demand forecast by origin (``docs/regions.md``)."""
+    """Beat, one call a forecast slot: the router's demand forecast by origin, then the slot's moves of
+    parked sessions to the regions the plan shifts load to (``docs/regions.md``)."""
     close_old_connections()
-    return region_forecast_step()
+    forecast = region_forecast_step()
+    parked_sessions_reroute()
+    return forecast

@@ -11,6 +11,7 @@ from django.db.models.functions import Trunc
 from django.utils import timezone
 
 from controlplane.timerange import TimeRange
+from gpu.selectors import region_name
 from sessions.models import (
     LATENCY_BUCKETS_MS,
     ChunkLatencyRollup,
@@ -44,7 +45,9 @@ def _slo_ms(slo_ms: float | None) -> float:
 
 
 def latency_buckets(*, time_range: TimeRange, slo_ms: float | None = None, source: str = "auto") -> dict:
-    """Per-chunk generation latency over [start, end) per bucket: count, p50, p95, p99, max, SLO pass rate.
+    """Per-chunk generation latency over [start, end) per bucket: count, p50, p95, p99, max, SLO pass rate;
+    each bucket and the totals also ``by_region`` (a chunk's region is its worker's, the local
+    region's for a worker without one, like the cost audit's).
 
     ``source``: ``raw`` computes exact percentiles from chunk records; ``rollup`` computes them from
     the per-minute histograms (±7.5 %); ``auto`` uses raw records while the range is inside the raw
@@ -56,12 +59,19 @@ def latency_buckets(*, time_range: TimeRange, slo_ms: float | None = None, sourc
         source = "raw" if time_range.start >= oldest_raw else "rollup"
     if source == "raw":
         buckets = _latency_from_raw(time_range, slo)
+        regional = _latency_from_raw(time_range, slo, by_region=True)
     elif source == "rollup":
         buckets = _latency_from_rollups(time_range, slo)
+        regional = _latency_from_rollups(time_range, slo, by_region=True)
     else:
         raise ValueError(f"unknown source {source!r}")
-    count = sum(b["count"] for b in buckets)
-    passed = sum(b["slo_passed"] for b in buckets)
+    by_bucket: dict = {}
+    for row in regional:
+        by_bucket.setdefault(row["start"], {})[row.pop("region")] = row
+    for bucket in buckets:
+        bucket["by_region"] = {
+            name: _without_start(row) for name, row in by_bucket.get(bucket["start"], {}).items()
+        }
     return {
         "start": time_range.start,
         "end": time_range.end,
@@ -70,19 +80,39 @@ def latency_buckets(*, time_range: TimeRange, slo_ms: float | None = None, sourc
         "source": source,
         "buckets": buckets,
         "totals": {
-            "count": count,
-            "slo_passed": passed,
-            "slo_pass_rate": (passed / count) if count else None,
-            "max_ms": max((b["max_ms"] for b in buckets), default=None),
+            **_latency_totals(buckets),
+            "by_region": {
+                name: _latency_totals([b["by_region"][name] for b in buckets if name in b["by_region"]])
+                for name in sorted({name for b in buckets for name in b["by_region"]})
+            },
         },
     }
 
 
-def _latency_from_raw(time_range: TimeRange, slo: float) -> list[dict]:
+def _without_start(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k != "start"}
+
+
+def _latency_totals(buckets: list[dict]) -> dict:
+    count = sum(b["count"] for b in buckets)
+    passed = sum(b["slo_passed"] for b in buckets)
+    return {
+        "count": count,
+        "slo_passed": passed,
+        "slo_pass_rate": (passed / count) if count else None,
+        "max_ms": max((b["max_ms"] for b in buckets), default=None),
+    }
+
+
+def _latency_from_raw(time_range: TimeRange, slo: float, *, by_region: bool = False) -> list[dict]:
+    keys = ("bucket", "region") if by_region else ("bucket",)
+    rows = ChunkRecord.objects.filter(
+        created_at__gte=time_range.start, created_at__lt=time_range.end
+    ).annotate(bucket=Trunc("created_at", time_range.bucket))
+    if by_region:
+        rows = rows.annotate(region=region_name("worker__region__name"))
     rows = (
-        ChunkRecord.objects.filter(created_at__gte=time_range.start, created_at__lt=time_range.end)
-        .annotate(bucket=Trunc("created_at", time_range.bucket))
-        .values("bucket")
+        rows.values(*keys)
         .annotate(
             count=Count("id"),
             p50_ms=PercentileCont("generation_ms", 0.50),
@@ -92,7 +122,7 @@ def _latency_from_raw(time_range: TimeRange, slo: float) -> list[dict]:
             delivery_p99_ms=PercentileCont("delivery_ms", 0.99),
             slo_passed=Count("id", filter=Q(generation_ms__lte=slo)),
         )
-        .order_by("bucket")
+        .order_by(*keys)
     )
     return [{"start": r.pop("bucket"), **r} for r in rows]
 
@@ -121,27 +151,29 @@ def latency_bucket_index(latency_ms: float) -> int:
     return bisect.bisect_right(LATENCY_BUCKETS_MS, latency_ms)
 
 
-def _latency_from_rollups(time_range: TimeRange, slo: float) -> list[dict]:
+def _latency_from_rollups(time_range: TimeRange, slo: float, *, by_region: bool = False) -> list[dict]:
     rows = (
         ChunkLatencyRollup.objects.filter(minute__gte=time_range.start, minute__lt=time_range.end)
-        .annotate(bucket=Trunc("minute", time_range.bucket))
-        .order_by("bucket")
-        .values_list("bucket", "count", "max_generation_ms", "histogram")
+        .annotate(bucket=Trunc("minute", time_range.bucket), region=region_name("worker__region__name"))
+        .order_by("bucket", "region")
+        .values_list("bucket", "region", "count", "max_generation_ms", "histogram")
     )
     merged: dict = {}
-    for bucket, count, max_ms, histogram in rows:
-        entry = merged.setdefault(bucket, {"count": 0, "max_ms": 0.0, "histogram": [0] * len(histogram)})
+    for bucket, region, count, max_ms, histogram in rows:
+        key = (bucket, region) if by_region else (bucket, None)
+        entry = merged.setdefault(key, {"count": 0, "max_ms": 0.0, "histogram": [0] * len(histogram)})
         entry["count"] += count
         entry["max_ms"] = max(entry["max_ms"], max_ms)
         entry["histogram"] = [a + b for a, b in zip(entry["histogram"], histogram, strict=True)]
     # Conservative at bucket resolution: only buckets whose upper bound is within the SLO pass.
     passing_buckets = bisect.bisect_right(LATENCY_BUCKETS_MS, slo)
     out = []
-    for bucket, entry in merged.items():
+    for (bucket, region), entry in merged.items():
         hist = entry["histogram"]
         out.append(
             {
                 "start": bucket,
+                **({"region": region} if by_region else {}),
                 "count": entry["count"],
                 "p50_ms": histogram_percentile(hist, 0.50),
                 "p95_ms": histogram_percentile(hist, 0.95),

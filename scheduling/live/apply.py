@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from django.db.models import Q
 
 from gpu import services as gpu_services
-from gpu.models import GpuWorker
+from gpu.models import GpuWorker, Region
 from scheduling.core.types import Decision
 from scheduling.live.moves import migration_start
 from scheduling.live.outbox import Outbox
@@ -31,11 +31,14 @@ Location = GenerationSession.StateLocation
 @dataclass
 class Pool:
     """The rows one decision acts on, locked by the run: live workers and non-terminated sessions
-    of one model preset, by name and by id."""
+    of one model preset, by name and by id. A region's decision acts on the region's workers only
+    (``region``: ``None`` for the local region) and may name any session of the preset (one the
+    planning re-routed into the region)."""
 
     preset: str
     workers: dict[str, GpuWorker]
     sessions: dict[str, GenerationSession]
+    region: Region | None = None
 
 
 @dataclass
@@ -54,10 +57,16 @@ def decision_apply(
     budget = len(workers)
     # 1. Scale-out before rebalancing; undrain what the policy keeps.
     for gpu_type, count in decision.add_gpus:
-        actions = scale_out(
-            decision=record, preset=pool.preset, gpu_type=gpu_type, count=count, budget=budget, outbox=outbox
+        scale_out(
+            decision=record,
+            preset=pool.preset,
+            gpu_type=gpu_type,
+            count=count,
+            budget=budget,
+            outbox=outbox,
+            region=pool.region,
         )
-        budget += sum(a.to_budget - a.from_budget for a in actions)
+        budget += count
     for name in decision.undrain:
         if name in workers and workers[name].status == GpuWorker.Status.DRAINING:
             gpu_services.worker_undrain(worker=workers[name])
@@ -187,7 +196,8 @@ def _handing_off(session: GenerationSession) -> bool:
 def _hand_off_parked(
     worker: GpuWorker, workers: dict[str, GpuWorker], record: SchedulerDecision, outbox: Outbox
 ) -> bool:
-    """Before a worker goes, the suspended states in its host memory move to another host.
+    """Before a worker goes, the suspended states in its host memory move to another host of the
+    same region (``workers`` is the region's).
 
     A hand-off changes no status (the state stays parked), so a state whose hand-off is still in
     flight is recognised by its pending migration and not handed off again: every scheduler run

@@ -1,5 +1,6 @@
-"""The live regions (docs/regions.md, "Live platform"): the global router, its forecast slot, and
-the split of a scale-out over the regions within their GPU limits.
+"""The live regions (docs/regions.md, "Live platform"): the global router, its forecast slot, the
+slot's moves of parked sessions, and the regions as the scheduler's per-region planning reads them
+(``region_layout``; the planning itself is ``scheduling.core.regions.partition``).
 
 The algorithms are ``scheduling.core.regions`` (the simulator's): this module only reads the
 platform's state into their arrays and keeps the previous plan, the load history and the forecast in
@@ -19,15 +20,14 @@ Redis.
 A session is routed to the allowed region where its origin is furthest below the plan's share
 (``share · demand − sessions already there``): deterministic, and it fills the plan in proportion.
 With one region, without an origin, or with no region within the budget, the session keeps no region
-(``region`` null: placed as before, on any worker); a region beyond the budget is never assigned.
+(``region`` null: the local region); a region beyond the budget is never assigned.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import astuple, dataclass
 from typing import Any
 
 import numpy as np
@@ -233,72 +233,136 @@ def session_region_route(*, session_id: str) -> Region | None:
 
 
 @dataclass(frozen=True)
-class RegionShare:
-    """Part of a scale-out: ``count`` GPUs for ``region`` (``None``: the local region, see ``Region``)
-    at ``price_multiplier`` × the GPU type's price."""
+class ParkedMove:
+    """A parked session the slot moved: it resumes in ``target`` at its next activation."""
 
-    region: Region | None
-    count: int
-    price_multiplier: float = 1.0
-
-    @property
-    def name(self) -> str:
-        return self.region.name if self.region else Region.DEFAULT_NAME
+    session: str
+    origin: str
+    source: str
+    target: str
 
 
-def _region_figures(gpu_type: str) -> tuple[dict[str, float], dict[str, float], dict[str, int]]:
-    """By region name (the local region's for a null region): routed load of live sessions, Σ K of
-    live workers, and live workers of ``gpu_type``."""
-    names = dict(Region.objects.values_list("pk", "name"))
-    load: dict[str, float] = defaultdict(float)
-    slots: dict[str, float] = defaultdict(float)
-    used: dict[str, int] = defaultdict(int)
-    for region_id, session_load in (
-        GenerationSession.objects.exclude(status=GenerationSession.Status.TERMINATED)
-        .values("region_id")
-        .annotate(load=Sum("load"))
-        .values_list("region_id", "load")
-    ):
-        load[names.get(region_id, Region.DEFAULT_NAME)] += session_load
-    live = GpuWorker.objects.filter(status__in=GpuWorker.LIVE_STATUSES)
-    for region_id, k, worker_type in live.values_list("region_id", "capacity", "gpu_type"):
-        name = names.get(region_id, Region.DEFAULT_NAME)
-        slots[name] += k
-        used[name] += worker_type == gpu_type
-    return load, slots, used
+def parked_sessions_reroute() -> list[ParkedMove]:
+    """Once a slot: move parked sessions off the regions the plan shifts their origin's load away from.
 
-
-def scale_out_regions(*, gpu_type: str, count: int, capacity_per_gpu: int) -> list[RegionShare]:
-    """Split a scale-out of ``count`` GPUs of ``gpu_type`` over the regions, within their limits.
-
-    Each GPU goes to the region whose routed load (live sessions with that region; the local region
-    takes those without one) is furthest above its capacity (Σ K of its live workers), counting the
-    GPUs already given; ties go to the lower price multiplier, then the name. A region takes a GPU
-    only while its live GPUs of that type are under its ``gpu_limits`` entry (a type without an entry
-    is not limited). The local region is always a candidate, limited by its row when it has one, and
-    its new workers keep a null region. GPUs no region has room for are not requested: the limits are
-    hard, and the autoscaler asks again on a later decision.
+    The plan (``region_plan``, on the forecast) gives each origin's share per region; an origin's
+    routed load in a region beyond share × its load is excess there, below it a deficit. An idle,
+    suspended session (its state parked in host memory: no chunk is running) in a region with
+    excess gets the allowed region (within the RTT budget) with the largest deficit, longest idle
+    first, while both the excess and the deficit hold at least its load (so moves never overshoot and
+    the next slot does not move it back), at most ``REGION_MOVES_PER_SLOT`` a slot. Only its
+    ``region`` changes now (a compare-and-set on it still being idle and suspended there); at its next
+    activation the scheduler places it in the new region, and the state moves by the usual
+    resume-from-another-host migration (``resume-remote``), so a session that never comes back costs no
+    transfer. Sessions without a region (not routed) stay.
     """
+    limit = settings.STREAMSERVE["REGION_MOVES_PER_SLOT"]
+    if limit == 0:
+        return []
+    with transaction.atomic():
+        # Serialised with arrival routing, which reads the same placed loads (see session_region_route).
+        list(Region.objects.select_for_update().values_list("pk", flat=True))
+        planned = region_plan()
+        if planned is None:
+            return []
+        regions, origins, plan, allowed = planned
+        index = {r.pk: i for i, r in enumerate(regions)}
+        row_of = {o: j for j, o in enumerate(origins)}
+        live = GenerationSession.objects.exclude(status=GenerationSession.Status.TERMINATED).filter(
+            origin__in=origins, region__isnull=False
+        )
+        placed = np.zeros((len(origins), len(regions)))
+        for origin, region_id, load in (
+            live.values("origin", "region_id")
+            .annotate(load=Sum("load"))
+            .values_list("origin", "region_id", "load")
+        ):
+            placed[row_of[origin], index[region_id]] += load
+        excess = placed - plan * placed.sum(axis=1, keepdims=True)
+        parked = live.filter(
+            status=GenerationSession.Status.SUSPENDED, activity=GenerationSession.Activity.IDLE
+        ).order_by("last_active_at", "pk")
+        moves: list[ParkedMove] = []
+        for session in parked:
+            if len(moves) >= limit:
+                break
+            o, r = row_of[session.origin], index[session.region_id]
+            if excess[o, r] < session.load - 1e-9:
+                continue
+            deficit = np.where(allowed[o], -excess[o], -np.inf)
+            deficit[r] = -np.inf
+            t = int(np.argmax(deficit))
+            if deficit[t] < session.load - 1e-9:
+                continue
+            moved = GenerationSession.objects.filter(
+                pk=session.pk,
+                region_id=session.region_id,
+                status=GenerationSession.Status.SUSPENDED,
+                activity=GenerationSession.Activity.IDLE,
+            ).update(region=regions[t])
+            if moved != 1:
+                continue  # it became active meanwhile: the scheduler has it
+            excess[o, r] -= session.load
+            excess[o, t] += session.load
+            moves.append(ParkedMove(str(session.pk), session.origin, regions[r].name, regions[t].name))
+            log.info("parked session %s (%s) moved from region %s to %s", *astuple(moves[-1]))
+    return moves
+
+
+@dataclass(frozen=True)
+class RegionLayout:
+    """The regions as the scheduling core's per-region planning takes them
+    (``scheduling.core.regions.partition``): plain names and numbers, no rows."""
+
+    rows: dict[str, Region]  # name -> row (the local region has one only when an operator added it)
+    session_region: dict[str, str]  # session id -> region name
+    gpu_region: dict[str, str]  # worker name -> region name
+    gpu_limits: dict[str, dict[str, int]]  # region name -> GPU type -> most GPUs
+    alternatives: dict[str, list[str]]  # waiting session id -> regions within its RTT budget, nearest first
+
+    def row(self, name: str) -> Region | None:
+        """The row a region's new workers and sessions point to (``None``: the local region)."""
+        return None if name == Region.DEFAULT_NAME else self.rows[name]
+
+
+def region_layout(*, sessions: list[GenerationSession], workers: list[GpuWorker]) -> RegionLayout:
+    """Which region each session and worker is in (a null region is the local one), each region's
+    GPU limits, and for each session that may have to wait for a GPU (any not executing) with an
+    origin, the regions within ``REGION_RTT_BUDGET_MS`` of it, nearest first."""
     rows = {r.name: r for r in Region.objects.all()}
-    local = rows.pop(Region.DEFAULT_NAME, None)
-    candidates = [RegionShare(None, 0, local.price_multiplier if local else 1.0)]
-    candidates += [RegionShare(row, 0, row.price_multiplier) for row in rows.values()]
+    names = {r.pk: r.name for r in rows.values()}
 
-    def has_room(share: RegionShare, given: int) -> bool:
-        row = share.region or local  # the local region's limits live on its row, if any
-        limit = row.gpu_limits.get(gpu_type) if row else None
-        return limit is None or used[share.name] + given < limit
+    def name(region_id: int | None) -> str:
+        return names.get(region_id, Region.DEFAULT_NAME) if region_id is not None else Region.DEFAULT_NAME
 
-    load, slots, used = _region_figures(gpu_type)
-    given: dict[str, int] = defaultdict(int)
-    for _ in range(count):
-        room = [c for c in candidates if has_room(c, given[c.name])]
-        if not room:
-            log.warning(
-                "scale-out of %s: %d GPUs beyond every region's limit", gpu_type, count - sum(given.values())
-            )
-            break
-        deficit = {c.name: load[c.name] - slots[c.name] - given[c.name] * capacity_per_gpu for c in room}
-        best = min(room, key=lambda c: (-deficit[c.name], c.price_multiplier, c.name))
-        given[best.name] += 1
-    return [replace(c, count=given[c.name]) for c in candidates if given[c.name]]
+    budget = settings.STREAMSERVE["REGION_RTT_BUDGET_MS"]
+    alternatives = {}
+    for s in sessions:
+        if s.origin and s.status != GenerationSession.Status.EXECUTING:
+            near = sorted((r.rtt_ms[s.origin], n) for n, r in rows.items() if s.origin in r.rtt_ms)
+            alternatives[str(s.pk)] = [n for rtt, n in near if rtt <= budget]
+    return RegionLayout(
+        rows=rows,
+        session_region={str(s.pk): name(s.region_id) for s in sessions},
+        gpu_region={w.name: name(w.region_id) for w in workers},
+        gpu_limits={n: dict(r.gpu_limits) for n, r in rows.items()},
+        alternatives=alternatives,
+    )
+
+
+def sessions_reroute(
+    *, sessions: dict[str, GenerationSession], rerouted: dict[str, str], layout: RegionLayout
+) -> None:
+    """Record the regions the planning moved waiting sessions to (rows locked by the run)."""
+    for sid, region_name in sorted(rerouted.items()):
+        region = layout.row(region_name)
+        log.info("session %s re-routed to region %s (no room in its own)", sid, region_name)
+        GenerationSession.objects.filter(pk=sid).update(region=region)
+        sessions[sid].region = region
+
+
+def region_price_multiplier(region: Region | None) -> float:
+    """The price multiplier of a region's new workers (the local region's from its row, if any)."""
+    if region is None:
+        region = Region.objects.filter(name=Region.DEFAULT_NAME).first()
+    return region.price_multiplier if region is not None else 1.0

@@ -1,9 +1,11 @@
 """One closed-loop decision on live state: snapshot from PostgreSQL → ``scheduling.core`` → apply.
 
 ``scheduler_run`` is what the Celery tasks call, one run at a time cluster-wide (a Redis lock). It
-builds the same ``Snapshot`` the simulator builds, asks the same policy object (its internal state
-persisted between runs), records the decision with its inputs, applies it (``apply``) in the same
-transaction, and sends the commands after commit (``outbox``).
+builds the same ``Snapshot`` the simulator builds, splits it by region
+(``scheduling.core.regions.partition``: one region, the local one, when no regions are configured),
+asks each region's policy object (its internal state persisted between runs), records each region's
+decision with its inputs, applies it (``apply``) in the same transaction, and sends the commands
+after commit (``outbox``).
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from gpu.models import GpuWorker
+from gpu.models import GpuWorker, Region
 from scheduling.core.policy import make_policy
+from scheduling.core.regions.partition import decide_by_region, partition_snapshot
 from scheduling.core.types import (
     POLICY_EVENT_KINDS,
+    Decision,
     Event,
     EventKind,
     GpuTypeSpec,
@@ -32,6 +36,7 @@ from scheduling.live.apply import Pool, decision_apply
 from scheduling.live.liveness import sessions_recover
 from scheduling.live.outbox import Outbox, scheduler_lock
 from scheduling.live.profiles import default_gpu_type, gpu_profiles
+from scheduling.live.regions import RegionLayout, region_layout, sessions_reroute
 from scheduling.models import SchedulerConfig, SchedulerDecision, SchedulerState, WorkerCommand
 from sessions.models import GenerationSession
 
@@ -46,9 +51,9 @@ def scheduler_run(*, trigger: str, session_id: str | None = None, was_active: bo
     with scheduler_lock():
         decisions = []
         for preset in settings.STREAMSERVE["SERVED_MODELS"]:
-            decision = _run_pool(preset=preset, trigger=trigger, session_id=session_id, was_active=was_active)
-            if decision is not None:
-                decisions.append(decision)
+            decisions += _run_pool(
+                preset=preset, trigger=trigger, session_id=session_id, was_active=was_active
+            )
         return decisions
 
 
@@ -182,9 +187,32 @@ def _snapshot(pool: Pool, config: SchedulerConfig, clock: float) -> Snapshot:
     )
 
 
-def _run_pool(*, preset: str, trigger: EventKind, session_id: str | None, was_active: bool) -> int | None:
+def _state_key(policy: str, preset: str, region: str) -> str:
+    """Where a region's policy state persists; the local region keeps the key it had before regions."""
+    return f"{policy}@{preset}" if region == Region.DEFAULT_NAME else f"{policy}@{preset}@{region}"
+
+
+def _event_region(snapshot: Snapshot, layout: RegionLayout, session_id: str | None) -> str | None:
+    """The region whose policy observes the event: the one its session runs in, else its routed one
+    (a departed session is no longer in the pool: its row says)."""
+    if session_id is None:
+        return None
+    view = snapshot.sessions.get(session_id)
+    if view is not None and view.state == "executing" and view.gpu is not None:
+        return layout.gpu_region[view.gpu]
+    if session_id in layout.session_region:
+        return layout.session_region[session_id]
+    name = GenerationSession.objects.filter(pk=session_id).values_list("region__name", flat=True).first()
+    return name or Region.DEFAULT_NAME
+
+
+def _run_pool(*, preset: str, trigger: EventKind, session_id: str | None, was_active: bool) -> list[int]:
+    """One decision per region of the pool (``scheduling.core.regions.partition``): each region's
+    TurboServe places on, rebalances over and scales its own workers; a session its region cannot
+    place goes to the nearest region within its RTT budget that can. Returns the recorded decisions."""
     started = time.perf_counter()
     outbox = Outbox()
+    recorded: list[int] = []
     with transaction.atomic():
         config = SchedulerConfig.load()
         now = timezone.now()
@@ -195,61 +223,121 @@ def _run_pool(*, preset: str, trigger: EventKind, session_id: str | None, was_ac
         snapshot = _snapshot(pool, config, clock)
         kind = trigger if trigger in POLICY_EVENT_KINDS else EventKind.TICK
         event = Event(time=clock, kind=kind, session=session_id, was_active=was_active)
-        state_row, _ = SchedulerState.objects.select_for_update(no_key=True).get_or_create(
-            policy=f"{config.policy}@{preset}"
+        layout = region_layout(sessions=list(pool.sessions.values()), workers=list(pool.workers.values()))
+        snapshots = partition_snapshot(
+            snapshot,
+            session_region=layout.session_region,
+            gpu_region=layout.gpu_region,
+            gpu_limits=layout.gpu_limits,
+            default=Region.DEFAULT_NAME,
         )
+        state_rows = {
+            region: SchedulerState.objects.select_for_update(no_key=True).get_or_create(
+                policy=_state_key(config.policy, preset, region)
+            )[0]
+            for region in sorted(snapshots)
+        }
         options: dict[str, Any] = {"cooldown_s": config.scale_in_cooldown_s}
         if config.target_utilization is not None:
             options["rho_hat"] = config.target_utilization
-        policy = make_policy(config.policy, **options)
-        if state_row.state:
-            policy.load_state_dict(state_row.state)
-        decision = policy.decide(snapshot, event)
-        state_row.state = policy.state_dict()
-        state_row.save(update_fields=["state", "updated_at"])
-        record = SchedulerDecision.objects.create(
-            trigger=trigger,
-            session=pool.sessions.get(session_id) if session_id else None,
-            decided_at=now,
-            policy=config.policy,
-            active_sessions=sum(v.alpha for v in snapshot.sessions.values()),
-            budget=len(pool.workers),
-            rho_max=decision.signals.rho_max,
-            volatility=decision.signals.volatility,
-            volatility_level=decision.signals.volatility_level,
-            lambda_weight=decision.signals.lam,
-            rho_hat=decision.signals.rho_hat,
-            target_budget=decision.target_budget,
-            duration_ms=0.0,
-            inputs={
-                "preset": preset,
-                "event": {"kind": kind, "session": session_id},
-                "sessions": len(snapshot.sessions),
-                "pending": list(snapshot.pending),
-                "gpus": {
-                    g: {"status": v.status, "load": snapshot.gpu_load[g]} for g, v in snapshot.gpus.items()
-                },
-            },
-            outputs=decision.to_json(),
+        policies = {}
+        for region, row in state_rows.items():
+            policies[region] = make_policy(config.policy, **options)
+            if row.state:
+                policies[region].load_state_dict(row.state)
+        event_region = _event_region(snapshot, layout, session_id)
+        decisions, rerouted = decide_by_region(
+            policies, snapshots, event, event_region=event_region, alternatives=layout.alternatives
         )
-        applied = decision_apply(decision=decision, record=record, pool=pool, config=config, outbox=outbox)
-        changed = applied.placements
-        acted = changed or decision.add_gpus or decision.drain or decision.undrain or decision.release
-        if kind == EventKind.TICK and not acted and not outbox.commands and not applied.queue:
-            # Periodic ticks that change nothing are not history: keep the table to real decisions.
-            record.delete()
-            transaction.on_commit(outbox.send)
-            return None
-        record.placements_changed = changed
-        record.duration_ms = (time.perf_counter() - started) * 1000.0
-        record.save(update_fields=["placements_changed", "duration_ms"])
+        for region, row in state_rows.items():
+            row.state = policies[region].state_dict()
+            row.save(update_fields=["state", "updated_at"])
+        sessions_reroute(sessions=pool.sessions, rerouted=rerouted, layout=layout)
+        for region, decision in sorted(decisions.items()):
+            ours = region == event_region
+            record_id = _record_and_apply(
+                pool=Pool(
+                    preset=preset,
+                    workers={n: w for n, w in pool.workers.items() if layout.gpu_region[n] == region},
+                    sessions=pool.sessions,
+                    region=layout.row(region),
+                ),
+                region=region,
+                snapshot=snapshots[region],
+                decision=decision,
+                event=event if ours else Event(time=clock, kind=EventKind.TICK),
+                trigger=trigger,
+                rerouted=sorted(sid for sid, to in rerouted.items() if to == region),
+                config=config,
+                outbox=outbox,
+                started=started,
+            )
+            if record_id is not None:
+                recorded.append(record_id)
         transaction.on_commit(outbox.send)
+    return recorded
+
+
+def _record_and_apply(
+    *,
+    pool: Pool,
+    region: str,
+    snapshot: Snapshot,
+    decision: Decision,
+    event: Event,
+    trigger: EventKind,
+    rerouted: list[str],
+    config: SchedulerConfig,
+    outbox: Outbox,
+    started: float,
+) -> int | None:
+    """Record one region's decision with its inputs and apply it; a tick that changed nothing is
+    not kept (returns ``None``)."""
+    now = timezone.now()
+    record = SchedulerDecision.objects.create(
+        trigger=trigger,
+        session=pool.sessions.get(event.session) if event.session else None,
+        decided_at=now,
+        policy=config.policy,
+        active_sessions=sum(v.alpha for v in snapshot.sessions.values()),
+        budget=len(pool.workers),
+        rho_max=decision.signals.rho_max,
+        volatility=decision.signals.volatility,
+        volatility_level=decision.signals.volatility_level,
+        lambda_weight=decision.signals.lam,
+        rho_hat=decision.signals.rho_hat,
+        target_budget=decision.target_budget,
+        duration_ms=0.0,
+        inputs={
+            "preset": pool.preset,
+            "region": region,
+            "event": {"kind": event.kind, "session": event.session},
+            "sessions": len(snapshot.sessions),
+            "pending": list(snapshot.pending),
+            "rerouted_in": rerouted,
+            "gpus": {g: {"status": v.status, "load": snapshot.gpu_load[g]} for g, v in snapshot.gpus.items()},
+        },
+        outputs=decision.to_json(),
+    )
+    commands_before = len(outbox.commands)
+    applied = decision_apply(decision=decision, record=record, pool=pool, config=config, outbox=outbox)
+    changed = applied.placements
+    acted = changed or decision.add_gpus or decision.drain or decision.undrain or decision.release
+    sent = len(outbox.commands) > commands_before
+    if event.kind == EventKind.TICK and not acted and not sent and not applied.queue and not rerouted:
+        # Periodic ticks that change nothing are not history: keep the table to real decisions.
+        record.delete()
+        return None
+    record.placements_changed = changed
+    record.duration_ms = (time.perf_counter() - started) * 1000.0
+    record.save(update_fields=["placements_changed", "duration_ms"])
     logger.info(
-        "scheduler.decision id=%s preset=%s trigger=%s sessions=%d gpus=%d target=%d changed=%d ms=%.2f",
+        "scheduler.decision id=%s preset=%s region=%s trigger=%s sessions=%d gpus=%d target=%d changed=%d ms=%.2f",
         record.pk,
-        preset,
+        pool.preset,
+        region,
         trigger,
-        len(pool.sessions),
+        len(snapshot.sessions),
         len(pool.workers),
         decision.target_budget,
         changed,

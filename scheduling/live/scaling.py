@@ -23,13 +23,13 @@ from django.utils import timezone
 
 from gpu import selectors as pool_selectors
 from gpu import services as gpu_services
-from gpu.models import GpuWorker
+from gpu.models import GpuWorker, Region
 from gpu.provisioners.registry import get_provisioner
 from scheduling.core.scaleplan import Endpoint, Topology, plan_scale_out
 from scheduling.live.enqueue import worker_release_enqueue
 from scheduling.live.outbox import Outbox, redis_client
-from scheduling.live.profiles import default_gpu_type, gpu_profiles, profile_for
-from scheduling.live.regions import RegionShare, scale_out_regions
+from scheduling.live.profiles import default_gpu_type, gpu_profiles
+from scheduling.live.regions import region_price_multiplier
 from scheduling.models import Migration, ScalingAction, SchedulerDecision, WorkerCommand
 from workers.channel import stream_key
 
@@ -40,36 +40,36 @@ WEIGHTS_METADATA_KEY = "streamserve.weights_manifest"
 
 
 def scale_out(
-    *, decision: SchedulerDecision, preset: str, gpu_type: str, count: int, budget: int, outbox: Outbox
-) -> list[ScalingAction]:
-    """Record the scale-out of ``count`` GPUs, one action per region they go to
-    (``scheduling.live.regions.scale_out_regions``: by routed load, within each region's GPU limits;
-    GPUs beyond every limit are not requested), and ask the provisioner after commit."""
-    capacity = max(1, int(profile_for(gpu_type).capacity))
-    actions = []
-    for share in scale_out_regions(gpu_type=gpu_type, count=count, capacity_per_gpu=capacity):
-        reason = f"ρ_max={decision.rho_max:.2f} vs ρ̂={decision.rho_hat:.2f}; target {decision.target_budget}"
-        action = ScalingAction.objects.create(
-            decision=decision,
-            created_at=timezone.now(),
-            direction="out",
-            from_budget=budget,
-            to_budget=budget + share.count,
-            gpu_type=gpu_type,
-            reason=reason + (f"; region {share.name}" if share.region else ""),
-        )
-        outbox.after.append(
-            lambda action=action, share=share: provision(
-                action_id=action.pk, preset=preset, gpu_type=gpu_type, count=share.count, region=share
-            )
-        )
-        actions.append(action)
-        budget += share.count
-    return actions
+    *,
+    decision: SchedulerDecision,
+    preset: str,
+    gpu_type: str,
+    count: int,
+    budget: int,
+    outbox: Outbox,
+    region: Region | None = None,
+) -> ScalingAction:
+    """Record the scale-out of ``count`` GPUs in ``region`` (``None``: the local region) and ask the
+    provisioner after commit. The region's policy sized it within the region's GPU limits
+    (``scheduling.core.regions.partition``)."""
+    reason = f"ρ_max={decision.rho_max:.2f} vs ρ̂={decision.rho_hat:.2f}; target {decision.target_budget}"
+    action = ScalingAction.objects.create(
+        decision=decision,
+        created_at=timezone.now(),
+        direction="out",
+        from_budget=budget,
+        to_budget=budget + count,
+        gpu_type=gpu_type,
+        reason=reason + (f"; region {region.name}" if region else ""),
+    )
+    outbox.after.append(
+        lambda: provision(action_id=action.pk, preset=preset, gpu_type=gpu_type, count=count, region=region)
+    )
+    return action
 
 
 def provision(
-    *, action_id: int, preset: str, gpu_type: str, count: int, region: RegionShare | None = None
+    *, action_id: int, preset: str, gpu_type: str, count: int, region: Region | None = None
 ) -> None:
     """Ask the provisioner for ``count`` workers; the action records what it answered.
 
@@ -78,21 +78,21 @@ def provision(
     ``region`` (none: the local region) at the type's price × the region's price multiplier.
     """
     action = ScalingAction.objects.get(pk=action_id)
-    region = region or RegionShare(None, count)
 
     def before_start(workers: list[GpuWorker]) -> None:
-        if region.region is not None:
-            GpuWorker.objects.filter(pk__in=[w.pk for w in workers]).update(region=region.region)
+        if region is not None:
+            GpuWorker.objects.filter(pk__in=[w.pk for w in workers]).update(region=region)
         scale_plan_write(action=action, preset=preset, workers=workers)
 
     try:
         spec = gpu_profiles()[gpu_type]
+        multiplier = Decimal(str(region_price_multiplier(region)))
         result = get_provisioner().request(
             count=count,
             gpu_type=gpu_type,
             preset=preset,
             capacity=max(1, int(spec.capacity)),
-            price_per_hour=Decimal(str(spec.price_per_hour)) * Decimal(str(region.price_multiplier)),
+            price_per_hour=Decimal(str(spec.price_per_hour)) * multiplier,
             before_start=before_start,
         )
     except Exception as exc:

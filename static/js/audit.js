@@ -112,6 +112,23 @@ function shareRows(groups, totalCost) {
   });
 }
 
+// One row per region a chunk was generated in (its worker's): chunks, worst chunk, SLO pass rate.
+function latencyRegionRows(groups) {
+  const names = Object.keys(groups).sort();
+  if (!names.length) return [el("tr", {}, el("td", { colspan: "4", class: "muted", text: "No chunks in this range." }))];
+  return names.map((name) => {
+    const t = groups[name];
+    return el(
+      "tr",
+      {},
+      el("th", { scope: "row", text: name }),
+      el("td", { class: "num", text: t.count }),
+      el("td", { class: "num", text: formatMs(t.max_ms) }),
+      el("td", { class: "num", text: t.slo_pass_rate === null ? "–" : `${(t.slo_pass_rate * 100).toFixed(1)} %` }),
+    );
+  });
+}
+
 function render() {
   const { cost, latency } = state;
   const gpuSeconds = Number(cost.totals.gpu_seconds);
@@ -131,6 +148,7 @@ function render() {
   const totalCost = Number(cost.totals.cost_usd);
   $("bytype-rows").replaceChildren(...shareRows(cost.totals.by_gpu_type, totalCost));
   $("byregion-rows").replaceChildren(...shareRows(cost.totals.by_region, totalCost));
+  $("latency-region-rows").replaceChildren(...latencyRegionRows(latency.totals.by_region));
   $("latency-rows").replaceChildren(
     ...(latency.buckets.length
       ? latency.buckets.map((b) =>

@@ -223,6 +223,9 @@ def test_audit_page_totals_and_csv_exports_match_the_api(browser_context, asgi_s
     expect(page.locator("#bytype-rows tr")).to_have_count(2)
     expect(page.locator("#byregion-rows tr")).to_have_count(1)  # no region rows: all local
     expect(page.locator("#byregion-rows")).to_contain_text("local")
+    expect(page.locator("#latency-region-rows tr")).to_have_count(1)
+    expect(page.locator("#latency-region-rows th")).to_have_text("local")
+    expect(page.locator("#latency-region-rows td").first).to_have_text("20")
 
     cost_url, cost_rows = _csv_download(page, "Cost CSV (per bucket, GPU type and region)")
     latency_url, latency_rows = _csv_download(page, "Latency CSV (per bucket)")

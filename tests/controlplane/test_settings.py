@@ -51,6 +51,7 @@ def load_settings(expression: str = "settings.DEBUG", **env: str) -> subprocess.
         ("POOL_HOST_COPIES", "one"),
         ("HOSTCACHE_CAPACITY_MB", "0"),
         ("WORKER_WEIGHTS_FROM", "nvme"),
+        ("REGION_MOVES_PER_SLOT", "-1"),
     ],
 )
 def test_malformed_variable_fails_at_start_naming_it(variable, value):

@@ -4,6 +4,7 @@ them, never beyond their RTT budget, and a single region changes nothing."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
@@ -16,12 +17,13 @@ from scheduling.live.regions import (
     FORECAST_KEY,
     HISTORY_KEY,
     PLAN_KEY,
+    parked_sessions_reroute,
     region_forecast_step,
-    scale_out_regions,
     session_region_route,
 )
+from scheduling.live.run import scheduler_run
 from scheduling.live.scaling import scale_out
-from scheduling.models import SchedulerDecision
+from scheduling.models import Migration, ScalingAction, SchedulerConfig, SchedulerDecision
 from scheduling.receivers import session_event_received
 from sessions.models import GenerationSession
 from tests.factories import GpuWorkerFactory, SessionFactory
@@ -187,49 +189,150 @@ def test_the_console_shows_each_region_and_each_origins_forecast(settings):
     assert by_origin["sfo"] == (2.0, 2.0)
 
 
-def test_scale_out_goes_where_routed_load_exceeds_capacity_within_the_limits(coasts):
+def active_in(region: Region, origin: str = "chi", **kwargs) -> GenerationSession:
+    return SessionFactory(
+        origin=origin, region=region, activity="active", last_active_at=timezone.now(), **kwargs
+    )
+
+
+def test_sessions_run_only_on_their_regions_workers(coasts):
+    east, _west = coasts
+    # given three sessions routed east (one worker there, two idle in west)
+    sessions = [active_in(east) for _ in range(3)]
+    # when the scheduler runs on each activation
+    for session in sessions:
+        scheduler_run(trigger="active", session_id=str(session.pk))
+    # then all three execute on east's worker, and every decision names its region
+    placed = GenerationSession.objects.filter(pk__in=[s.pk for s in sessions])
+    assert {(s.status, s.worker.region_id) for s in placed} == {(GenerationSession.Status.EXECUTING, east.pk)}
+    assert {d.inputs["region"] for d in SchedulerDecision.objects.all()} == {"east"}
+
+
+def test_a_session_its_region_cannot_place_runs_in_the_nearest_region_within_budget(coasts):
     east, west = coasts
-    # given six nyc sessions in east (4 slots), two sfo sessions in west (8 slots), every region's
-    # H100 limit reached but east's (2; it holds 1) and the local region capped at none
-    for origin in ["nyc"] * 6 + ["sfo"] * 2:
-        arrive(origin)
-    Region.objects.filter(pk__in=[east.pk, west.pk]).update(gpu_limits={"h100": 2})
-    Region.objects.create(name=Region.DEFAULT_NAME, gpu_limits={"h100": 0})
-    # when three H100s are wanted, then east gets one and the rest is beyond every limit
-    shares = scale_out_regions(gpu_type="h100", count=3, capacity_per_gpu=4)
-    assert [(s.region, s.count) for s in shares] == [(east, 1)]
-    # and with room in west too, the second goes there (east is then at its limit)
-    Region.objects.filter(pk=west.pk).update(gpu_limits={"h100": 3})
-    shares = scale_out_regions(gpu_type="h100", count=3, capacity_per_gpu=4)
-    assert [(s.region, s.count) for s in shares] == [(east, 1), (west, 1)]
-    # and a GPU type without a limit entry is not limited
-    assert sum(s.count for s in scale_out_regions(gpu_type="l4", count=3, capacity_per_gpu=4)) == 3
+    # given east's only worker still booting
+    GpuWorker.objects.filter(region=east).update(status=GpuWorker.Status.PROVISIONING)
+    # when a chi session routed east becomes active (west is 25 ms from chi: within the budget)
+    session = active_in(east)
+    scheduler_run(trigger="active", session_id=str(session.pk))
+    # then it is re-routed to west and executes there now
+    session.refresh_from_db()
+    assert (session.region, session.status, session.worker.region) == (
+        west,
+        GenerationSession.Status.EXECUTING,
+        west,
+    )
+    assert SchedulerDecision.objects.get(inputs__region="west").inputs["rerouted_in"] == [str(session.pk)]
+    # and a nyc session (west is 70 ms away) waits for east instead
+    waiting = active_in(east, origin="nyc")
+    scheduler_run(trigger="active", session_id=str(waiting.pk))
+    waiting.refresh_from_db()
+    assert (waiting.region, waiting.status, waiting.queue_position) == (
+        east,
+        GenerationSession.Status.QUEUED,
+        1,
+    )
+
+
+def test_each_region_scales_on_its_own_load_within_its_limits(coasts):
+    east, west = coasts
+    SchedulerConfig.objects.update_or_create(pk=1, defaults={"scale_in_cooldown_s": 0.0, "min_gpus": 0})
+    # given twelve sessions routed east (one worker: twelve units on K = 8) and west's two workers idle
+    for _ in range(12):
+        active_in(east)
+    # when the scheduler ticks
+    scheduler_run(trigger="tick")
+    # then east scales out by one for its own load, and west drains one of its idle workers
+    (action,) = ScalingAction.objects.filter(direction="out")
+    assert (action.to_budget - action.from_budget, action.reason.endswith("region east")) == (1, True)
+    assert GpuWorker.objects.filter(region=west, status=GpuWorker.Status.DRAINING).count() == 1
+    # and with east at its limit of one GPU, no region buys one for east's load
+    ScalingAction.objects.all().delete()
+    GpuWorker.objects.filter(region=east).update(gpu_type="cpu")
+    Region.objects.filter(pk=east.pk).update(gpu_limits={"cpu": 1})
+    scheduler_run(trigger="tick")
+    assert not ScalingAction.objects.filter(direction="out").exists()
 
 
 def test_a_scaled_out_worker_is_in_its_region_at_the_regions_price(coasts, settings):
-    east, west = coasts
+    east, _west = coasts
     settings.STREAMSERVE = {
         **settings.STREAMSERVE,
         "PROVISIONER": "static",
         "STATIC_WORKERS": "cpu-9@localhost:cpu",
     }
-    # given east short of capacity and twice as dear, with room for one CPU worker, and no room for
-    # CPU workers elsewhere
-    Region.objects.filter(pk=east.pk).update(gpu_limits={"cpu": 1}, price_multiplier=2.0)
-    Region.objects.filter(pk=west.pk).update(gpu_limits={"cpu": 0})
-    Region.objects.create(name=Region.DEFAULT_NAME, gpu_limits={"cpu": 0})
-    for _ in range(6):
-        arrive("nyc")
+    # given east twice as dear
+    Region.objects.filter(pk=east.pk).update(price_multiplier=2.0)
+    east.refresh_from_db()
     decision = SchedulerDecision.objects.create(
         trigger="tick", decided_at=timezone.now(), policy="turboserve", active_sessions=8, budget=3,
         target_budget=5, duration_ms=0.0, rho_max=1.5, rho_hat=0.7,
     )  # fmt: skip
-    # when the decision scales out by two and the provisioner is asked after it
+    # when east's decision scales out by one and the provisioner is asked after it
     outbox = Outbox()
-    (action,) = scale_out(decision=decision, preset="tiny", gpu_type="cpu", count=2, budget=3, outbox=outbox)
+    action = scale_out(
+        decision=decision, preset="tiny", gpu_type="cpu", count=1, budget=3, outbox=outbox, region=east
+    )
     for call in outbox.after:
         call()
-    # then one worker is requested, in east, at the profile's $0.1/h × 2
+    # then the worker is requested in east, at the profile's $0.1/h × 2
     assert (action.from_budget, action.to_budget, action.reason.endswith("region east")) == (3, 4, True)
     worker = GpuWorker.objects.get(name="cpu-9")
     assert (worker.region, worker.price_per_hour) == (east, Decimal("0.2"))
+
+
+def parked_in(region: Region, origin: str, host: GpuWorker, minutes_idle: int) -> GenerationSession:
+    return SessionFactory(
+        origin=origin,
+        region=region,
+        status=GenerationSession.Status.SUSPENDED,
+        activity="idle",
+        state_location=GenerationSession.StateLocation.HOST,
+        host_worker=host,
+        last_active_at=timezone.now() - timedelta(minutes=minutes_idle),
+    )
+
+
+def test_parked_sessions_move_where_the_plan_shifts_their_origin_and_resume_there(coasts, settings):
+    east, west = coasts
+    settings.STREAMSERVE = {**settings.STREAMSERVE, "REGION_MOVES_PER_SLOT": 2}
+    east_worker = GpuWorker.objects.get(region=east)
+    # given east's four slots taken by nyc (west is beyond nyc's budget), three chi sessions parked in
+    # east (chi is within budget of both) and one chi session active there
+    for _ in range(4):
+        active_in(east, origin="nyc")
+    parked = [parked_in(east, "chi", east_worker, minutes_idle=m) for m in (1, 9, 5)]
+    active_in(east, origin="chi")
+    # when a slot runs, then the two longest idle move to west, where the plan sends chi
+    moves = parked_sessions_reroute()
+    assert [(m.session, m.source, m.target) for m in moves] == [
+        (str(parked[1].pk), "east", "west"),
+        (str(parked[2].pk), "east", "west"),
+    ]
+    # and the next slot moves the third (the active one stays until it idles)
+    assert [m.session for m in parked_sessions_reroute()] == [str(parked[0].pk)]
+    assert parked_sessions_reroute() == []
+    # when a moved session becomes active again, then its parked state migrates to a west worker
+    session = parked[1]
+    GenerationSession.objects.filter(pk=session.pk).update(activity="active", last_active_at=timezone.now())
+    scheduler_run(trigger="active", session_id=str(session.pk))
+    migration = Migration.objects.get(session=session)
+    assert (migration.reason, migration.source, migration.target.region) == (
+        "resume-remote",
+        east_worker,
+        west,
+    )
+
+
+def test_no_parked_session_moves_when_disabled_or_when_the_plan_keeps_it(coasts, settings):
+    east, _west = coasts
+    east_worker = GpuWorker.objects.get(region=east)
+    # given one chi session parked in east, which has room: the plan keeps chi there (20 ms against 25)
+    parked_in(east, "chi", east_worker, minutes_idle=3)
+    # when a slot runs, then it stays
+    assert parked_sessions_reroute() == []
+    # and with moves disabled nothing moves even when the plan would
+    settings.STREAMSERVE = {**settings.STREAMSERVE, "REGION_MOVES_PER_SLOT": 0}
+    for _ in range(4):
+        active_in(east, origin="nyc")
+    assert parked_sessions_reroute() == []

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.utils import timezone
 
+from gpu.models import Region
 from sessions.models import ChunkLatencyRollup, ChunkRecord
 from sessions.selectors import histogram_percentile, latency_bucket_index
 from sessions.services import chunk_records_prune, chunk_rollup
@@ -103,6 +104,45 @@ def test_rollup_histograms_agree_with_raw_percentiles_within_bucket_width(staff_
     # Re-running the rollup over the same minutes upserts rather than duplicating.
     chunk_rollup(since=T0, until=T0 + timedelta(minutes=5))
     assert ChunkLatencyRollup.objects.count() == 2
+
+
+def test_latency_audit_splits_by_region_from_raw_records_and_from_rollups(staff_api):
+    # given chunks from a worker in the local region (no region) and, in the same minute, from one in east
+    _chunks({0: [100.0, 300.0]})
+    east = GpuWorkerFactory(region=Region.objects.create(name="east", rtt_ms={"nyc": 3}))
+    session = SessionFactory()
+    for i, ms in enumerate([200.0, 1200.0, 400.0]):
+        ChunkRecordFactory(
+            session=session,
+            chunk_index=i,
+            worker=east,
+            generation_ms=ms,
+            created_at=T0 + timedelta(seconds=i),
+        )
+    params = {
+        "start": "2026-03-01T10:00:00Z",
+        "end": "2026-03-01T10:05:00Z",
+        "bucket": "minute",
+        "slo_ms": 1000,
+    }
+    # when the audit is read from raw records, then each bucket and the totals split by region
+    raw = staff_api.get("/api/audit/latency/", {**params, "source": "raw"}).json()
+    (bucket,) = raw["buckets"]
+    assert {name: (r["count"], r["max_ms"], r["slo_passed"]) for name, r in bucket["by_region"].items()} == {
+        "east": (3, 1200.0, 2),
+        "local": (2, 300.0, 2),
+    }
+    assert bucket["by_region"]["east"]["p50_ms"] == pytest.approx(400.0)
+    assert raw["totals"]["by_region"]["east"]["slo_pass_rate"] == pytest.approx(2 / 3)
+    assert raw["totals"]["count"] == 5
+    # and the rollups (one per worker and minute) give the same split
+    chunk_rollup(since=T0, until=T0 + timedelta(minutes=5))
+    rolled = staff_api.get("/api/audit/latency/", {**params, "source": "rollup"}).json()
+    assert {name: r["count"] for name, r in rolled["buckets"][0]["by_region"].items()} == {
+        "east": 3,
+        "local": 2,
+    }
+    assert rolled["totals"]["by_region"]["east"]["max_ms"] == 1200.0
 
 
 def test_histogram_helpers_follow_width_bucket_convention():
