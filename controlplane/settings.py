@@ -415,6 +415,9 @@ STREAMSERVE = {
     # the seasonal-naive season in slots (2880 slots of 30 s: a day).
     "REGION_FORECAST": env.str("REGION_FORECAST", default="ets"),
     "REGION_FORECAST_SEASON_SLOTS": _typed("REGION_FORECAST_SEASON_SLOTS", env.int, 2880),
+    # Raise each region's autoscaler target to TORTA's Eq. 6 floor on the plan's share of the forecast
+    # (off by default, like `simulate` without --forecast; σ = 0.5 as its --forecast-sigma default).
+    "REGION_FORECAST_FLOOR": _strict_bool("REGION_FORECAST_FLOOR", False),
     # Parked (idle, suspended) sessions the plan may move to another region per slot (0: none).
     "REGION_MOVES_PER_SLOT": _typed("REGION_MOVES_PER_SLOT", env.int, 4),
     "DEMO_PASSWORD": env.str("DEMO_PASSWORD", default="demo-streamserve"),

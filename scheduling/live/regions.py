@@ -9,6 +9,9 @@ Redis.
 - demand by origin: the load of live (not terminated) sessions per origin, the arriving one included,
   raised to the forecast of the next slot where ``region_forecast_step`` (beat, one call a slot)
   has stored one for the same origins;
+- predictive floor (``REGION_FORECAST_FLOOR``): each region's autoscaler target is raised to TORTA's
+  Eq. 6 on the plan's share of each origin's forecast active load (``region_floor_load``, read by
+  ``scheduling.live.run``), as ``simulate --forecast`` does for one region;
 - capacity by region: Σ K over the region's live workers (a worker without a region is in the
   local region, ``Region.DEFAULT_NAME``, which takes part when it has a row with RTTs);
 - cost: ``w_rtt · RTT + w_price · price_multiplier · (mean $/h per session slot of the live workers)``;
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import astuple, dataclass
 from typing import Any
 
@@ -45,6 +49,7 @@ from scheduling.core.regions.transport import (
     solve_plan,
 )
 from scheduling.live.outbox import redis_client
+from scheduling.live.profiles import gpu_profiles
 from sessions.models import GenerationSession
 
 log = logging.getLogger(__name__)
@@ -60,16 +65,17 @@ def _origins(regions: list[Region]) -> list[str]:
     return sorted({o for r in regions for o in r.rtt_ms})
 
 
-def _origin_load(origins: list[str]) -> np.ndarray:
-    """The load of live (not terminated) sessions per origin, in ``origins`` order."""
+def _origin_load(origins: list[str], *, active_only: bool = False) -> np.ndarray:
+    """The load of live (not terminated) sessions per origin, in ``origins`` order; with
+    ``active_only`` of the active ones only (the load the GPUs serve, the predictive floor's input)."""
     load = np.zeros(len(origins))
     index = {o: j for j, o in enumerate(origins)}
-    live = (
-        GenerationSession.objects.exclude(status=GenerationSession.Status.TERMINATED)
-        .filter(origin__in=origins)
-        .values("origin")
-        .annotate(load=Sum("load"))
+    live = GenerationSession.objects.exclude(status=GenerationSession.Status.TERMINATED).filter(
+        origin__in=origins
     )
+    if active_only:
+        live = live.filter(activity=GenerationSession.Activity.ACTIVE)
+    live = live.values("origin").annotate(load=Sum("load"))
     for row in live:
         load[index[row["origin"]]] = row["load"]
     return load
@@ -130,18 +136,31 @@ def origin_demand() -> list[dict[str, Any]]:
 
 
 def _history_tail(samples: list[dict], origins: list[str]) -> list[list[float]]:
-    """The latest run of samples taken with these origins (older ones described other columns)."""
+    """The latest run of samples taken with these origins (older ones described other columns), each
+    its live load then its active load by origin."""
     tail: list[list[float]] = []
     for sample in reversed(samples):
-        if sample["origins"] != origins:
+        if sample["origins"] != origins or "active" not in sample:
             break
-        tail.append(sample["load"])
+        tail.append(sample["load"] + sample["active"])
     return tail[::-1]
+
+
+def _floor_horizon() -> int:
+    """Slots the predictive floor looks ahead, as in the simulator (``forecast_floor``):
+    ``h = ⌈(delay + slot) / slot⌉``, delay the shortest provisioning delay of the GPU profiles (a GPU
+    requested now is ready after it) and slot the "region forecast" beat period."""
+    slot = float(settings.PERIODIC_TASKS["region forecast"]["every_s"])
+    delay = min((spec.provisioning_delay_s for spec in gpu_profiles().values()), default=0.0)
+    return max(1, math.ceil((delay + slot) / slot - 1e-9))
 
 
 def region_forecast_step() -> dict[str, float]:
     """One forecast slot (beat task "region forecast", its period the slot): observe each origin's
     load, append it to the history in Redis, and store the forecast one slot ahead for the router.
+    Each origin's active load is forecast beside it (same forecaster, its own series), and its
+    largest forecast over the floor's horizon (``_floor_horizon``) is stored as the origin's
+    ``floor`` input (``region_floor_load``).
 
     The forecaster (``REGION_FORECAST``) is rebuilt from the history each slot, since beat runs on
     any Celery worker: ETS over its last ``ETS_WINDOW`` samples (statsmodels fits at 12 and 52
@@ -155,16 +174,55 @@ def region_forecast_step() -> dict[str, float]:
     name = settings.STREAMSERVE["REGION_FORECAST"]
     season = settings.STREAMSERVE["REGION_FORECAST_SEASON_SLOTS"]
     keep = {"ets": ETS_WINDOW, "seasonal-naive": season, "last-value": 1}[name]
-    sample = {"origins": origins, "load": _origin_load(origins).tolist()}
+    sample = {
+        "origins": origins,
+        "load": _origin_load(origins).tolist(),
+        "active": _origin_load(origins, active_only=True).tolist(),
+    }
     client.rpush(HISTORY_KEY, json.dumps(sample))
     client.ltrim(HISTORY_KEY, -max(keep, ETS_WINDOW), -1)
     samples = [json.loads(raw) for raw in client.lrange(HISTORY_KEY, -keep, -1)]
-    forecaster = make_forecaster(name, len(origins), season=season)
-    for load in _history_tail(samples, origins):
-        forecaster.observe(np.array(load))
-    demand = forecaster.forecast(1)[:, 0]
-    client.set(FORECAST_KEY, json.dumps({"origins": origins, "demand": demand.tolist()}))
+    n = len(origins)
+    forecaster = make_forecaster(name, 2 * n, season=season)
+    for row in _history_tail(samples, origins):
+        forecaster.observe(np.array(row))
+    ahead = forecaster.forecast(_floor_horizon())
+    demand = ahead[:n, 0]
+    floor = np.maximum(ahead[n:].max(axis=1), 0.0)
+    client.set(
+        FORECAST_KEY,
+        json.dumps({"origins": origins, "demand": demand.tolist(), "floor": floor.tolist()}),
+    )
     return dict(zip(origins, demand.tolist(), strict=True))
+
+
+def region_floor_load() -> dict[str, float] | None:
+    """Each region's predictive-floor input F (TORTA Eq. 6): the plan's share of each origin's
+    forecast active load (``region_forecast_step``'s ``floor``), summed by region. The plan is the
+    one routing follows (the latest ``region_plan`` stored); the share of an origin the plan leaves
+    unrouted (no region within its budget) and, with fewer than two regions, all of it, is the local
+    region's (``Region.DEFAULT_NAME``), where unrouted sessions run. ``None`` when no forecast or
+    plan matches the current regions and origins (no floor this run)."""
+    regions = list(Region.objects.order_by("name"))
+    origins = _origins(regions)
+    client = redis_client()
+    raw = client.get(FORECAST_KEY)
+    stored = json.loads(raw) if raw else {}
+    if not origins or stored.get("origins") != origins or "floor" not in stored:
+        return None
+    floor = np.array(stored["floor"])
+    if len(regions) < 2:
+        return {Region.DEFAULT_NAME: float(floor.sum())}
+    raw = client.get(PLAN_KEY)
+    planned = json.loads(raw) if raw else {}
+    names = [r.name for r in regions]
+    if planned.get("regions") != names or planned.get("origins") != origins:
+        return None
+    plan = np.array(planned["plan"])
+    out = dict(zip(names, (floor @ plan).tolist(), strict=True))
+    unrouted = float(floor @ np.clip(1.0 - plan.sum(axis=1), 0.0, None))
+    out[Region.DEFAULT_NAME] = out.get(Region.DEFAULT_NAME, 0.0) + unrouted
+    return out
 
 
 def region_plan() -> tuple[list[Region], list[str], np.ndarray, np.ndarray] | None:

@@ -22,6 +22,7 @@ from django.utils import timezone
 from gpu.models import GpuWorker, Region
 from scheduling.core.policy import make_policy
 from scheduling.core.regions.partition import decide_by_region, partition_snapshot
+from scheduling.core.turboserve import TurboServePolicy
 from scheduling.core.types import (
     POLICY_EVENT_KINDS,
     Decision,
@@ -36,7 +37,7 @@ from scheduling.live.apply import Pool, decision_apply
 from scheduling.live.liveness import sessions_recover
 from scheduling.live.outbox import Outbox, scheduler_lock
 from scheduling.live.profiles import default_gpu_type, gpu_profiles
-from scheduling.live.regions import RegionLayout, region_layout, sessions_reroute
+from scheduling.live.regions import RegionLayout, region_floor_load, region_layout, sessions_reroute
 from scheduling.models import SchedulerConfig, SchedulerDecision, SchedulerState, WorkerCommand
 from sessions.models import GenerationSession
 
@@ -241,10 +242,15 @@ def _run_pool(*, preset: str, trigger: EventKind, session_id: str | None, was_ac
         if config.target_utilization is not None:
             options["rho_hat"] = config.target_utilization
         policies = {}
+        floors = region_floor_load() if settings.STREAMSERVE["REGION_FORECAST_FLOOR"] else None
         for region, row in state_rows.items():
             policies[region] = make_policy(config.policy, **options)
             if row.state:
                 policies[region].load_state_dict(row.state)
+            if floors is not None and isinstance(policies[region], TurboServePolicy):
+                # The predictive floor's input, set before each decision as the simulator's
+                # ``turboserve-forecast`` does (not policy state: the forecast slot refreshes it).
+                policies[region].floor_load = floors.get(region, 0.0)
         event_region = _event_region(snapshot, layout, session_id)
         decisions, rerouted = decide_by_region(
             policies, snapshots, event, event_region=event_region, alternatives=layout.alternatives
@@ -271,6 +277,7 @@ def _run_pool(*, preset: str, trigger: EventKind, session_id: str | None, was_ac
                 config=config,
                 outbox=outbox,
                 started=started,
+                floor_load=getattr(policies[region], "floor_load", None),
             )
             if record_id is not None:
                 recorded.append(record_id)
@@ -290,9 +297,10 @@ def _record_and_apply(
     config: SchedulerConfig,
     outbox: Outbox,
     started: float,
+    floor_load: float | None,
 ) -> int | None:
     """Record one region's decision with its inputs and apply it; a tick that changed nothing is
-    not kept (returns ``None``)."""
+    not kept (returns ``None``). ``floor_load``: the predictive floor's input F (None: off)."""
     now = timezone.now()
     record = SchedulerDecision.objects.create(
         trigger=trigger,
@@ -315,6 +323,7 @@ def _record_and_apply(
             "sessions": len(snapshot.sessions),
             "pending": list(snapshot.pending),
             "rerouted_in": rerouted,
+            "floor_load": floor_load,
             "gpus": {g: {"status": v.status, "load": snapshot.gpu_load[g]} for g, v in snapshot.gpus.items()},
         },
         outputs=decision.to_json(),

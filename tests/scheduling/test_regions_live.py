@@ -125,14 +125,54 @@ def test_the_forecast_step_fits_ets_on_the_history_of_these_origins(coasts, sett
     client.rpush(HISTORY_KEY, json.dumps({"origins": ["nyc"], "load": [100.0]}))
     for load in range(20):
         client.rpush(
-            HISTORY_KEY, json.dumps({"origins": ["chi", "lon", "nyc", "sfo"], "load": [0, 0, load, 0]})
+            HISTORY_KEY,
+            json.dumps(
+                {"origins": ["chi", "lon", "nyc", "sfo"], "load": [0, 0, load, 0], "active": [0, 0, load, 0]}
+            ),
         )
     SessionFactory(origin="nyc", load=20.0)
     # when a slot runs, then ETS (fitted on this run of samples only) expects the rise to go on
     forecast = region_forecast_step()
     assert forecast["nyc"] > 20.0
     assert forecast["chi"] == 0.0
-    assert json.loads(client.get(FORECAST_KEY))["demand"][2] == forecast["nyc"]
+    stored = json.loads(client.get(FORECAST_KEY))
+    assert stored["demand"][2] == forecast["nyc"]
+    # and the floor's input, nyc's active load, is its largest forecast over the provisioning delay
+    # and one slot: beyond the next slot's on a rise
+    assert stored["floor"][2] > forecast["nyc"]
+    assert stored["floor"][0] == 0.0
+
+
+def test_the_forecast_floor_raises_each_regions_autoscaler_target(coasts, settings):
+    east, west = coasts
+    settings.STREAMSERVE = {**settings.STREAMSERVE, "REGION_FORECAST": "last-value"}
+    SchedulerConfig.objects.update_or_create(pk=1, defaults={"scale_in_cooldown_s": 0.0, "min_gpus": 0})
+    # given a slot in which twelve active nyc sessions ran east and two parked sfo ones west, all
+    # gone since, and the plan made on that forecast (nyc has only east within its budget)
+    gone = [active_in(east, origin="nyc") for _ in range(12)]
+    gone += [SessionFactory(origin="sfo", region=west, status="suspended", activity="idle") for _ in range(2)]
+    region_forecast_step()
+    assert json.loads(redis_client().get(FORECAST_KEY))["floor"] == [0.0, 0.0, 12.0, 0.0]
+    session_region_route(session_id=str(SessionFactory(origin="sfo").pk))
+    GenerationSession.objects.filter(pk__in=[s.pk for s in gone]).update(
+        status=GenerationSession.Status.TERMINATED, terminated_at=timezone.now()
+    )
+    # when the scheduler ticks with the floor off (the default), then nothing is bought
+    assert settings.STREAMSERVE["REGION_FORECAST_FLOOR"] is False
+    scheduler_run(trigger="tick")
+    assert not ScalingAction.objects.filter(direction="out").exists()
+    assert {d.inputs["floor_load"] for d in SchedulerDecision.objects.all()} == {None}
+    before = SchedulerDecision.objects.order_by("pk").last().pk
+    # and with it on, east scales out ahead of nyc's twelve units (its floor input), west does not
+    settings.STREAMSERVE = {**settings.STREAMSERVE, "REGION_FORECAST_FLOOR": True}
+    scheduler_run(trigger="tick")
+    (action,) = ScalingAction.objects.filter(direction="out")
+    assert action.reason.endswith("region east")
+    floors = {
+        d.inputs["region"]: d.inputs["floor_load"] for d in SchedulerDecision.objects.filter(pk__gt=before)
+    }
+    assert floors["east"] == pytest.approx(12.0)
+    assert floors.get("west", 0.0) == 0.0
 
 
 def test_one_region_routes_nothing():
