@@ -191,7 +191,13 @@ class LatencyAuditView(APIView):
             raise ValidationError(errors)
         report = selectors.latency_buckets(time_range=time_range, slo_ms=slo, source=source)
         if output == "csv":
-            header = ["bucket_start", "count", "p50_ms", "p95_ms", "p99_ms", "max_ms", "slo_passed"]
-            rows = [[csv_cell(b["start"]), *(csv_cell(b[k]) for k in header[1:])] for b in report["buckets"]]
+            # One row per bucket and region, like the cost CSV (rows sum to the totals); percentiles
+            # across regions do not combine, so the pool's own per bucket are in the JSON only.
+            header = ["bucket_start", "region", "count", "p50_ms", "p95_ms", "p99_ms", "max_ms", "slo_passed"]
+            rows = [
+                [csv_cell(b["start"]), name, *(csv_cell(r[k]) for k in header[2:])]
+                for b in report["buckets"]
+                for name, r in sorted(b["by_region"].items())
+            ]
             return csv_response("latency.csv", header, rows)
         return Response(report)

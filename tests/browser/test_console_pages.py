@@ -228,7 +228,7 @@ def test_audit_page_totals_and_csv_exports_match_the_api(browser_context, asgi_s
     expect(page.locator("#latency-region-rows td").first).to_have_text("20")
 
     cost_url, cost_rows = _csv_download(page, "Cost CSV (per bucket, GPU type and region)")
-    latency_url, latency_rows = _csv_download(page, "Latency CSV (per bucket)")
+    latency_url, latency_rows = _csv_download(page, "Latency CSV (per bucket and region)")
 
     # The API's own totals for the very same query.
     api = Client()

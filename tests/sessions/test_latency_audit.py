@@ -85,6 +85,7 @@ def test_latency_audit_csv_matches_json(staff_api):
     )
     assert [int(r["count"]) for r in rows] == [b["count"] for b in body["buckets"]] == [2, 1]
     assert float(rows[0]["max_ms"]) == 120.0
+    assert {r["region"] for r in rows} == {"local"}
 
 
 def test_rollup_histograms_agree_with_raw_percentiles_within_bucket_width(staff_api):
@@ -135,6 +136,22 @@ def test_latency_audit_splits_by_region_from_raw_records_and_from_rollups(staff_
     assert bucket["by_region"]["east"]["p50_ms"] == pytest.approx(400.0)
     assert raw["totals"]["by_region"]["east"]["slo_pass_rate"] == pytest.approx(2 / 3)
     assert raw["totals"]["count"] == 5
+    # and the CSV has one row per bucket and region, with the JSON's figures
+    csv_rows = list(
+        csv.DictReader(
+            io.StringIO(
+                staff_api.get(
+                    "/api/audit/latency/", {**params, "source": "raw", "format": "csv"}
+                ).content.decode()
+            )
+        )
+    )
+    assert [(r["region"], int(r["count"]), int(r["slo_passed"])) for r in csv_rows] == [
+        ("east", 3, 2),
+        ("local", 2, 2),
+    ]
+    assert float(csv_rows[0]["p50_ms"]) == pytest.approx(400.0)
+    assert {r["bucket_start"] for r in csv_rows} == {"2026-03-01T10:00:00+00:00"}
     # and the rollups (one per worker and minute) give the same split
     chunk_rollup(since=T0, until=T0 + timedelta(minutes=5))
     rolled = staff_api.get("/api/audit/latency/", {**params, "source": "rollup"}).json()
