@@ -127,9 +127,11 @@ def job_spec_build(
             errors["frames"] = "an image is one frame: leave frames out (or 1)"
         frames = 1
     elif kind == Kind.VIDEO:
-        frames = _int_in(frames, 2, limits["JOB_MAX_FRAMES"]) if frames is not None else None
+        bounds = f"between 2 and {limits['JOB_MAX_FRAMES']}"
         if frames is None:
-            errors["frames"] = f"a video needs frames, an integer between 2 and {limits['JOB_MAX_FRAMES']}"
+            errors["frames"] = f"a video needs frames (an integer {bounds})"
+        elif _int_in(frames, 2, limits["JOB_MAX_FRAMES"]) is None:
+            errors["frames"] = f"a video has {bounds} frames"
     if steps is None and preset is not None:
         steps = default_steps(preset.name)
     elif steps is not None and _int_in(steps, 1, limits["JOB_MAX_STEPS"]) is None:
