@@ -208,11 +208,13 @@ def _announce(job: Job, change: str | None = None, *, queue: bool = False, **det
     """After commit: the owner's sockets, the queue's other owners when positions moved, and the
     scheduler (``job_changed``) when the change asks something of it."""
 
-    def send(job_id: str = str(job.pk), model_name: str = job.model_name) -> None:
+    job_id, model_name, state = str(job.pk), job.model_name, job.state
+
+    def send() -> None:
         try:
             if queue:  # every queued job of the model, this one included if it is queued
                 job_queue_broadcast(model_name=model_name)
-            if not queue or job.state != State.QUEUED:
+            if not queue or state != State.QUEUED:
                 job_broadcast(job_id=job_id)
         except Exception:  # a broadcast must never fail the report or request that changed the job
             logger.exception("job broadcast failed job=%s", job_id)
@@ -318,10 +320,11 @@ def job_move(*, job: Job, target: GpuWorker) -> bool:
     return _flip(job, State.PAUSED, State.PAUSED, worker=target, epoch=job.epoch + 1)
 
 
-def job_requeue(*, job: Job, reason: str) -> bool:
+def job_requeue(*, job: Job, reason: str, retry_now: bool = True) -> bool:
     """Back to the queue from step 0 (its worker died, refused it, or a move failed). The epoch
     rises so whatever the old worker still reports is ignored; determinism makes the restart's
-    result the same as the lost run's would have been."""
+    result the same as the lost run's would have been. ``retry_now``: ask for a dispatch at once
+    (a lost worker's jobs); otherwise the next tick retries (a refusal would repeat at once)."""
     if job.state not in (State.RUNNING, State.PAUSED):
         return False
     applied = Job.objects.filter(pk=job.pk, state=job.state, epoch=job.epoch).update(
@@ -330,7 +333,7 @@ def job_requeue(*, job: Job, reason: str) -> bool:
     if applied:
         logger.warning("job.requeued job=%s epoch=%d reason=%s", job.pk, job.epoch, reason)
         job.state, job.worker, job.epoch, job.steps_done = State.QUEUED, None, job.epoch + 1, 0
-        _announce(job, "submitted", queue=True)
+        _announce(job, "submitted" if retry_now else None, queue=True)
     return bool(applied)
 
 

@@ -260,9 +260,9 @@ def job_command_failed(*, command: dict, status: str, reason: str) -> None:
     epoch = int(command["new_epoch"] if command.get("kind") == "migrate_out" else command["epoch"])
     with transaction.atomic():
         job = Job.objects.select_for_update(no_key=True).filter(pk=command["job"], epoch=epoch).first()
-        if job is None or not job_services.job_requeue(
-            job=job, reason=f"{command['kind']} {status}: {reason}"
-        ):
+        # Retried at the next tick, not at once: a worker that refuses would refuse again at once.
+        why = f"{command['kind']} {status}: {reason}"
+        if job is None or not job_services.job_requeue(job=job, reason=why, retry_now=False):
             return
         if command["kind"] in ("migrate_in", "migrate_out"):
             # Whatever copy either side holds is not the job's any more.

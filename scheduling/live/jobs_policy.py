@@ -1,6 +1,6 @@
 """How the job dispatcher decides (pure Python: no Django, so a round solver can be plugged in).
 
-Contract: ``JobPolicy.plan(round)`` gets one ``JobRound`` — every job in flight of the served pools
+Contract: ``JobPolicy.plan(job_round)`` gets one ``JobRound`` — every job in flight of the served pools
 (queued, running, paused) and every worker that may hold jobs, with the room its resident stream
 sessions leave — and returns a ``JobPlan``: jobs to assign (queued → a worker), to pause
 (preempted at a step boundary, state kept in that worker's host memory), to resume (on the worker
@@ -62,7 +62,7 @@ class JobPlan:
 class JobPolicy:
     """Base class: see the module's contract."""
 
-    def plan(self, round: JobRound) -> JobPlan:
+    def plan(self, job_round: JobRound) -> JobPlan:
         raise NotImplementedError
 
 
@@ -82,20 +82,20 @@ class EdfJobPolicy(JobPolicy):
        the most room — unless that pool's streams are waiting.
     """
 
-    def plan(self, round: JobRound) -> JobPlan:
+    def plan(self, job_round: JobRound) -> JobPlan:
         plan = JobPlan()
-        room = {w.name: w.room for w in round.workers}
+        room = {w.name: w.room for w in job_round.workers}
         pools: dict[str, list[str]] = {}
-        for w in sorted(round.workers, key=lambda w: w.name):
+        for w in sorted(job_round.workers, key=lambda w: w.name):
             pools.setdefault(w.model, []).append(w.name)
-        running = [j for j in round.jobs if j.state == "running" and j.worker in room]
+        running = [j for j in job_round.jobs if j.state == "running" and j.worker in room]
         for job in self._preempted(running, room):
             plan.pause.append(job.id)
             room[job.worker] += 1
         preempted = set(plan.pause)
         waiting = [
             j
-            for j in round.jobs
+            for j in job_round.jobs
             if (j.state == "paused" and not j.moving and j.worker in room) or j.state == "queued"
         ]
         for job in sorted(waiting, key=dispatch_order):
@@ -105,7 +105,7 @@ class EdfJobPolicy(JobPolicy):
                 plan.resume.append(job.id)
                 room[job.worker] -= 1
                 continue
-            if job.state == "queued" and round.streams_waiting.get(job.model, 0) > 0:
+            if job.state == "queued" and job_round.streams_waiting.get(job.model, 0) > 0:
                 continue
             target = self._roomiest(pools.get(job.model, []), room, exclude=job.worker)
             if target is None:
