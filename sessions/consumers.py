@@ -34,7 +34,6 @@ from sessions.models import GenerationSession, Job
 from sessions.selectors import (
     job_queue_positions,
     job_status_message,
-    jobs_visible_to,
     session_status_message,
     sessions_visible_to,
 )
@@ -305,7 +304,7 @@ class JobConsumer(AsyncWebsocketConsumer):
 
     @database_sync_to_async
     def _in_flight(self) -> list[dict]:
-        mine = jobs_visible_to(self.user).filter(owner=self.user, state__in=Job.IN_FLIGHT)
+        mine = Job.objects.filter(owner=self.user, state__in=Job.IN_FLIGHT).select_related("worker")
         models = list(mine.values_list("model_name", flat=True).distinct())
         positions = job_queue_positions(models)
         return [

@@ -46,6 +46,8 @@ MAX_PRIORITY = 9
 MAX_SLO_S = 7 * 86_400.0  # a week: longer is a typo, and it would sit at the back of every queue
 # Denoising steps of a job that names none, for a preset whose architecture does not say.
 FALLBACK_STEPS = 4
+# Queued jobs told their new position when their queue moves (``job_queue_broadcast``).
+QUEUE_BROADCAST_LENGTH = 100
 
 
 def group_name(user_id: int) -> str:
@@ -198,9 +200,13 @@ def job_broadcast(*, job_id: str) -> None:
 
 
 def job_queue_broadcast(*, model_name: str) -> None:
-    """Every queued job of a model moved up or down: tell each owner its job's new position."""
+    """The queue of a model moved: tell the owners of its first ``QUEUE_BROADCAST_LENGTH`` jobs their
+    new positions. Further back a job hears nothing until it comes within that many of the front
+    (each dispatch that starts jobs moves the window), so one change costs a bounded fan-out rather
+    than a message per queued job; the API reads always give the exact position."""
     positions = job_queue_positions([model_name])
-    for job in Job.objects.filter(pk__in=list(positions)).select_related("worker"):
+    front = sorted(positions, key=positions.get)[:QUEUE_BROADCAST_LENGTH]
+    for job in Job.objects.filter(pk__in=front).select_related("worker"):
         _send(job.owner_id, job_status_message(job, position=positions[job.pk]))
 
 
@@ -282,7 +288,8 @@ def job_cancel(*, job: Job) -> Job:
 
 def job_assign(*, job: Job, worker: GpuWorker) -> bool:
     """queued → running on ``worker`` under a new epoch (compare-and-set; the caller holds the
-    transaction). Returns whether it applied."""
+    transaction, and tells the rest of the queue once per round: ``job_queue_broadcast``). Returns
+    whether it applied."""
     now = timezone.now()
     applied = Job.objects.filter(pk=job.pk, state=State.QUEUED, epoch=job.epoch).update(
         state=State.RUNNING, worker=worker, epoch=job.epoch + 1, steps_done=0, started_at=now
@@ -290,7 +297,7 @@ def job_assign(*, job: Job, worker: GpuWorker) -> bool:
     if applied:
         job.state, job.worker, job.epoch, job.steps_done = State.RUNNING, worker, job.epoch + 1, 0
         job.started_at = job.started_at or now
-        _announce(job, queue=True)
+        _announce(job)
     return bool(applied)
 
 

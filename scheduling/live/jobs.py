@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 
 from django.conf import settings
 from django.db import transaction
@@ -56,6 +56,8 @@ def _policy(path: str) -> JobPolicy:
 
 def jobs_dispatch() -> DispatchResult:
     """One dispatch round over every served pool."""
+    if not Job.objects.filter(state__in=Job.IN_FLIGHT).exists():
+        return DispatchResult()  # the common tick without jobs: no lock, no pool read
     with scheduler_lock(), transaction.atomic():
         outbox = Outbox()
         transaction.on_commit(outbox.send)
@@ -79,7 +81,7 @@ def jobs_dispatch() -> DispatchResult:
             JobRound(
                 now=timezone.now().timestamp(),
                 jobs=[_view(j, names, moving=moving) for j in [*held, *queued]],
-                workers=_worker_views(workers, held),
+                workers=_worker_views(workers, held, moving),
                 streams_waiting=_streams_waiting(models),
             )
         )
@@ -91,9 +93,17 @@ def jobs_dispatch() -> DispatchResult:
             result.moved += move_job(by_id[job_id], workers[target], outbox=outbox)
         for job_id, target in plan.assign:
             result.assigned += _assign(by_id[job_id], workers[target], outbox)
+        # The jobs left in line moved up: their owners hear it once per queue, not once per start.
+        moved = sorted({by_id[job_id].model_name for job_id, _ in plan.assign})
+        transaction.on_commit(partial(_queues_broadcast, moved))
     if any(result.as_dict().values()):
         logger.info("jobs.dispatch %s", " ".join(f"{k}={v}" for k, v in result.as_dict().items()))
     return result
+
+
+def _queues_broadcast(model_names: list[str]) -> None:
+    for model_name in model_names:
+        job_services.job_queue_broadcast(model_name=model_name)
 
 
 def _view(job: Job, names: dict[int, str], *, moving: set) -> JobView:
@@ -110,8 +120,9 @@ def _view(job: Job, names: dict[int, str], *, moving: set) -> JobView:
     )
 
 
-def _worker_views(workers: dict[str, GpuWorker], held: list[Job]) -> list[WorkerView]:
-    """Room = K − resident stream sessions − running jobs (a draining worker: none at all)."""
+def _worker_views(workers: dict[str, GpuWorker], held: list[Job], moving: set) -> list[WorkerView]:
+    """Room = K − resident stream sessions − running jobs − jobs whose state is on its way there (the
+    slot a move was made for is kept for it); a draining worker has none at all."""
     resident = dict(
         GenerationSession.objects.filter(
             worker__in=workers.values(), status__in=[SessionStatus.EXECUTING, SessionStatus.MIGRATING]
@@ -122,7 +133,7 @@ def _worker_views(workers: dict[str, GpuWorker], held: list[Job]) -> list[Worker
     )
     running: dict[int, int] = {}
     for job in held:
-        if job.state == State.RUNNING:
+        if job.state == State.RUNNING or job.pk in moving:
             running[job.worker_id] = running.get(job.worker_id, 0) + 1
     return [
         WorkerView(

@@ -114,7 +114,7 @@ def test_a_paused_job_moves_to_a_worker_with_room_and_resumes_once_its_state_lan
     jobs_dispatch()
     streams_on(source, 1)
     jobs_dispatch()  # paused on the source
-    target = GpuWorkerFactory(model_preset="tiny", capacity=2, migration_address="10.0.0.2:7000")
+    target = GpuWorkerFactory(model_preset="tiny", capacity=1, migration_address="10.0.0.2:7000")
     assert jobs_dispatch().moved == 1
     refresh(job)
     assert (job.state, job.worker, job.epoch) == ("paused", target, 2)
@@ -131,9 +131,13 @@ def test_a_paused_job_moves_to_a_worker_with_room_and_resumes_once_its_state_lan
         2,
         "10.0.0.2:7000",
     )
-    assert jobs_dispatch().resumed == 0  # the state is on its way
+    later = job_due_in(120)
+    # The state is on its way: the job is not resumed yet, and the slot it moved for is kept for it.
+    assert jobs_dispatch().as_dict() == {"assigned": 0, "paused": 0, "resumed": 0, "moved": 0, "requeued": 0}
     command_answered(command=into.payload, status="acked", reason="", result={})
     assert jobs_dispatch().resumed == 1
+    refresh(later)
+    assert later.state == "queued"
     (resume,) = commands("job_resume")
     assert (resume.worker, resume.payload["epoch"]) == (target, 2)
     # The source's late progress under the old epoch cannot touch the job any more.

@@ -100,6 +100,22 @@ async def test_progress_reaches_the_owner_from_queued_to_done(settings, tmp_path
     await communicator.disconnect()
 
 
+async def test_a_dispatch_round_tells_the_jobs_left_in_line_their_new_place():
+    from scheduling.live.jobs import jobs_dispatch
+
+    user = await sync_to_async(UserFactory)()
+    await sync_to_async(GpuWorkerFactory)(model_preset="tiny", capacity=1)
+    first, second = await sync_to_async(submit)(user), await sync_to_async(submit)(user)
+    communicator = await connect(user)
+    on_connect = [await receive(communicator), await receive(communicator)]
+    assert [(m["job"], m["position"]) for m in on_connect] == [(str(first.pk), 1), (str(second.pk), 2)]
+    assert (await sync_to_async(jobs_dispatch)()).assigned == 1
+    started, moved_up = await receive(communicator), await receive(communicator)
+    assert (started["job"], started["state"]) == (str(first.pk), "running")
+    assert (moved_up["job"], moved_up["state"], moved_up["position"]) == (str(second.pk), "queued", 1)
+    await communicator.disconnect()
+
+
 async def test_a_failure_arrives_with_its_reason_and_stale_reports_cannot_end_a_job():
     user = await sync_to_async(UserFactory)()
     worker = await sync_to_async(GpuWorkerFactory)(model_preset="tiny")
