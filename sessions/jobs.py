@@ -34,7 +34,7 @@ from sessions.models import Job
 from sessions.selectors import job_queue_positions, job_status_message
 from sessions.services import MAX_SEED, validate_prompt
 from sessions.signals import job_changed
-from workers.catalog import PRESETS, parse_resolution
+from workers.catalog import PRESETS, ModelPreset, parse_resolution
 from workers.runtime.presets import PRESETS as RUNTIME_PRESETS
 
 logger = logging.getLogger(__name__)
@@ -85,6 +85,59 @@ def _int_in(value: object, low: int, high: int) -> int | None:
     return value
 
 
+def _preset_and_size(
+    model_name: str, resolution: str | None, errors: dict
+) -> tuple[ModelPreset | None, int, int]:
+    preset = PRESETS.get(model_name)
+    served = settings.STREAMSERVE["SERVED_MODELS"]
+    if preset is None:
+        errors["model"] = f"unknown model {model_name!r}; available: {', '.join(sorted(PRESETS))}"
+        return None, 0, 0
+    if preset.name not in served:
+        errors["model"] = f"{preset.name} is not served by this deployment; served: {', '.join(served)}"
+        return None, 0, 0
+    try:
+        width, height = parse_resolution(resolution or preset.default_resolution)
+    except ValueError as exc:
+        errors["resolution"] = str(exc)
+        return preset, 0, 0
+    if f"{width}x{height}" not in preset.resolutions:
+        errors["resolution"] = (
+            f"{width}x{height} is not supported by {preset.name}; supported: {', '.join(preset.resolutions)}"
+        )
+    return preset, width, height
+
+
+def _frames(kind: str, frames: int | None, errors: dict) -> int:
+    if kind != Kind.VIDEO:
+        if frames not in (None, 1):
+            errors["frames"] = "an image is one frame: leave frames out (or 1)"
+        return 1
+    bounds = f"between 2 and {settings.STREAMSERVE['JOB_MAX_FRAMES']}"
+    if frames is None:
+        errors["frames"] = f"a video needs frames (an integer {bounds})"
+    elif _int_in(frames, 2, settings.STREAMSERVE["JOB_MAX_FRAMES"]) is None:
+        errors["frames"] = f"a video has {bounds} frames"
+    return frames or 0
+
+
+def _deadline(slo_s: float | None, deadline: datetime | None, now: datetime, errors: dict) -> datetime:
+    """The absolute deadline: as given, or ``slo_s`` (default ``JOB_DEFAULT_SLO_S``) from now."""
+    if deadline is not None:
+        if slo_s is not None:
+            errors["deadline"] = "give slo_s or deadline, not both"
+        elif deadline <= now:
+            errors["deadline"] = f"is in the past ({deadline.isoformat()} ≤ now {now.isoformat()})"
+        elif deadline > now + timedelta(seconds=MAX_SLO_S):
+            errors["deadline"] = "must be within a week"
+        return deadline
+    slo = settings.STREAMSERVE["JOB_DEFAULT_SLO_S"] if slo_s is None else slo_s
+    if not 0 < slo <= MAX_SLO_S:  # NaN fails it too
+        errors["slo_s"] = f"must be a number of seconds in (0, {MAX_SLO_S:g}]"
+        return now
+    return now + timedelta(seconds=slo)
+
+
 def job_spec_build(
     *,
     kind: str,
@@ -99,71 +152,30 @@ def job_spec_build(
     priority: int,
     now: datetime,
 ) -> JobSpec:
-    """Validate a submission against the model catalogue and the limits; ValidationError per field."""
+    """Validate a submission against the model catalogue and the limits; ValidationError per field
+    (every field's problem at once)."""
     errors: dict[str, str] = {}
-    limits = settings.STREAMSERVE
     if kind not in Kind.values:
         errors["kind"] = f"must be one of {', '.join(Kind.values)}"
-    preset = PRESETS.get(model_name)
-    served = limits["SERVED_MODELS"]
-    if preset is None:
-        errors["model"] = f"unknown model {model_name!r}; available: {', '.join(sorted(PRESETS))}"
-    elif preset.name not in served:
-        errors["model"] = f"{preset.name} is not served by this deployment; served: {', '.join(served)}"
-        preset = None
-    width = height = 0
-    if preset is not None:
-        resolution = resolution or preset.default_resolution
-        try:
-            width, height = parse_resolution(resolution)
-        except ValueError as exc:
-            errors["resolution"] = str(exc)
-        else:
-            if f"{width}x{height}" not in preset.resolutions:
-                errors["resolution"] = (
-                    f"{width}x{height} is not supported by {preset.name}; "
-                    f"supported: {', '.join(preset.resolutions)}"
-                )
-    if kind == Kind.IMAGE:
-        if frames not in (None, 1):
-            errors["frames"] = "an image is one frame: leave frames out (or 1)"
-        frames = 1
-    elif kind == Kind.VIDEO:
-        bounds = f"between 2 and {limits['JOB_MAX_FRAMES']}"
-        if frames is None:
-            errors["frames"] = f"a video needs frames (an integer {bounds})"
-        elif _int_in(frames, 2, limits["JOB_MAX_FRAMES"]) is None:
-            errors["frames"] = f"a video has {bounds} frames"
-    if steps is None and preset is not None:
-        steps = default_steps(preset.name)
-    elif steps is not None and _int_in(steps, 1, limits["JOB_MAX_STEPS"]) is None:
-        errors["steps"] = f"must be an integer between 1 and {limits['JOB_MAX_STEPS']}"
+    preset, width, height = _preset_and_size(model_name, resolution, errors)
+    frames = _frames(kind, frames, errors)
+    max_steps = settings.STREAMSERVE["JOB_MAX_STEPS"]
+    if steps is not None and _int_in(steps, 1, max_steps) is None:
+        errors["steps"] = f"must be an integer between 1 and {max_steps}"
     if seed is None:
         seed = random.SystemRandom().randrange(0, 2**31)
     elif _int_in(seed, 0, MAX_SEED) is None:
         errors["seed"] = f"must be an integer between 0 and {MAX_SEED}"
     if _int_in(priority, 0, MAX_PRIORITY) is None:
         errors["priority"] = f"must be an integer between 0 and {MAX_PRIORITY}"
-    if slo_s is not None and deadline is not None:
-        errors["deadline"] = "give slo_s or deadline, not both"
-    elif deadline is not None:
-        if deadline <= now:
-            errors["deadline"] = f"is in the past ({deadline.isoformat()} ≤ now {now.isoformat()})"
-        elif deadline > now + timedelta(seconds=MAX_SLO_S):
-            errors["deadline"] = "must be within a week"
-    else:
-        slo = limits["JOB_DEFAULT_SLO_S"] if slo_s is None else slo_s
-        if not 0 < slo <= MAX_SLO_S:  # NaN fails both
-            errors["slo_s"] = f"must be a number of seconds in (0, {MAX_SLO_S:g}]"
-        else:
-            deadline = now + timedelta(seconds=slo)
+    deadline = _deadline(slo_s, deadline, now, errors)
     try:
         prompt = validate_prompt(prompt)
     except ValidationError as exc:
         errors.update({k: v[0] for k, v in exc.message_dict.items()})
     if errors:
         raise ValidationError(errors)
-    assert preset is not None and deadline is not None and steps is not None and frames is not None
+    assert preset is not None
     return JobSpec(
         kind=kind,
         prompt=prompt,
@@ -171,7 +183,7 @@ def job_spec_build(
         width=width,
         height=height,
         frames=frames,
-        steps=steps,
+        steps=steps if steps is not None else default_steps(preset.name),
         seed=seed,
         priority=priority,
         slo_s=slo_s,
