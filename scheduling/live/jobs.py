@@ -61,7 +61,7 @@ def jobs_dispatch() -> DispatchResult:
     with scheduler_lock(), transaction.atomic():
         outbox = Outbox()
         transaction.on_commit(outbox.send)
-        result = DispatchResult(requeued=_orphans_requeue(outbox))
+        result = DispatchResult(requeued=_orphans_requeue())
         models = list(settings.STREAMSERVE["SERVED_MODELS"])
         workers = {
             w.name: w
@@ -232,7 +232,7 @@ def move_job(job: Job, target: GpuWorker, *, outbox: Outbox) -> bool:
     return True
 
 
-def _orphans_requeue(outbox: Outbox) -> int:
+def _orphans_requeue() -> int:
     """Jobs held by workers that have ended start again elsewhere (``jobs_recover`` per worker)."""
     ended = GpuWorker.objects.filter(
         Q(jobs__state__in=[State.RUNNING, State.PAUSED]),
