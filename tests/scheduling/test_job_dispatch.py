@@ -4,16 +4,22 @@ refused command (with a raised epoch, so the old holder's reports are ignored)."
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
+import redis
+from django.conf import settings
 from django.utils import timezone
 
+from controlplane.celery import app
 from gpu.models import GpuWorker
 from scheduling.live.answers import command_answered
+from scheduling.live.enqueue import JOBS_DISPATCH
 from scheduling.live.jobs import jobs_dispatch, jobs_recover
 from scheduling.live.jobs_policy import EdfJobPolicy, JobRound, JobView, WorkerView, load_job_policy
 from scheduling.models import WorkerCommand
+from scheduling.tasks import jobs_dispatch as jobs_dispatch_task
 from sessions import jobs
 from sessions.models import Job
 from tests.factories import GpuWorkerFactory, JobFactory, SessionFactory
@@ -218,3 +224,20 @@ def test_the_edf_policy_never_plans_more_running_jobs_than_a_worker_has_room():
     )
     with pytest.raises(ValueError, match="JOB_POLICY"):
         load_job_policy("scheduling.live.jobs_policy.JobView")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_submission_enqueues_a_dispatch_on_the_scheduler_queue_and_the_task_runs_it(user_api):
+    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    broker.delete("scheduler")
+    assert app.amqp.router.route({}, JOBS_DISPATCH)["queue"].name == "scheduler"
+    worker = GpuWorkerFactory(model_preset="tiny", capacity=1)
+    response = user_api.post(
+        "/api/jobs/", {"kind": "image", "prompt": "a kite", "model": "tiny"}, format="json"
+    )
+    assert response.status_code == 201
+    queued = [json.loads(raw)["headers"]["task"] for raw in broker.lrange("scheduler", 0, -1)]
+    assert JOBS_DISPATCH in queued
+    broker.delete("scheduler")
+    assert jobs_dispatch_task() == {"assigned": 1, "paused": 0, "resumed": 0, "moved": 0, "requeued": 0}
+    assert Job.objects.get().worker == worker
