@@ -148,13 +148,17 @@ def _worker_views(workers: dict[str, GpuWorker], held: list[Job], moving: set) -
 
 
 def _moving(held: list[Job]) -> set:
-    """Paused jobs whose state is still on its way to their new worker (migrate_in unanswered)."""
+    """Paused jobs whose state is still on its way to their new worker: either side of the move
+    unanswered. The source answers ``migrate_out`` once the target has verified the region (the
+    target may answer ``migrate_in`` as soon as it listens), so both answers mean it has landed."""
     paused = [j.pk for j in held if j.state == State.PAUSED]
     if not paused:
         return set()
     return set(
         WorkerCommand.objects.filter(
-            job__in=paused, kind=WorkerCommand.Kind.MIGRATE_IN, status=WorkerCommand.Status.SENT
+            job__in=paused,
+            kind__in=[WorkerCommand.Kind.MIGRATE_IN, WorkerCommand.Kind.MIGRATE_OUT],
+            status=WorkerCommand.Status.SENT,
         ).values_list("job", flat=True)
     )
 
@@ -214,7 +218,8 @@ def preempt_job(job: Job, *, reason: str, outbox: Outbox) -> bool:
 def move_job(job: Job, target: GpuWorker, *, outbox: Outbox) -> bool:
     """Move a paused job's state to ``target`` through the migration commands (``"job"`` in place of
     ``"session"``, iface-14): it stays paused there under a new epoch, and the dispatcher resumes it
-    once ``migrate_in`` is answered. A refused or failed side re-queues the job (``answers``)."""
+    once both sides have answered (``_moving``). A refused or failed side re-queues the job
+    (``job_command_failed``)."""
     source = job.worker
     old_epoch = job.epoch
     if not job_services.job_move(job=job, target=target):

@@ -140,7 +140,9 @@ def test_a_paused_job_moves_to_a_worker_with_room_and_resumes_once_its_state_lan
     later = job_due_in(120)
     # The state is on its way: the job is not resumed yet, and the slot it moved for is kept for it.
     assert jobs_dispatch().as_dict() == {"assigned": 0, "paused": 0, "resumed": 0, "moved": 0, "requeued": 0}
-    command_answered(command=into.payload, status="acked", reason="", result={})
+    command_answered(command=into.payload, status="acked", reason="", result={"listening": "10.0.0.2:7000"})
+    assert jobs_dispatch().resumed == 0  # the target listens; the source has not sent the region yet
+    command_answered(command=out.payload, status="acked", reason="", result={"bytes": 4096})
     assert jobs_dispatch().resumed == 1
     refresh(later)
     assert later.state == "queued"
