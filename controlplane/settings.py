@@ -372,8 +372,8 @@ STREAMSERVE = {
     "JOB_MAX_STEPS": _typed("JOB_MAX_STEPS", env.int, 100),
     "JOB_MAX_FRAMES": _typed("JOB_MAX_FRAMES", env.int, 129),
     "JOB_DEFAULT_SLO_S": _typed("JOB_DEFAULT_SLO_S", env.float, 300.0),
-    # The dispatcher's policy (scheduling.live.jobs_policy): a dotted path to a JobPolicy subclass.
-    "JOB_POLICY": env.str("JOB_POLICY", default="scheduling.live.jobs_policy.EdfJobPolicy"),
+    # The job dispatcher's policy (scheduling.live.jobs_policy): `edf` or package.module:ClassName.
+    "JOB_POLICY": env.str("JOB_POLICY", default="edf"),
     "PROVISIONER": env.str("PROVISIONER", default="local"),
     # Model presets this deployment runs workers for; sessions of other presets are refused. `demo`
     # is the trained model that follows its prompt (the test suite serves `tiny`: pyproject.toml).

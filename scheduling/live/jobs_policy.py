@@ -9,14 +9,14 @@ and never plan more running jobs on a worker than its room. The dispatcher
 (``scheduling.live.jobs``) checks every entry against the rows before it applies it.
 
 Streams come first: a worker's room is its capacity K minus its resident sessions, and a pool whose
-streams wait for a GPU gets no new job. The ``JOB_POLICY`` setting names the policy class by dotted
-path (GenServe's round solver plugs in here with the same contract).
+streams wait for a GPU gets no new job. The ``JOB_POLICY`` setting names the policy: ``edf`` or a
+``package.module:ClassName`` path (GenServe's round solver plugs in here with the same contract).
 """
 
 from __future__ import annotations
 
+import pkgutil
 from dataclasses import dataclass, field
-from importlib import import_module
 
 
 @dataclass(frozen=True)
@@ -133,13 +133,21 @@ class EdfJobPolicy(JobPolicy):
         return best
 
 
-def load_job_policy(path: str) -> JobPolicy:
-    """``package.module.ClassName`` → an instance; ValueError naming the path otherwise."""
-    module_name, _, class_name = path.rpartition(".")
+BUILTIN_JOB_POLICIES = {"edf": "scheduling.live.jobs_policy:EdfJobPolicy"}
+
+
+def load_job_policy(name: str) -> JobPolicy:
+    """A built-in name (``edf``) or a ``package.module:ClassName`` path to a ``JobPolicy`` subclass
+    (the syntax of every pluggable part) → an instance; ValueError naming ``JOB_POLICY`` otherwise."""
+    path = BUILTIN_JOB_POLICIES.get(name, name)
+    if ":" not in path:
+        raise ValueError(
+            f"JOB_POLICY={name!r}: use one of {', '.join(BUILTIN_JOB_POLICIES)} or package.module:ClassName"
+        )
     try:
-        policy_class = getattr(import_module(module_name), class_name)
+        policy_class = pkgutil.resolve_name(path)
     except (ImportError, AttributeError, ValueError) as exc:
-        raise ValueError(f"JOB_POLICY={path!r} does not name a class: {exc}") from exc
+        raise ValueError(f"JOB_POLICY={name!r} does not resolve: {exc}") from exc
     if not (isinstance(policy_class, type) and issubclass(policy_class, JobPolicy)):
-        raise ValueError(f"JOB_POLICY={path!r} is not a JobPolicy subclass")
+        raise ValueError(f"JOB_POLICY={name!r} is not a JobPolicy subclass")
     return policy_class()

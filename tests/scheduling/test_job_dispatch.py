@@ -221,11 +221,16 @@ def test_the_edf_policy_never_plans_more_running_jobs_than_a_worker_has_room():
         JobRound(now=0.0, jobs=queued, workers=[WorkerView("a", "m", 2), WorkerView("b", "m", 1)])
     )
     assert plan.assign == [("j0", "a"), ("j1", "a"), ("j2", "b")]
+    assert isinstance(load_job_policy("edf"), EdfJobPolicy)
     assert (
-        load_job_policy("scheduling.live.jobs_policy.EdfJobPolicy").plan(JobRound(0.0, [], [])).assign == []
+        load_job_policy("scheduling.live.jobs_policy:EdfJobPolicy").plan(JobRound(0.0, [], [])).assign == []
     )
-    with pytest.raises(ValueError, match="JOB_POLICY"):
-        load_job_policy("scheduling.live.jobs_policy.JobView")
+    for bad, reason in [
+        ("fifo", "use one of edf"),
+        ("scheduling.live.jobs_policy:JobView", "not a JobPolicy"),
+    ]:
+        with pytest.raises(ValueError, match=f"JOB_POLICY='{bad}'.*{reason}"):
+            load_job_policy(bad)
 
 
 @pytest.mark.django_db(transaction=True)
