@@ -208,6 +208,11 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     ordering_fields = ["submitted_at", "deadline", "finished_at", "state", "priority"]
     ordering = ["-submitted_at"]
 
+    def filter_queryset(self, queryset):
+        # As for sessions: the list filters choose jobs; on one job's routes they would only turn a
+        # visible job into a 404.
+        return super().filter_queryset(queryset) if self.action == "list" else queryset
+
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation: no user, only the model
             return Job.objects.none()

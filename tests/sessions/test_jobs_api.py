@@ -109,6 +109,8 @@ def test_list_filters_by_state_and_kind(user_api, user):
     assert [j["kind"] for j in user_api.get("/api/jobs/?kind=video").json()["results"]] == ["video"]
     assert [j["state"] for j in user_api.get("/api/jobs/?state=cancelled").json()["results"]] == ["cancelled"]
     assert user_api.get("/api/jobs/?state=lost").status_code == 400
+    queued = JobFactory(owner=user)
+    assert user_api.get(f"/api/jobs/{queued.pk}/?state=cancelled").status_code == 200  # list filters only
 
 
 def test_cancel_ends_a_queued_job_and_is_idempotent(user_api):
