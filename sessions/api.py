@@ -40,6 +40,8 @@ from sessions.serializers import (
 )
 from workers.catalog import PRESETS
 
+# What a job's result may be served as inline (PNG for an image, MP4 for a video).
+RESULT_CONTENT_TYPES = ("image/png", "video/mp4")
 # The latency audit's SLO threshold, as bounded as the scheduler's (scheduling.models.SchedulerConfig).
 MAX_SLO_MS = 600_000.0
 
@@ -264,6 +266,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         responses={
             (200, "image/png"): OpenApiTypes.BINARY,
             (200, "video/mp4"): OpenApiTypes.BINARY,
+            (200, "application/octet-stream"): OpenApiTypes.BINARY,
         },
     )
     @action(detail=True, methods=["get"])
@@ -273,10 +276,13 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         job = self.get_object()
         if job.state != Job.State.DONE or not job.result:
             raise NotFound(f"job {job.pk} has no result ({job.state})")
+        # Shown inline only as what a job produces: anything else (a worker's mistake) is a download,
+        # never a page of this origin.
+        inline = job.result_content_type in RESULT_CONTENT_TYPES
         return FileResponse(
             job.result.open("rb"),
-            content_type=job.result_content_type or "application/octet-stream",
-            as_attachment=False,
+            content_type=job.result_content_type if inline else "application/octet-stream",
+            as_attachment=not inline,
             filename=job.result.name.rsplit("/", 1)[-1],
         )
 

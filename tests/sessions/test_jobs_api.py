@@ -148,6 +148,10 @@ def test_the_result_is_served_through_the_storage_only_once_done(user_api, user,
     assert b"".join(response.streaming_content) == b"\x89PNG-bytes"
     assert user_api.get(f"/api/jobs/{job.pk}/").json()["result_url"] == f"/api/jobs/{job.pk}/result/"
     assert (tmp_path / job.result.name).exists()
+    Job.objects.filter(pk=job.pk).update(result_content_type="text/html")
+    download = user_api.get(f"/api/jobs/{job.pk}/result/")
+    assert download["Content-Type"] == "application/octet-stream"
+    assert download["Content-Disposition"].startswith("attachment")
 
 
 def test_job_audit_buckets_latency_and_slo_attainment_as_json_and_csv(staff_api, user_api, user):
