@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from gpu.api import CostAuditView, GpuWorkerViewSet, ParameterPoolView
+from gpu.api import CostAuditView, GpuWorkerViewSet, ParameterPoolView, RegionViewSet
 from scheduling.api import (
     MigrationViewSet,
     ScalingActionViewSet,
@@ -17,6 +17,7 @@ router = DefaultRouter()
 router.register("sessions", SessionViewSet, basename="session")
 router.register("jobs", JobViewSet, basename="job")
 router.register("workers", GpuWorkerViewSet, basename="worker")
+router.register("regions", RegionViewSet, basename="region")
 router.register("decisions", SchedulerDecisionViewSet, basename="decision")
 router.register("migrations", MigrationViewSet, basename="migration")
 router.register("scaling-actions", ScalingActionViewSet, basename="scaling-action")

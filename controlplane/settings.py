@@ -350,6 +350,8 @@ PERIODIC_TASKS = {
     "chunk records ingest": {"task": "sessions.tasks.chunk_records_drain", "every_s": 1},
     "chunk rollups": {"task": "sessions.tasks.chunk_rollup", "every_s": 60},
     "chunk retention": {"task": "sessions.tasks.chunk_records_prune", "every_s": 60},
+    # One forecast slot of the global router (docs/regions.md, "Live platform"): its period is the slot.
+    "region forecast": {"task": "scheduling.tasks.region_forecast", "every_s": 30},
 }
 CELERY_TIMEZONE = "UTC"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
@@ -429,6 +431,16 @@ STREAMSERVE = {
     # `runplatform` binds here; `create_demo_user` sets these passwords.
     "HOST": env.str("HOST", default="127.0.0.1"),
     "PORT": _typed("PORT", env.int, 8000),
+    # Regions (docs/regions.md, "Live platform"): the request header that carries a session's user
+    # origin when the body has no `origin` (empty: body only); a session's RTT budget to its region;
+    # the plan's smoothing weight β.
+    "ORIGIN_HEADER": env.str("ORIGIN_HEADER", default="X-StreamServe-Origin"),
+    "REGION_RTT_BUDGET_MS": _typed("REGION_RTT_BUDGET_MS", env.float, 60.0),
+    "REGION_PLAN_BETA": _typed("REGION_PLAN_BETA", env.float, 0.5),
+    # The router's demand forecast by origin (ets | seasonal-naive | last-value), one slot ahead, and
+    # the seasonal-naive season in slots (2880 slots of 30 s: a day).
+    "REGION_FORECAST": env.str("REGION_FORECAST", default="ets"),
+    "REGION_FORECAST_SEASON_SLOTS": _typed("REGION_FORECAST_SEASON_SLOTS", env.int, 2880),
     "DEMO_PASSWORD": env.str("DEMO_PASSWORD", default="demo-streamserve"),
     "OPERATOR_PASSWORD": env.str("OPERATOR_PASSWORD", default="operator-streamserve"),
 }
@@ -439,9 +451,17 @@ for _name in (
     "MIGRATION_TIMEOUT_S",
     "CONSOLE_PUSH_INTERVAL_S",
     "JOB_DEFAULT_SLO_S",
+    "REGION_RTT_BUDGET_MS",
+    "REGION_FORECAST_SEASON_SLOTS",
 ):
     if STREAMSERVE[_name] <= 0:
         raise ImproperlyConfigured(f"Environment variable {_name} must be positive")
+if STREAMSERVE["REGION_FORECAST"] not in ("ets", "seasonal-naive", "last-value"):
+    raise ImproperlyConfigured(
+        "Environment variable REGION_FORECAST must be ets, seasonal-naive or last-value"
+    )
+if not 0.0 < STREAMSERVE["REGION_PLAN_BETA"] <= 1.0:
+    raise ImproperlyConfigured("Environment variable REGION_PLAN_BETA must be in (0, 1]")
 if STREAMSERVE["WORKER_WEIGHTS_FROM"] not in ("auto", "pool", "disk"):
     raise ImproperlyConfigured("Environment variable WORKER_WEIGHTS_FROM must be auto, pool or disk")
 for _name in (

@@ -3,7 +3,13 @@ from __future__ import annotations
 from django.contrib import admin, messages
 
 from gpu import services
-from gpu.models import CostLedgerEntry, GpuWorker, HostCache, WeightHolding
+from gpu.models import CostLedgerEntry, GpuWorker, HostCache, Region, WeightHolding
+
+
+@admin.register(Region)
+class RegionAdmin(admin.ModelAdmin):
+    list_display = ["name", "price_multiplier", "gpu_limits", "rtt_ms"]
+    search_fields = ["name"]
 
 
 @admin.register(GpuWorker)
@@ -17,12 +23,13 @@ class GpuWorkerAdmin(admin.ModelAdmin):
         "capacity",
         "price_per_hour",
         "provider",
+        "region",
         "utilization_pct",
         "last_heartbeat",
         "requested_at",
         "released_at",
     ]
-    list_filter = ["status", "gpu_type", "provider", "model_preset"]
+    list_filter = ["status", "gpu_type", "provider", "model_preset", "region"]
     search_fields = ["name", "host", "external_id"]
     date_hierarchy = "requested_at"
     readonly_fields = [

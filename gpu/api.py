@@ -15,10 +15,42 @@ from rest_framework.views import APIView
 from controlplane.api import AUDIT_PARAMETERS, audit_format, audit_responses, csv_cell, csv_response
 from controlplane.timerange import parse_time_range
 from gpu import selectors, services
-from gpu.models import GpuWorker
+from gpu.models import GpuWorker, Region
+
+
+class RegionSerializer(serializers.ModelSerializer):
+    gpu_limits = serializers.DictField(
+        child=serializers.IntegerField(min_value=0), help_text="GPU type -> most GPUs the region may hold"
+    )
+    rtt_ms = serializers.DictField(
+        child=serializers.FloatField(min_value=0), help_text="user origin -> round-trip time in ms"
+    )
+    workers = serializers.IntegerField(read_only=True, source="live_workers", help_text="live workers")
+
+    class Meta:
+        model = Region
+        fields = ["id", "name", "price_multiplier", "gpu_limits", "rtt_ms", "workers"]
+        read_only_fields = fields
+
+
+class RegionViewSet(viewsets.ReadOnlyModelViewSet):
+    """Regions: price multiplier, GPU limits and the RTT from each user origin (any signed-in user).
+
+    The local region is listed once an operator gives it a row (it exists without one)."""
+
+    permission_classes = [permissions.IsAuthenticated]
+    serializer_class = RegionSerializer
+    ordering_fields = ["name"]
+    ordering = ["name"]
+
+    def get_queryset(self):
+        return selectors.regions_with_live_workers()
 
 
 class GpuWorkerSerializer(serializers.ModelSerializer):
+    region = serializers.SlugRelatedField(
+        read_only=True, slug_field="name", allow_null=True, help_text="null: the local region"
+    )
     sessions = serializers.IntegerField(read_only=True, source="resident_sessions")
     # Empty until the weights are complete: one of disk, host_cache, peer, init afterwards.
     weights_source = serializers.CharField(
@@ -59,6 +91,7 @@ class GpuWorkerSerializer(serializers.ModelSerializer):
             "weights_source_detail",
             "expected_ready_at",
             "weights_plan",
+            "region",
         ]
         read_only_fields = fields
 
@@ -79,7 +112,7 @@ class GpuWorkerViewSet(viewsets.ReadOnlyModelViewSet):
     ordering = ["name"]
 
     def get_queryset(self):
-        return GpuWorker.objects.annotate(
+        return GpuWorker.objects.select_related("region").annotate(
             resident_sessions=Count("sessions", filter=Q(sessions__status__in=["executing", "migrating"]))
         )
 
@@ -96,7 +129,7 @@ class GpuWorkerViewSet(viewsets.ReadOnlyModelViewSet):
 
 
 class CostAuditView(APIView):
-    """GPU-seconds and money over a time range, bucketed, by GPU type (from the cost ledger)."""
+    """GPU-seconds and money over a time range, bucketed, by GPU type and by region (cost ledger)."""
 
     permission_classes = [permissions.IsAdminUser]
 
@@ -105,15 +138,15 @@ class CostAuditView(APIView):
         time_range = parse_time_range(request.query_params)
         output = audit_format(request.query_params)
         services.ledger_accrue()
-        report = selectors.cost_buckets(time_range=time_range)
         if output == "csv":
-            rows = []
-            for bucket in report["buckets"]:
-                for gpu_type, figures in sorted(bucket["by_gpu_type"].items()):
-                    rows.append(
-                        [csv_cell(bucket["start"]), gpu_type, figures["gpu_seconds"], figures["cost_usd"]]
-                    )
-            return csv_response("cost.csv", ["bucket_start", "gpu_type", "gpu_seconds", "cost_usd"], rows)
+            rows = [
+                [csv_cell(r["bucket"]), r["gpu_type"], r["region"], r["gpu_seconds"], r["cost_usd"]]
+                for r in selectors.cost_rows(time_range=time_range)
+            ]
+            return csv_response(
+                "cost.csv", ["bucket_start", "gpu_type", "region", "gpu_seconds", "cost_usd"], rows
+            )
+        report = selectors.cost_buckets(time_range=time_range)
         return Response(report)
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from decimal import Decimal
 
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 
@@ -15,6 +17,63 @@ class WeightsSource(models.TextChoices):
     HOST_CACHE = "host_cache", "host cache"
     PEER = "peer", "peer GPU"
     INIT = "init", "seeded init"
+
+
+def validate_gpu_limits(value) -> None:
+    """``{"H100": 8, ...}``: GPU type -> the most GPUs of that type the region may hold."""
+    if not isinstance(value, dict):
+        raise ValidationError("must be an object of GPU type -> count")
+    for key, count in value.items():
+        if not isinstance(key, str) or not key:
+            raise ValidationError(f"GPU type {key!r} must be a non-empty string")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValidationError(f"gpu_limits.{key}: must be a whole number >= 0, got {count!r}")
+
+
+def validate_rtt_ms(value) -> None:
+    """``{"nyc": 2.0, ...}``: user origin -> round-trip time to this region in milliseconds."""
+    if not isinstance(value, dict):
+        raise ValidationError("must be an object of origin -> milliseconds")
+    for key, ms in value.items():
+        if not isinstance(key, str) or not key:
+            raise ValidationError(f"origin {key!r} must be a non-empty string")
+        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not math.isfinite(ms) or ms < 0:
+            raise ValidationError(f"rtt_ms.{key}: must be a finite number >= 0, got {ms!r}")
+
+
+class Region(models.Model):
+    """A GPU pool's location: its price, its capacity limits and its RTT from each user origin.
+
+    The row of the RTT matrix for this region lives in ``rtt_ms`` (origin -> ms); the known origins
+    are the union of the keys over all regions. Workers belong to a region (``GpuWorker.region``).
+
+    The local region (``DEFAULT_NAME``) needs no row: a worker or session whose ``region`` is null is
+    in it. A row of that name, when an operator adds one, only gives the local region a price, GPU
+    limits and an RTT row. No code path requires the row, so nothing breaks when it is absent — a
+    fresh database, or one flushed by transactional tests (a data migration's row would not survive).
+    """
+
+    DEFAULT_NAME = "local"
+
+    name = models.CharField(max_length=64, unique=True)
+    price_multiplier = models.FloatField(default=1.0, help_text="multiplies the GPU price in this region")
+    gpu_limits = models.JSONField(
+        default=dict, blank=True, validators=[validate_gpu_limits], help_text="GPU type -> most GPUs"
+    )
+    rtt_ms = models.JSONField(
+        default=dict, blank=True, validators=[validate_rtt_ms], help_text="user origin -> RTT in ms"
+    )
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                name="region_price_multiplier_positive", condition=Q(price_multiplier__gt=0)
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class GpuWorker(models.Model):
@@ -74,6 +133,10 @@ class GpuWorker(models.Model):
     weights_source_detail = models.CharField(max_length=255, blank=True, default="")
     weights_plan = models.JSONField(default=dict, blank=True)
     expected_ready_at = models.DateTimeField(null=True, blank=True)
+    # Null: the local region (see ``Region``).
+    region = models.ForeignKey(
+        Region, null=True, blank=True, on_delete=models.PROTECT, related_name="workers"
+    )
 
     class Meta:
         ordering = ["name"]

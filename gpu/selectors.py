@@ -5,54 +5,75 @@ from __future__ import annotations
 from collections import defaultdict
 from decimal import Decimal
 
-from django.db.models import Q, Sum
-from django.db.models.functions import Trunc
+from django.db.models import Case, Count, IntegerField, Q, QuerySet, Subquery, Sum, Value, When
+from django.db.models.functions import Coalesce, Trunc
 
 from controlplane.timerange import TimeRange
-from gpu.models import CostLedgerEntry, GpuWorker, HostCache, WeightHolding
+from gpu.models import CostLedgerEntry, GpuWorker, HostCache, Region, WeightHolding
 
 
-def cost_buckets(*, time_range: TimeRange) -> dict:
-    """GPU-seconds and money per bucket and per GPU type over [start, end), from the ledger.
+def region_name(field: str = "region__name") -> Coalesce:
+    """A row's region name, the local region's where ``region`` is null (see ``Region``)."""
+    return Coalesce(field, Value(Region.DEFAULT_NAME))
+
+
+def cost_rows(*, time_range: TimeRange) -> list[dict]:
+    """Ledger sums per bucket, GPU type and region over [start, end), in that order.
 
     A ledger row belongs to the bucket its interval starts in; rows are at most a minute long,
-    so minute, hour and day buckets are exact.
+    so minute, hour and day buckets are exact. Its region is its worker's (workers never move).
     """
-    rows = (
+    return list(
         CostLedgerEntry.objects.filter(
             interval_start__gte=time_range.start, interval_start__lt=time_range.end
         )
-        .annotate(bucket=Trunc("interval_start", time_range.bucket))
-        .values("bucket", "gpu_type")
+        .annotate(
+            bucket=Trunc("interval_start", time_range.bucket), region=region_name("worker__region__name")
+        )
+        .values("bucket", "gpu_type", "region")
         .annotate(gpu_seconds=Sum("gpu_seconds"), cost_usd=Sum("cost_usd"))
-        .order_by("bucket", "gpu_type")
+        .order_by("bucket", "gpu_type", "region")
     )
+
+
+def _add(figures: dict, row: dict) -> None:
+    figures["gpu_seconds"] += row["gpu_seconds"]
+    figures["cost_usd"] += row["cost_usd"]
+
+
+def _figures() -> dict:
+    return {"gpu_seconds": 0.0, "cost_usd": Decimal(0)}
+
+
+def cost_buckets(*, time_range: TimeRange) -> dict:
+    """GPU-seconds and money per bucket, by GPU type and by region, from the ledger (``cost_rows``)."""
     buckets: dict = {}
-    totals_by_type: dict[str, dict] = defaultdict(lambda: {"gpu_seconds": 0.0, "cost_usd": Decimal(0)})
-    for row in rows:
+    totals: dict = {**_figures(), "by_gpu_type": defaultdict(_figures), "by_region": defaultdict(_figures)}
+    for row in cost_rows(time_range=time_range):
         entry = buckets.setdefault(
             row["bucket"],
-            {"start": row["bucket"], "gpu_seconds": 0.0, "cost_usd": Decimal(0), "by_gpu_type": {}},
+            {
+                "start": row["bucket"],
+                **_figures(),
+                "by_gpu_type": defaultdict(_figures),
+                "by_region": defaultdict(_figures),
+            },
         )
-        entry["gpu_seconds"] += row["gpu_seconds"]
-        entry["cost_usd"] += row["cost_usd"]
-        entry["by_gpu_type"][row["gpu_type"]] = {
-            "gpu_seconds": row["gpu_seconds"],
-            "cost_usd": row["cost_usd"],
-        }
-        totals_by_type[row["gpu_type"]]["gpu_seconds"] += row["gpu_seconds"]
-        totals_by_type[row["gpu_type"]]["cost_usd"] += row["cost_usd"]
+        for figures in (entry, entry["by_gpu_type"][row["gpu_type"]], entry["by_region"][row["region"]]):
+            _add(figures, row)
+        for figures in (totals, totals["by_gpu_type"][row["gpu_type"]], totals["by_region"][row["region"]]):
+            _add(figures, row)
     return {
         "start": time_range.start,
         "end": time_range.end,
         "bucket": time_range.bucket,
-        "buckets": list(buckets.values()),
-        "totals": {
-            "gpu_seconds": sum(t["gpu_seconds"] for t in totals_by_type.values()),
-            "cost_usd": sum((t["cost_usd"] for t in totals_by_type.values()), Decimal(0)),
-            "by_gpu_type": dict(totals_by_type),
-        },
+        "buckets": [_plain(entry) for entry in buckets.values()],
+        "totals": _plain(totals),
     }
+
+
+def _plain(entry: dict) -> dict:
+    return {**entry, "by_gpu_type": dict(entry["by_gpu_type"]), "by_region": dict(entry["by_region"])}
 
 
 def weight_sources(*, model_preset: str) -> list[dict]:
@@ -114,3 +135,26 @@ def parameter_pool() -> list[dict]:
             }
         )
     return list(models.values())
+
+
+def known_origins() -> set[str]:
+    """The user origins some region has an RTT for (the union of the regions' ``rtt_ms`` keys)."""
+    return {origin for row in Region.objects.values_list("rtt_ms", flat=True) for origin in row}
+
+
+def regions_with_live_workers() -> QuerySet[Region]:
+    """Regions annotated with ``live_workers``; the local region's row also counts the workers that
+    have no region (null means the local region, see ``Region``)."""
+    live = Q(workers__status__in=GpuWorker.LIVE_STATUSES)
+    unplaced = (
+        GpuWorker.objects.filter(region__isnull=True, status__in=GpuWorker.LIVE_STATUSES)
+        .values("region")
+        .annotate(n=Count("pk"))
+        .values("n")
+    )
+    local_extra = Case(
+        When(name=Region.DEFAULT_NAME, then=Coalesce(Subquery(unplaced[:1]), 0)),
+        default=Value(0),
+        output_field=IntegerField(),
+    )
+    return Region.objects.annotate(live_workers=Count("workers", filter=live) + local_extra)

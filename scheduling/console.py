@@ -3,8 +3,9 @@
 The snapshot is what `/console/` renders first and what the `/ws/console/` consumer pushes every
 interval: the workers with their telemetry and load against K, session counts, the GPU budget against
 the autoscaler's latest target, the last minute's worst and p99 chunk latency against the SLO, the
-cost rate, one-shot jobs per state and per worker, and a merged timeline of decisions, migrations,
-scaling actions and operator actions.
+cost rate, each region's GPUs, sessions and cost rate with each origin's load against its forecast
+(docs/regions.md), one-shot jobs per state and per worker, and a merged timeline of decisions,
+migrations, scaling actions and operator actions.
 
 Console actions wrap the owning apps' services and add an admin ``LogEntry`` naming the operator, so
 every change made from the console is in one audit trail next to the admin's own history.
@@ -12,6 +13,7 @@ every change made from the console is in one audit trail next to the admin's own
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -27,8 +29,9 @@ from django.utils import timezone
 
 from gpu import selectors as pool_selectors
 from gpu import services as gpu_services
-from gpu.models import GpuWorker, HostCache
+from gpu.models import GpuWorker, HostCache, Region
 from scheduling.api import SchedulerConfigSerializer
+from scheduling.live.regions import origin_demand
 from scheduling.models import Migration, ScalingAction, SchedulerConfig, SchedulerDecision
 from sessions import services as session_services
 from sessions.models import ChunkRecord, GenerationSession, Job
@@ -61,6 +64,7 @@ def _workers(now) -> list[dict[str, Any]]:
                 "sessions__load", filter=Q(sessions__status__in=[Status.EXECUTING, Status.MIGRATING])
             ),
         )
+        .select_related("region")
         .order_by("name")
     )
     parked = dict(
@@ -86,6 +90,7 @@ def _workers(now) -> list[dict[str, Any]]:
                 "name": w.name,
                 "status": w.status,
                 "gpu_type": w.gpu_type,
+                "region": w.region.name if w.region else Region.DEFAULT_NAME,
                 "device": w.device,
                 "host": w.host,
                 "capacity": w.capacity,
@@ -254,7 +259,7 @@ def _timeline(limit: int = TIMELINE_LENGTH) -> list[dict[str, Any]]:
 def _sessions(limit: int = SESSION_LIST_LENGTH) -> list[dict[str, Any]]:
     rows = (
         GenerationSession.objects.exclude(status=Status.TERMINATED)
-        .select_related("owner", "worker", "host_worker")
+        .select_related("owner", "worker", "host_worker", "region")
         .order_by("-created_at")[:limit]
     )
     return [
@@ -267,6 +272,8 @@ def _sessions(limit: int = SESSION_LIST_LENGTH) -> list[dict[str, Any]]:
             "activity": s.activity,
             "worker": s.worker.name if s.worker else None,
             "host_worker": s.host_worker.name if s.host_worker else None,
+            "origin": s.origin,
+            "region": s.region.name if s.region else None,
             "queue_position": s.queue_position,
             "chunks_generated": s.chunks_generated,
             "load": s.load,
@@ -312,6 +319,39 @@ def _jobs(now, limit: int = SESSION_LIST_LENGTH) -> dict[str, Any]:
             for j in rows
         ],
     }
+
+
+def _regions(live: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per region: its live GPUs by type against its limits, ready slots, load on them, live
+    sessions routed there and the cost rate of its live workers. Regions with a row are listed; the
+    local region (no row needed) also when it holds a worker or a session."""
+    rows = {r.name: r for r in Region.objects.all()}
+    sessions = dict(
+        GenerationSession.objects.exclude(status=Status.TERMINATED)
+        .values(region_label=pool_selectors.region_name())
+        .annotate(n=Count("id"))
+        .values_list("region_label", "n")
+    )
+    out = []
+    for name in sorted(set(rows) | {w["region"] for w in live} | set(sessions)):
+        mine = [w for w in live if w["region"] == name]
+        region = rows.get(name)
+        out.append(
+            {
+                "name": name,
+                "price_multiplier": region.price_multiplier if region else 1.0,
+                "gpus": len(mine),
+                "gpus_by_type": dict(Counter(w["gpu_type"] for w in mine)),
+                "gpu_limits": region.gpu_limits if region else {},
+                "slots": sum(w["capacity"] for w in mine if w["status"] == GpuWorker.Status.READY),
+                "load": round(sum(w["load"] for w in mine), 3),
+                "sessions": sessions.get(name, 0),
+                "cost_rate_per_hour": float(
+                    sum((Decimal(str(w["price_per_hour"])) for w in mine), Decimal(0))
+                ),
+            }
+        )
+    return out
 
 
 def _parameter_pool() -> dict[str, Any]:
@@ -393,6 +433,8 @@ def cluster_snapshot(*, now=None, include_timeline: bool = True) -> dict[str, An
         },
         "session_list": _sessions(),
         "jobs": _jobs(now),
+        "regions": _regions(live),
+        "origins": origin_demand(),
         "parameter_pool": _parameter_pool(),
     }
     if include_timeline:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from scheduling.core.types import EventKind
 from scheduling.live.enqueue import jobs_dispatch_trigger, scheduler_trigger
 from scheduling.live.reactions import job_stop, prompt_forward, session_stop
+from scheduling.live.regions import session_region_route
 
 # A user's idle or depart ends an active period unless the event says otherwise.
 _ACTIVITY_ENDS = (EventKind.IDLE, EventKind.DEPART)
@@ -20,6 +21,10 @@ def session_event_received(*, session_id: str, kind: str, detail: dict, **_signa
         # follows as for every session event (prompt changes do not move sessions by themselves).
         prompt_forward(session_id=session_id, prompt_id=detail["prompt_id"])
         scheduler_trigger(EventKind.PROMPT, session_id=session_id)
+        return
+    if kind == EventKind.ARRIVE:
+        # The global router: a region by the plan before the ACTIVE event's run places the session.
+        session_region_route(session_id=session_id)
         return
     if kind == EventKind.DEPART and detail.get("held_by"):
         session_stop(session_id=session_id, held_by=detail["held_by"])

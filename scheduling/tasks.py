@@ -11,6 +11,7 @@ from gpu.provisioners.registry import get_provisioner
 from scheduling.live.enqueue import JOBS_DISPATCH, SCHEDULER_EVENT, SCHEDULER_TICK, WORKER_RELEASE
 from scheduling.live.jobs import jobs_dispatch as dispatch
 from scheduling.live.liveness import workers_check
+from scheduling.live.regions import region_forecast_step
 from scheduling.live.run import scheduler_run
 from scheduling.live.scaling import release
 
@@ -53,3 +54,10 @@ def jobs_dispatch() -> dict:
     """A job change committed: dispatch at once instead of waiting for the tick."""
     close_old_connections()
     return dispatch().as_dict()
+
+
+@shared_task(name="scheduling.tasks.region_forecast", time_limit=60, soft_time_limit=50, ignore_result=True)
+def region_forecast() -> dict[str, float]:
+    """Beat, one call a forecast slot: the router's demand forecast by origin (``docs/regions.md``)."""
+    close_old_connections()
+    return region_forecast_step()

@@ -56,6 +56,14 @@ class TooManyJobsInFlight(APIException):
     default_code = "too_many_jobs_in_flight"
 
 
+def _origin(request, data) -> str:
+    """The body's ``origin``, else the header named by ``ORIGIN_HEADER`` (empty: body only)."""
+    if "origin" in data.validated_data:
+        return data.validated_data["origin"]
+    header = settings.STREAMSERVE["ORIGIN_HEADER"]
+    return request.headers.get(header, "") if header else ""
+
+
 class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Generation sessions. Users see only their own (another user's session is a 404); staff see all."""
 
@@ -85,7 +93,7 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
             seed=data.validated_data.get("seed"),
         )
         try:
-            session = services.session_create(owner=request.user, spec=spec)
+            session = services.session_create(owner=request.user, spec=spec, origin=_origin(request, data))
         except services.LiveSessionLimit as exc:
             raise TooManyLiveSessions(str(exc)) from exc
         return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED)

@@ -56,6 +56,12 @@ class GenerationSession(models.Model):
     worker = models.ForeignKey(
         "gpu.GpuWorker", null=True, blank=True, on_delete=models.PROTECT, related_name="sessions"
     )
+    # The user's origin (a key of the regions' RTT rows; empty: unknown) and the region routed to
+    # (null: the local region; scheduling.live.regions sets it on arrival).
+    origin = models.CharField(max_length=64, blank=True, default="")
+    region = models.ForeignKey(
+        "gpu.Region", null=True, blank=True, on_delete=models.PROTECT, related_name="sessions"
+    )
     # The worker whose host memory holds the suspended state (it may differ from ``worker``).
     host_worker = models.ForeignKey(
         "gpu.GpuWorker", null=True, blank=True, on_delete=models.PROTECT, related_name="parked_sessions"

@@ -24,7 +24,7 @@ from sessions.models import (
 
 def sessions_visible_to(user) -> QuerySet[GenerationSession]:
     """Staff see every session; everyone else only their own (others' are 404, not 403)."""
-    qs = GenerationSession.objects.select_related("worker", "host_worker", "owner")
+    qs = GenerationSession.objects.select_related("worker", "host_worker", "owner", "region")
     return qs if user.is_staff else qs.filter(owner=user)
 
 

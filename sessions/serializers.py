@@ -51,6 +51,13 @@ class SessionSerializer(serializers.ModelSerializer):
         source="host_worker.name", read_only=True, default=None, allow_null=True
     )
     prompt = serializers.SerializerMethodField()
+    region = serializers.CharField(
+        source="region.name",
+        read_only=True,
+        default=None,
+        allow_null=True,
+        help_text="null: the local region (not routed)",
+    )
 
     class Meta:
         model = GenerationSession
@@ -70,6 +77,8 @@ class SessionSerializer(serializers.ModelSerializer):
             "state_location",
             "worker",
             "host_worker",
+            "origin",
+            "region",
             "epoch",
             "chunks_generated",
             "queue_position",
@@ -102,6 +111,11 @@ class SessionCreateSerializer(serializers.Serializer):
     model = ServedModelField(choices=sorted(PRESETS), default=DEFAULT_MODEL)
     resolution = ResolutionField(required=False, allow_blank=False)
     seed = serializers.IntegerField(required=False, min_value=0, max_value=2**63 - 1)
+    origin = serializers.CharField(
+        required=False,
+        max_length=64,
+        help_text="the user's origin (a key of a region's rtt_ms); else the ORIGIN_HEADER request header",
+    )
 
 
 class ChunkRecordSerializer(serializers.ModelSerializer):

@@ -21,6 +21,7 @@ from django.db.models import FloatField as _Float
 from django.db.models.functions import Coalesce, Trunc
 from django.utils import timezone
 
+from gpu import selectors as gpu_selectors
 from sessions import lifecycle
 from sessions.ingest import records_client
 from sessions.lifecycle import event_record
@@ -132,13 +133,26 @@ class LiveSessionLimit(Exception):
     """The owner already holds ``MAX_LIVE_SESSIONS_PER_USER`` sessions that are not terminated."""
 
 
+def origin_validate(origin: str | None) -> str:
+    """A session's user origin: empty, or one some region has an RTT for (``Region.rtt_ms``)."""
+    origin = (origin or "").strip()
+    if origin and origin not in gpu_selectors.known_origins():
+        known = ", ".join(sorted(gpu_selectors.known_origins())) or "none configured"
+        raise ValidationError({"origin": f"unknown origin {origin!r} (known: {known})"})
+    return origin
+
+
 @transaction.atomic
-def session_create(*, owner, spec: SessionSpec) -> GenerationSession:
+def session_create(*, owner, spec: SessionSpec, origin: str = "") -> GenerationSession:
     """A new session: it arrives and, since its user is typing into it, becomes active at once.
+
+    ``origin`` (validated by ``origin_validate``) is where its user connects from; the scheduler
+    routes the session to a region on its arrival (``scheduling.live.regions``).
 
     Raises ``LiveSessionLimit`` when the owner already holds ``MAX_LIVE_SESSIONS_PER_USER`` live
     sessions: one user must not fill the queue and the GPUs on their own.
     """
+    origin = origin_validate(origin)
     limit = settings.STREAMSERVE["MAX_LIVE_SESSIONS_PER_USER"]
     # The owner's row is the lock: two concurrent creations cannot both count limit - 1.
     get_user_model().objects.select_for_update().get(pk=owner.pk)
@@ -159,6 +173,7 @@ def session_create(*, owner, spec: SessionSpec) -> GenerationSession:
         seed=spec.seed,
         activity=Activity.ACTIVE,
         last_active_at=now,
+        origin=origin,
     )
     Prompt.objects.create(session=session, text=spec.prompt, from_chunk=0)
     event_record(

@@ -11,7 +11,10 @@ queues. Everything slower runs on threads beside it:
 - the *reporter* (``workers.reporting``) answers commands and reports migrations and heartbeats
   to PostgreSQL through the control plane's services;
 - the *heartbeat* samples telemetry every ``heartbeat_s`` and reports it;
-- migrations run on their own threads (``workers.runtime.transport``) while other sessions step.
+- migrations run on their own threads (``workers.runtime.transport``) while other sessions step;
+- one-shot jobs (``workers.job_runner``) take the time the streams leave: a step of denoising
+  runs only when no chunk is due and it is expected to end before the next one must start, and a
+  finished job is encoded on a thread of its own.
 
 Pacing: a session's next chunk is due one chunk-duration after its previous one (real time), with
 one chunk of look-ahead so the browser's jitter buffer never runs dry; sessions due within a
@@ -47,8 +50,10 @@ from workers.channel import (
     send_command,
 )
 from workers.checkpoints import checkpoint_path
+from workers.job_runner import JobRefused, JobRunner
 from workers.records import chunk_record_append
 from workers.runtime.engine import ChunkEngine, ChunkResult, HostStateRecord, SessionNotFound, region_to_bytes
+from workers.runtime.jobs import window_s
 from workers.runtime.transport import send_state
 from workers.streaming import chunk_message, group_name
 
@@ -89,6 +94,23 @@ class Reporter:
     def migration_failed(self, command: dict[str, Any], error: str) -> None: ...
     def heartbeat(self, telemetry: dict[str, Any], resident: list[str], parked: list[str]) -> None: ...
     def close(self) -> None: ...
+
+    # One-shot jobs (iface-14): the signatures of ``sessions.jobs``'s functions of the same names.
+    def job_progress(
+        self, job_id: str, epoch: int, worker_name: str, *, state: str, step: int, steps: int
+    ) -> None: ...
+    def job_completed(
+        self,
+        job_id: str,
+        epoch: int,
+        worker_name: str,
+        *,
+        content: bytes,
+        content_type: str,
+        extension: str,
+        run_s: float,
+    ) -> None: ...
+    def job_failed(self, job_id: str, epoch: int, worker_name: str, *, reason: str) -> None: ...
 
 
 class ChunkPublisher(threading.Thread):
@@ -286,11 +308,19 @@ class WorkerDaemon:
         self.pending_activation: dict[str, dict[str, Any]] = {}
         self.receiving: set[str] = set()
         self.arrivals: queue.Queue = queue.Queue()
+        self.job_arrivals: queue.Queue = queue.Queue()  # (job id, epoch, received, future)
         self.stopping = threading.Event()
         self.draining = False
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         model = engine.model
         self.chunk_s = float(model.frames_per_chunk) / float(model.fps)
+        self.jobs = JobRunner(
+            engine=engine, reporter=reporter, worker_name=name, capacity=capacity, clock=clock
+        )
+        # How long the last chunk took to generate: the prior for a job step never measured yet
+        # (``workers.runtime.jobs``); one chunk period until a chunk has run.
+        self.chunk_generation_s = self.chunk_s
+        self._job_stepped = False  # whether the last turn ran a job step
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -325,6 +355,10 @@ class WorkerDaemon:
         """Checkpoint every session we hold so the control plane can restart them elsewhere."""
         for sid in list(self.sessions):
             self._checkpoint(sid, force=True)
+        if self.jobs.jobs:
+            # Jobs are not checkpointed: the control plane re-runs them from step 0 elsewhere.
+            logger.warning("worker %s stops with %d job(s) unfinished", self.name, len(self.jobs.jobs))
+        self.jobs.close()
         self.publisher.stop()
         self.publisher.join(timeout=10)
         self.reporter.close()
@@ -335,20 +369,30 @@ class WorkerDaemon:
     # --- the hot loop --------------------------------------------------------------------------
 
     def step(self) -> bool:
-        """One bounded unit: apply commands, then run at most one coalesced batch. Returns whether
-        anything was done."""
+        """One bounded unit: apply commands, then run at most one coalesced batch of chunks or, when
+        no chunk is due, at most one batched job step that ends before the next chunk must start.
+        Returns whether anything was done."""
         now = self.clock()
         due_at = self._earliest_due()
         wait_s = 0.0 if due_at is None else max(0.0, due_at - now)
         block_ms = int(min(wait_s, 0.2) * 1000) if due_at is not None else 200
+        if self._job_stepped:
+            block_ms = 0  # jobs are making progress: poll for commands without blocking
         did = self._collect_arrivals()
         did = self._apply_commands(block_ms=None if did else (block_ms or None)) or did
         did = self._collect_migrations() or did
         did = self._collect_superseded() or did
-        due = self._due_sessions(self.clock())
+        now = self.clock()
+        due = self._due_sessions(now)
         if not due:
-            return did
+            # Chunks first: a job step runs only in the time left before the next chunk is due.
+            free_s = window_s(self._next_chunk_start(), now)
+            # When no job step fits, the next turn blocks until a chunk or a command is due.
+            self._job_stepped = self.jobs.run_step(now=now, free_s=free_s, probe_s=self.chunk_generation_s)
+            return self._job_stepped or did
         results = self.engine.step(max_batch=self.capacity, due=due)
+        if results:
+            self.chunk_generation_s = results[0].generation_ms / 1000.0
         finished = self.clock()
         for result in results:
             owned = self.sessions.get(result.session_id)
@@ -370,6 +414,13 @@ class WorkerDaemon:
 
     def _runnable(self, owned: OwnedSession) -> bool:
         return owned.active and owned.parked is None and owned.session_id not in self.migrations
+
+    def _next_chunk_start(self) -> float | None:
+        """When `_due_sessions` will next return a session (None: no runnable session)."""
+        times = [o.next_due for o in self.sessions.values() if self._runnable(o)]
+        if not times:
+            return None
+        return min(times) - (self.lookahead_chunks + 0.25) * self.chunk_s
 
     def _due_sessions(self, now: float) -> list[str]:
         slack = 0.25 * self.chunk_s
@@ -397,7 +448,7 @@ class WorkerDaemon:
             if handler is None:
                 raise CommandRefused(f"unknown command kind {command.get('kind')!r}")
             result = handler(command) or {}
-        except CommandRefused as exc:
+        except (CommandRefused, JobRefused) as exc:
             self._answer(command, "refused", str(exc))
         except Exception as exc:
             logger.exception("command failed worker=%s command=%s", self.name, command)
@@ -538,6 +589,28 @@ class WorkerDaemon:
             )
             did = self._forget(sid) or did
 
+    # --- one-shot jobs (iface-14; ``workers.job_runner``) --------------------------------------
+
+    def _cmd_job_run(self, command: dict) -> dict:
+        if self.draining:
+            raise CommandRefused(f"worker {self.name} is draining")
+        return self.jobs.run(command)
+
+    def _cmd_job_pause(self, command: dict) -> dict:
+        if command.get("job") in self.migrations:
+            raise CommandRefused(f"job {command.get('job')} is migrating")
+        return self.jobs.pause(command)
+
+    def _cmd_job_resume(self, command: dict) -> dict:
+        if command.get("job") in self.migrations:
+            raise CommandRefused(f"job {command.get('job')} is migrating")
+        return self.jobs.resume(command)
+
+    def _cmd_job_cancel(self, command: dict) -> dict:
+        if command.get("job") in self.migrations:
+            raise CommandRefused(f"job {command.get('job')} is migrating")
+        return self.jobs.cancel(command)
+
     def _cmd_drain(self, command: dict) -> dict:
         self.draining = True
         return {"resident": len(self.sessions)}
@@ -545,13 +618,24 @@ class WorkerDaemon:
     def _cmd_shutdown(self, command: dict) -> dict:
         if any(o for o in self.sessions.values()):
             raise CommandRefused(f"{len(self.sessions)} session(s) still on {self.name}")
+        if self.jobs.jobs:
+            raise CommandRefused(f"{len(self.jobs.jobs)} job(s) still on {self.name}")
         self.stopping.set()
         return {}
 
     # --- migration (TurboServe §6.1) ---------------------------------------------------------
 
     def _cmd_migrate_out(self, command: dict) -> Any:
-        """Step (i): freeze at this chunk boundary and send the state region on a side thread."""
+        """Step (i): freeze at this chunk boundary and send the state region on a side thread.
+
+        With ``"job"`` in place of ``"session"`` (iface-14) the job's region leaves the same way,
+        from its parked host record or frozen at this step boundary."""
+        if "job" in command:
+            owned_job = self.jobs.owned(command)
+            if owned_job.job_id in self.migrations:
+                raise CommandRefused(f"job {owned_job.job_id} is already migrating")
+            manifest, tensors = self.jobs.region_for_migration(owned_job)
+            return self._send_region(owned_job.job_id, command, manifest, tensors)
         owned = self._owned(command)
         sid = owned.session_id
         if sid in self.migrations:
@@ -564,6 +648,10 @@ class WorkerDaemon:
         meta = manifest.setdefault("meta", {})
         meta["prompts"] = owned.prompts
         meta["parked"] = owned.parked is not None
+        return self._send_region(sid, command, manifest, tensors)
+
+    def _send_region(self, sid: str, command: dict, manifest: dict, tensors: dict) -> Any:
+        """Send a (session's or job's) state region to the command's target on a side thread."""
         new_epoch = int(command["new_epoch"])
         future: Future = Future()
 
@@ -597,13 +685,17 @@ class WorkerDaemon:
             did = True
             del self.migrations[sid]
             command = future.command  # type: ignore[attr-defined]
-            owned = self.sessions.get(sid)
+            owned = self.sessions.get(sid) or self.jobs.jobs.get(sid)
             error = future.exception()
+            # A job's migration is settled by the command's answer alone (iface-14); the
+            # migration_* reports are the sessions' §6.1 ownership flip.
+            is_job = "job" in command
             if error is None:
                 report = future.result()
                 # Step (iii) happens in the control plane (ownership flips with the epoch); the
                 # source forgets the session only now that the target has verified it.
                 self.sessions.pop(sid, None)
+                self.jobs.jobs.pop(sid, None)
                 with contextlib.suppress(SessionNotFound):
                     self.engine.remove(sid)
                 summary = {
@@ -611,12 +703,14 @@ class WorkerDaemon:
                     "seconds": getattr(report, "seconds", None),
                 }
                 self._answer(command, "acked", result=summary)
-                self.reporter.migration_sent(command, summary)
+                if not is_job:
+                    self.reporter.migration_sent(command, summary)
             else:
                 if owned is not None and owned.parked is None:
                     self.engine.thaw(sid)
                 self._answer(command, "failed", f"{type(error).__name__}: {error}")
-                self.reporter.migration_failed(command, f"{type(error).__name__}: {error}")
+                if not is_job:
+                    self.reporter.migration_failed(command, f"{type(error).__name__}: {error}")
         return did
 
     def _cmd_migrate_in(self, command: dict) -> Any:
@@ -626,9 +720,11 @@ class WorkerDaemon:
         rejects the migration on both sides); the tensors are adopted into the engine at the next
         chunk boundary, and the session stays frozen until the control plane's ``activate``.
         """
-        sid = command["session"]
         if self.listener is None:
             raise CommandRefused(f"worker {self.name} has no migration listener")
+        if "job" in command:
+            return self._job_migrate_in(command)
+        sid = command["session"]
         if sid in self.sessions or sid in self.receiving:
             raise CommandRefused(f"session {sid} is already on {self.name}")
         owned = self._new_owned(command)
@@ -649,8 +745,44 @@ class WorkerDaemon:
         future.add_done_callback(lambda fut: self.arrivals.put((owned, park, received, fut)))
         return {"listening": self.listener.address}
 
-    def _collect_arrivals(self) -> bool:
+    def _job_migrate_in(self, command: dict) -> dict:
+        """A paused job arriving (iface-14): verified like a session's region, then held paused
+        on the host until a ``job_resume``."""
+        job_id, epoch = command["job"], int(command["epoch"])
+        if job_id in self.jobs.jobs or job_id in self.receiving:
+            raise CommandRefused(f"job {job_id} is already on {self.name}")
+        received: dict[str, Any] = {}
+
+        def install(manifest: dict, tensors: dict) -> None:
+            meta = manifest.get("meta", {})
+            if not isinstance(meta, dict) or not meta.get("job"):
+                raise ValueError(f"the region sent for job {job_id} is not a job's")
+            self.engine.model.validate_manifest(manifest)
+            received["manifest"], received["tensors"] = manifest, tensors
+
+        future = self.listener.receive_in_background(
+            self.migration_timeout_s, install, session_id=job_id, epoch=epoch
+        )
+        self.receiving.add(job_id)
+        future.add_done_callback(lambda fut: self.job_arrivals.put((job_id, epoch, received, fut)))
+        return {"listening": self.listener.address}
+
+    def _collect_job_arrivals(self) -> bool:
         did = False
+        while True:
+            try:
+                job_id, epoch, received, future = self.job_arrivals.get_nowait()
+            except queue.Empty:
+                return did
+            did = True
+            self.receiving.discard(job_id)
+            if future.exception() is not None:
+                logger.warning("incoming job migration failed job=%s error=%s", job_id, future.exception())
+            else:
+                self.jobs.arrived(job_id, epoch, received["manifest"], received["tensors"])
+
+    def _collect_arrivals(self) -> bool:
+        did = self._collect_job_arrivals()
         while True:
             try:
                 owned, park, received, future = self.arrivals.get_nowait()

@@ -53,6 +53,53 @@ class DjangoReporter(Reporter, threading.Thread):
     def heartbeat(self, telemetry: dict, resident: list[str], parked: list[str]) -> None:
         self.tasks.put(lambda: worker_heartbeat(worker_id=self.worker_id, telemetry=telemetry))
 
+    # One-shot jobs (iface-14). ``sessions.jobs`` is imported inside each call so that this module
+    # loads where the control plane's jobs module does not exist yet.
+
+    def job_progress(
+        self, job_id: str, epoch: int, worker_name: str, *, state: str, step: int, steps: int
+    ) -> None:
+        def report() -> None:
+            from sessions import jobs
+
+            jobs.job_progress(job_id, epoch, worker_name, state=state, step=step, steps=steps)
+
+        self.tasks.put(report)
+
+    def job_completed(
+        self,
+        job_id: str,
+        epoch: int,
+        worker_name: str,
+        *,
+        content: bytes,
+        content_type: str,
+        extension: str,
+        run_s: float,
+    ) -> None:
+        def report() -> None:
+            from sessions import jobs
+
+            jobs.job_completed(
+                job_id,
+                epoch,
+                worker_name,
+                content=content,
+                content_type=content_type,
+                extension=extension,
+                run_s=run_s,
+            )
+
+        self.tasks.put(report)
+
+    def job_failed(self, job_id: str, epoch: int, worker_name: str, *, reason: str) -> None:
+        def report() -> None:
+            from sessions import jobs
+
+            jobs.job_failed(job_id, epoch, worker_name, reason=reason)
+
+        self.tasks.put(report)
+
     def close(self) -> None:
         self.tasks.put(None)
         self.join(timeout=15)

@@ -54,10 +54,10 @@ def decision_apply(
     budget = len(workers)
     # 1. Scale-out before rebalancing; undrain what the policy keeps.
     for gpu_type, count in decision.add_gpus:
-        scale_out(
+        actions = scale_out(
             decision=record, preset=pool.preset, gpu_type=gpu_type, count=count, budget=budget, outbox=outbox
         )
-        budget += count
+        budget += sum(a.to_budget - a.from_budget for a in actions)
     for name in decision.undrain:
         if name in workers and workers[name].status == GpuWorker.Status.DRAINING:
             gpu_services.worker_undrain(worker=workers[name])

@@ -14,6 +14,7 @@ import logging
 import statistics
 import struct
 from datetime import datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 
 from django.conf import settings
@@ -27,7 +28,8 @@ from gpu.provisioners.registry import get_provisioner
 from scheduling.core.scaleplan import Endpoint, Topology, plan_scale_out
 from scheduling.live.enqueue import worker_release_enqueue
 from scheduling.live.outbox import Outbox, redis_client
-from scheduling.live.profiles import default_gpu_type, gpu_profiles
+from scheduling.live.profiles import default_gpu_type, gpu_profiles, profile_for
+from scheduling.live.regions import RegionShare, scale_out_regions
 from scheduling.models import Migration, ScalingAction, SchedulerDecision, WorkerCommand
 from workers.channel import stream_key
 
@@ -39,27 +41,50 @@ WEIGHTS_METADATA_KEY = "streamserve.weights_manifest"
 
 def scale_out(
     *, decision: SchedulerDecision, preset: str, gpu_type: str, count: int, budget: int, outbox: Outbox
-) -> ScalingAction:
-    action = ScalingAction.objects.create(
-        decision=decision,
-        created_at=timezone.now(),
-        direction="out",
-        from_budget=budget,
-        to_budget=budget + count,
-        gpu_type=gpu_type,
-        reason=f"ρ_max={decision.rho_max:.2f} vs ρ̂={decision.rho_hat:.2f}; target {decision.target_budget}",
-    )
-    outbox.after.append(lambda: provision(action_id=action.pk, preset=preset, gpu_type=gpu_type, count=count))
-    return action
+) -> list[ScalingAction]:
+    """Record the scale-out of ``count`` GPUs, one action per region they go to
+    (``scheduling.live.regions.scale_out_regions``: by routed load, within each region's GPU limits;
+    GPUs beyond every limit are not requested), and ask the provisioner after commit."""
+    capacity = max(1, int(profile_for(gpu_type).capacity))
+    actions = []
+    for share in scale_out_regions(gpu_type=gpu_type, count=count, capacity_per_gpu=capacity):
+        reason = f"ρ_max={decision.rho_max:.2f} vs ρ̂={decision.rho_hat:.2f}; target {decision.target_budget}"
+        action = ScalingAction.objects.create(
+            decision=decision,
+            created_at=timezone.now(),
+            direction="out",
+            from_budget=budget,
+            to_budget=budget + share.count,
+            gpu_type=gpu_type,
+            reason=reason + (f"; region {share.name}" if share.region else ""),
+        )
+        outbox.after.append(
+            lambda action=action, share=share: provision(
+                action_id=action.pk, preset=preset, gpu_type=gpu_type, count=share.count, region=share
+            )
+        )
+        actions.append(action)
+        budget += share.count
+    return actions
 
 
-def provision(*, action_id: int, preset: str, gpu_type: str, count: int) -> None:
+def provision(
+    *, action_id: int, preset: str, gpu_type: str, count: int, region: RegionShare | None = None
+) -> None:
     """Ask the provisioner for ``count`` workers; the action records what it answered.
 
     Before any new worker starts, the scale plan is made over the parameter pool's holders and
-    written on the action and on each worker's row (``scale_plan_write``).
+    written on the action and on each worker's row (``scale_plan_write``), and each worker is put in
+    ``region`` (none: the local region) at the type's price × the region's price multiplier.
     """
     action = ScalingAction.objects.get(pk=action_id)
+    region = region or RegionShare(None, count)
+
+    def before_start(workers: list[GpuWorker]) -> None:
+        if region.region is not None:
+            GpuWorker.objects.filter(pk__in=[w.pk for w in workers]).update(region=region.region)
+        scale_plan_write(action=action, preset=preset, workers=workers)
+
     try:
         spec = gpu_profiles()[gpu_type]
         result = get_provisioner().request(
@@ -67,8 +92,8 @@ def provision(*, action_id: int, preset: str, gpu_type: str, count: int) -> None
             gpu_type=gpu_type,
             preset=preset,
             capacity=max(1, int(spec.capacity)),
-            price_per_hour=spec.price_per_hour,
-            before_start=lambda workers: scale_plan_write(action=action, preset=preset, workers=workers),
+            price_per_hour=Decimal(str(spec.price_per_hour)) * Decimal(str(region.price_multiplier)),
+            before_start=before_start,
         )
     except Exception as exc:
         logger.exception("scale-out failed")

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     dependencies = [
         ("scheduling", "0008_scaleout_phases"),
-        ("streams", "0004_jobs"),
+        ("streams", "0005_jobs"),
     ]
 
     operations = [

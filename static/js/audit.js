@@ -98,6 +98,24 @@ function money(value) {
   return `$${Number(value).toFixed(2)}`;
 }
 
+
+// One row per group (GPU type or region): its GPU-hours, cost and share of the range's cost.
+function shareRows(groups, totalCost) {
+  const names = Object.keys(groups).sort();
+  if (!names.length) return [el("tr", {}, el("td", { colspan: "4", class: "muted", text: "No GPU time in this range." }))];
+  return names.map((name) => {
+    const f = groups[name];
+    return el(
+      "tr",
+      {},
+      el("th", { scope: "row", text: name }),
+      el("td", { class: "num", text: (Number(f.gpu_seconds) / 3600).toFixed(3) }),
+      el("td", { class: "num", text: money(f.cost_usd) }),
+      el("td", { class: "num", text: totalCost ? `${((Number(f.cost_usd) / totalCost) * 100).toFixed(1)} %` : "–" }),
+    );
+  });
+}
+
 function render() {
   const { cost, latency } = state;
   const gpuSeconds = Number(cost.totals.gpu_seconds);
@@ -114,23 +132,9 @@ function render() {
   $("total-migrations").textContent = String(state.migrations);
   $("total-scaling").textContent = String(state.scaling);
 
-  const types = Object.keys(cost.totals.by_gpu_type).sort();
   const totalCost = Number(cost.totals.cost_usd);
-  $("bytype-rows").replaceChildren(
-    ...(types.length
-      ? types.map((t) => {
-          const f = cost.totals.by_gpu_type[t];
-          return el(
-            "tr",
-            {},
-            el("th", { scope: "row", text: t }),
-            el("td", { class: "num", text: (Number(f.gpu_seconds) / 3600).toFixed(3) }),
-            el("td", { class: "num", text: money(f.cost_usd) }),
-            el("td", { class: "num", text: totalCost ? `${((Number(f.cost_usd) / totalCost) * 100).toFixed(1)} %` : "–" }),
-          );
-        })
-      : [el("tr", {}, el("td", { colspan: "4", class: "muted", text: "No GPU time in this range." }))]),
-  );
+  $("bytype-rows").replaceChildren(...shareRows(cost.totals.by_gpu_type, totalCost));
+  $("byregion-rows").replaceChildren(...shareRows(cost.totals.by_region, totalCost));
   $("latency-rows").replaceChildren(
     ...(latency.buckets.length
       ? latency.buckets.map((b) =>
@@ -149,7 +153,7 @@ function render() {
       : [el("tr", {}, el("td", { colspan: "7", class: "muted", text: "No chunks in this range." }))]),
   );
   renderJobs(state.jobs);
-  renderCharts(types);
+  renderCharts(Object.keys(cost.totals.by_gpu_type).sort());
 }
 
 function seconds(value) {

@@ -211,6 +211,38 @@ function renderPool(pool) {
     : "No live host cache.";
 }
 
+function gpusText(region) {
+  const types = new Set([...Object.keys(region.gpus_by_type), ...Object.keys(region.gpu_limits)]);
+  if (!types.size) return "0";
+  return [...types]
+    .sort()
+    .map((t) => `${t} ${region.gpus_by_type[t] || 0}${t in region.gpu_limits ? ` / ${region.gpu_limits[t]}` : ""}`)
+    .join(", ");
+}
+
+function renderRegions(regions, origins) {
+  if (!regions) return;
+  const rows = regions.map((r) =>
+    el(
+      "tr",
+      {},
+      el("td", { text: r.name }),
+      el("td", { text: gpusText(r) }),
+      el("td", { class: "num", text: `${r.load} / ${r.slots}` }),
+      el("td", { class: "num", text: String(r.sessions) }),
+      el("td", { class: "num", text: fmtMoney(r.cost_rate_per_hour) }),
+      el("td", { class: "num", text: String(r.price_multiplier) }),
+    ),
+  );
+  $("region-rows").replaceChildren(
+    ...(rows.length ? rows : [el("tr", {}, el("td", { colspan: "6", class: "muted", text: "No region." }))]),
+  );
+  // Forecast against actual: each origin's load now and the router's forecast for the next slot.
+  $("region-origins").textContent = (origins || []).length
+    ? origins.map((o) => `${o.origin}: load ${o.load}, forecast ${o.forecast === null ? "–" : o.forecast}`).join(" · ")
+    : "No user origins configured.";
+}
+
 function renderWorkers(workers) {
   const container = $("workers");
   const seen = new Set();
@@ -312,7 +344,10 @@ function renderSessions(sessions) {
     badge.dataset.state = s.status;
     badge.textContent = s.status + (s.queue_position ? ` #${s.queue_position}` : "");
     field("activity").textContent = s.activity;
-    field("worker").textContent = s.worker || (s.host_worker ? `${s.host_worker} (host)` : "–");
+    const where = s.worker || (s.host_worker ? `${s.host_worker} (host)` : "–");
+    // Several regions: the session's region and its user's origin beside the worker.
+    const route = s.region ? ` · ${s.region}${s.origin ? ` (from ${s.origin})` : ""}` : "";
+    field("worker").textContent = where + route;
     field("load").textContent = s.load;
     field("chunks").textContent = s.chunks_generated;
   }
@@ -393,6 +428,7 @@ function apply(snapshot) {
   renderWorkers(snapshot.workers);
   renderSessions(snapshot.session_list);
   renderJobs(snapshot.jobs);
+  renderRegions(snapshot.regions, snapshot.origins);
   renderPool(snapshot.parameter_pool);
   renderTimeline(snapshot.timeline);
   renderConfig(snapshot.config);

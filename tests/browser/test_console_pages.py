@@ -83,6 +83,12 @@ def test_console_shows_workers_updates_live_and_records_actions(browser_context,
     expect(page.locator("#job-rows")).to_contain_text("running 1/4")
     expect(page.locator("#job-rows")).to_contain_text("queued #1")
     expect(page.locator("#session-rows tr")).to_have_count(3)
+    # One region (the local one, no row): both GPUs, the three sessions' load on gpu-a's slots.
+    region = page.locator("#region-rows tr")
+    expect(region).to_have_count(1)
+    expect(region).to_contain_text("local")
+    expect(region).to_contain_text("h100 1, l4 1")
+    expect(region).to_contain_text("3 / 4")
     points = page.evaluate("window.streamserveConsole.history.t.length")
     assert points >= 2
 
@@ -235,8 +241,10 @@ def test_audit_page_totals_and_csv_exports_match_the_api(browser_context, asgi_s
     expect(page.locator("#total-migrations")).to_have_text("1")
     expect(page.locator("#total-chunks")).to_have_text("20")
     expect(page.locator("#bytype-rows tr")).to_have_count(2)
+    expect(page.locator("#byregion-rows tr")).to_have_count(1)  # no region rows: all local
+    expect(page.locator("#byregion-rows")).to_contain_text("local")
 
-    cost_url, cost_rows = _csv_download(page, "Cost CSV (per bucket and GPU type)")
+    cost_url, cost_rows = _csv_download(page, "Cost CSV (per bucket, GPU type and region)")
     latency_url, latency_rows = _csv_download(page, "Latency CSV (per bucket)")
     _, job_rows = _csv_download(page, "Jobs CSV (per bucket)")
     expect(page.locator("#jobs-totals")).to_have_text("(3 ended, SLO met 33.3 %)")

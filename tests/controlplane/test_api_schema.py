@@ -25,6 +25,7 @@ from rest_framework.authtoken.models import Token
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
+from gpu.models import Region
 from scheduling.models import Migration, ScalingAction, SchedulerDecision
 from tests.factories import ChunkRecordFactory, GpuWorkerFactory, JobFactory, SessionFactory, StaffFactory
 
@@ -43,6 +44,7 @@ CROSS_FIELD_RULES = {
     "GET /api/audit/latency/": "start < end; at most 10,000 buckets in the range",
     "GET /api/audit/jobs/": "start < end; at most 10,000 buckets in the range",
     "POST /api/jobs/": "a video has frames, an image none; the model's resolutions; slo_s or a future deadline",
+    "POST /api/sessions/": "origin names an origin some region has an RTT for (Region.rtt_ms)",
     "POST /api/sessions/{id}/migrate/": "target names a ready worker other than the session's",
     "POST /api/sessions/{id}/prompts/": "the session is not terminated",
     "POST /api/sessions/{id}/pause/": "the session is not terminated",
@@ -82,6 +84,7 @@ def existing(db) -> dict[str, str]:
         "/api/decisions/": str(decision.pk),
         "/api/migrations/": str(migration.pk),
         "/api/scaling-actions/": str(action.pk),
+        "/api/regions/": str(Region.objects.create(name="east", rtt_ms={"nyc": 3.0}).pk),
     }
 
 

@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from gpu.models import CostLedgerEntry, GpuWorker
+from gpu.models import CostLedgerEntry, GpuWorker, Region
 from gpu.services import ledger_accrue
 from tests.factories import GpuWorkerFactory
 
@@ -124,3 +124,31 @@ def test_audit_and_operator_endpoints_are_staff_only(user_api):
         "/api/scheduler/config/",
     ]:
         assert user_api.get(url).status_code == 403, url
+
+
+def test_cost_audit_splits_by_region(staff_api):
+    # given the h100 in region east and the h20 without a region (the local region)
+    h100, _h20 = _ledger_fixture()
+    h100.region = Region.objects.create(name="east")
+    h100.save(update_fields=["region"])
+    params = {"start": "2026-03-01T10:00:00Z", "end": "2026-03-01T13:00:00Z", "bucket": "hour"}
+    # when the audit is read as JSON and as CSV
+    body = staff_api.get("/api/audit/cost/", params).json()
+    rows = list(
+        csv.DictReader(
+            io.StringIO(staff_api.get("/api/audit/cost/", {**params, "format": "csv"}).content.decode())
+        )
+    )
+    # then each bucket and the totals carry the split by region (h100 90 min, h20 120 min)
+    first = body["buckets"][0]["by_region"]
+    assert {name: figures["gpu_seconds"] for name, figures in first.items()} == {
+        "east": 3600.0,
+        "local": 1800.0,
+    }
+    totals = body["totals"]["by_region"]
+    assert (Decimal(str(totals["east"]["cost_usd"])), Decimal(str(totals["local"]["cost_usd"]))) == (
+        Decimal("5.4"),
+        Decimal("3.6"),
+    )
+    # and the CSV has one row per bucket, GPU type and region
+    assert {(r["gpu_type"], r["region"]) for r in rows} == {("h100", "east"), ("h20", "local")}

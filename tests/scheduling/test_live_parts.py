@@ -236,7 +236,9 @@ def test_scale_out_asks_the_provisioner_after_the_decision_and_scale_in_releases
         "STATIC_WORKERS": "cpu-9@localhost:cpu",
     }
     outbox = Outbox()
-    action = scale_out(decision=_decision(), preset="tiny", gpu_type="cpu", count=1, budget=1, outbox=outbox)
+    (action,) = scale_out(
+        decision=_decision(), preset="tiny", gpu_type="cpu", count=1, budget=1, outbox=outbox
+    )
     assert not GpuWorker.objects.filter(name="cpu-9").exists()  # nothing asked inside the decision
     (provision_call,) = outbox.after
     provision_call()

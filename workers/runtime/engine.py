@@ -6,6 +6,12 @@ JPEG encoding, so encoding never sits on the model's critical path. Sessions can
 memory (pinned buffers and a side CUDA stream on a GPU), resumed, exported as a state region for the
 migration transport and imported on another engine, or checkpointed to safetensors bytes.
 
+One-shot jobs (issue 14) live in the same namespace of state regions: `add_job` creates one,
+`job_step` advances a batch of jobs of one shape by one denoising step, `job_frames` decodes a
+finished one. `step` never runs a job and `job_step` never runs a session, so the caller (the
+daemon, with ``workers.runtime.jobs`` choosing what fits) decides how the two interleave; suspend,
+resume, export/import and checkpoints serve jobs and sessions alike.
+
 The engine is driven from one thread (the worker daemon's loop); only encoding runs elsewhere.
 """
 
@@ -28,7 +34,6 @@ from workers.runtime.models.base import (
     StateManifestError,
     StreamingVideoModel,
     carve_region,
-    json_copy,
     manifest_layout,
     region_offsets,
     tensor_checksum,
@@ -69,6 +74,19 @@ class ChunkResult:
 
 
 @dataclass
+class JobStepReport:
+    """One batched denoising step of one-shot jobs: each job's steps done after it."""
+
+    steps_done: dict[str, int]
+    finished: list[str]
+    step_ms: float
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.steps_done)
+
+
+@dataclass
 class HostStateRecord:
     """A suspended session's state region in host memory (pinned when the device is CUDA)."""
 
@@ -79,6 +97,10 @@ class HostStateRecord:
     copy_ms: float
     pinned: bool
     region: torch.Tensor | None = field(default=None, repr=False)  # flat uint8 host buffer (from suspend)
+    # (model, manifest) when `suspend` built this record from a live state of that model: resumed
+    # into the same model with that very manifest object, it needs no second validation (on small
+    # job regions that check is a good part of a resume). A replaced manifest is validated again.
+    validated: tuple[StreamingVideoModel, dict[str, Any]] | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -102,6 +124,7 @@ class _Session:
     order: int = 0
     last_transfer: TransferReport | None = None
     last_meta: dict[str, Any] = field(default_factory=dict)  # meta of the state when suspended
+    job: bool = False  # a one-shot job's region (never due for `step`)
 
 
 def encode_jpeg(rgb: torch.Tensor, quality: int = 85) -> list[bytes]:
@@ -156,6 +179,10 @@ class ChunkEngine:
     - `state_to_bytes(session_id) -> bytes`, `state_from_bytes(session_id, data)`
     - `remove(session_id)`, `state_bytes(session_id)`, `sessions()`, `status(session_id)`,
       `next_chunk(session_id)`, `close()`
+    - one-shot jobs: `add_job(job_id, kind=..., prompt=..., seed=..., width=..., height=...,
+      frames=..., steps=...)`, `job_step(job_ids) -> JobStepReport`, `job_progress(job_id)`,
+      `job_shape(job_id)`, `job_frames(job_id)`, `is_job(id)`; the offload and migration calls
+      above take a job id as they take a session id.
     """
 
     def __init__(
@@ -221,6 +248,26 @@ class ChunkEngine:
         state = self.model.create_state(prompt, seed, options, start_chunk=start_chunk)
         self._install(session_id, state)
 
+    def add_job(
+        self,
+        job_id: str,
+        *,
+        kind: str,
+        prompt: str,
+        seed: int,
+        width: int,
+        height: int,
+        frames: int,
+        steps: int,
+    ) -> None:
+        """A one-shot job at step 0 (raises `JobSpecError` naming the field the model refuses)."""
+        if job_id in self._sessions:
+            raise SessionStateError(f"job {job_id!r} is already on this engine")
+        state = self.model.create_job(
+            kind=kind, prompt=prompt, seed=seed, width=width, height=height, frames=frames, steps=steps
+        )
+        self._install(job_id, state)
+
     def set_prompt(self, session_id: str, prompt: str, from_chunk: int) -> None:
         session = self._get(session_id)
         if session.state is None:
@@ -251,6 +298,8 @@ class ChunkEngine:
 
     def state_bytes(self, session_id: str) -> int:
         session = self._get(session_id)
+        if session.state is None and session.job:
+            return region_offsets(self.model.region_layout(session.last_meta))[1]
         if session.state is None:
             return self.model.state_bytes_for(session.last_meta.get("options"))
         return self.model.state_bytes(session.state)
@@ -267,7 +316,10 @@ class ChunkEngine:
         ready = [
             s
             for s in self._sessions.values()
-            if s.status == RESIDENT and not s.frozen and (allowed is None or s.session_id in allowed)
+            if s.status == RESIDENT
+            and not s.frozen
+            and not s.job
+            and (allowed is None or s.session_id in allowed)
         ]
         ready.sort(key=lambda s: (s.last_served, s.order))
         return [s.session_id for s in ready[:limit]]
@@ -325,6 +377,56 @@ class ChunkEngine:
                 )
         return results
 
+    # -- one-shot jobs (issue 14) ---------------------------------------------------------------
+
+    def is_job(self, job_id: str) -> bool:
+        return self._get(job_id).job
+
+    def _meta(self, session: _Session) -> dict[str, Any]:
+        return session.state.meta if session.state is not None else session.last_meta
+
+    def job_progress(self, job_id: str) -> tuple[int, int]:
+        """(steps done, steps in all) of a resident or suspended job."""
+        meta = self._meta(self._job(job_id))
+        return int(meta["step"]), int(meta["steps"])
+
+    def job_shape(self, job_id: str) -> tuple[str, int, int, int]:
+        return self.model.job_shape(self._meta(self._job(job_id)))
+
+    def job_step(self, job_ids: list[str]) -> JobStepReport:
+        """One denoising step of each job in `job_ids` (resident, unfrozen, unfinished, one shape),
+        as one batched call. The step is the unit of preemption: between two calls any of them can
+        be suspended, exported or removed."""
+        states: dict[str, SessionState] = {}
+        for job in (self._job(job_id) for job_id in job_ids):
+            if job.state is None or job.frozen:
+                raise SessionStateError(f"job {job.session_id!r} is suspended or frozen")
+            states[job.session_id] = job.state
+        started = time.perf_counter()
+        self.model.job_step(list(states.values()))
+        if self._cuda:
+            torch.cuda.synchronize(self.device)  # step_ms covers the work, not its launch
+        step_ms = (time.perf_counter() - started) * 1000.0
+        done = {job_id: int(state.meta["step"]) for job_id, state in states.items()}
+        finished = [job_id for job_id, state in states.items() if done[job_id] >= int(state.meta["steps"])]
+        return JobStepReport(steps_done=done, finished=finished, step_ms=step_ms)
+
+    def job_frames(self, job_id: str) -> torch.Tensor:
+        """A finished job's frames, uint8 [F, H, W, 3] on the host."""
+        job = self._job(job_id)
+        if job.state is None:
+            raise SessionStateError(f"job {job_id!r} is suspended; resume it first")
+        step, steps = self.job_progress(job_id)
+        if step < steps:
+            raise SessionStateError(f"job {job_id!r} has run {step} of its {steps} steps")
+        return self.model.job_frames(job.state).to("cpu")
+
+    def _job(self, job_id: str) -> _Session:
+        job = self._get(job_id)
+        if not job.job:
+            raise SessionStateError(f"{job_id!r} is a session, not a job")
+        return job
+
     # -- offload (TurboServe §3.1) -------------------------------------------------------------
 
     def suspend(self, session_id: str) -> HostStateRecord:
@@ -359,7 +461,14 @@ class ChunkEngine:
         session.last_meta = manifest["meta"]
         session.last_transfer = TransferReport(session_id, nbytes, copy_ms)
         return HostStateRecord(
-            session_id, manifest, host_views, nbytes, copy_ms, pinned=self._cuda, region=host_region
+            session_id,
+            manifest,
+            host_views,
+            nbytes,
+            copy_ms,
+            pinned=self._cuda,
+            region=host_region,
+            validated=(self.model, manifest),
         )
 
     def resume(self, session_id: str, record: HostStateRecord) -> TransferReport:
@@ -371,7 +480,12 @@ class ChunkEngine:
         session = self._sessions.get(session_id)
         if session is not None and session.state is not None:
             raise SessionStateError(f"session {session_id!r} is already resident")
-        self.model.validate_manifest(record.manifest)
+        if (
+            record.validated is None
+            or record.validated[0] is not self.model
+            or record.validated[1] is not record.manifest
+        ):
+            self.model.validate_manifest(record.manifest)
         layout = manifest_layout(record.manifest)
         _, total = region_offsets(layout)
         region = record.region
@@ -394,9 +508,8 @@ class ChunkEngine:
             self._copy_all(device_views, record.tensors)
         copy_ms = (time.perf_counter() - started) * 1000.0
         # Validated above; no second pass through restore_state (its checks would repeat these).
-        state = SessionState(
-            tensors=device_views, meta=json_copy(record.manifest["meta"]), region=device_region
-        )
+        # The record is spent (its tensors are dropped below), so its meta is adopted, not copied.
+        state = SessionState(tensors=device_views, meta=record.manifest["meta"], region=device_region)
         if region is not None:
             self._pool.give(region)
         record.tensors, record.region = {}, None
@@ -489,7 +602,9 @@ class ChunkEngine:
 
     def _install(self, session_id: str, state: SessionState) -> None:
         self._added += 1
-        self._sessions[session_id] = _Session(session_id, RESIDENT, state, order=self._added)
+        self._sessions[session_id] = _Session(
+            session_id, RESIDENT, state, order=self._added, job=state.is_job
+        )
 
     def _get(self, session_id: str) -> _Session:
         try:
@@ -527,6 +642,7 @@ __all__ = [
     "EncodedChunk",
     "HostBufferPool",
     "HostStateRecord",
+    "JobStepReport",
     "SessionNotFound",
     "SessionStateError",
     "StateManifestError",

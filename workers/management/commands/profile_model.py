@@ -1,4 +1,8 @@
-"""Measure a model preset on this machine and write the GPU profile the scheduler's simulator loads."""
+"""Measure a model preset on this machine and write the GPU profile the scheduler's simulator loads.
+
+With ``--one-shot image|video`` it measures the model's one-shot mode instead: seconds per
+denoising step for each (resolution, frames, batch), as ``{"model", "kind", "points": [{"width",
+"height", "frames", "batch", "step_s"}], "machine"}`` (issue 14's job-cost profile)."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from pathlib import Path
 import torch
 from django.core.management.base import BaseCommand, CommandError
 
+from workers.benchmarks.jobs import parse_resolution, profile_one_shot
 from workers.benchmarks.runtime import profile_model
 from workers.runtime.models import UnknownPresetError
 
@@ -27,10 +32,19 @@ class Command(BaseCommand):
         parser.add_argument("--link-gbps", type=float, default=None)
         parser.add_argument("--slo-ms", type=float, default=None, help="capacity K = largest batch within it")
         parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+        parser.add_argument(
+            "--one-shot", choices=("image", "video"), default=None, help="profile job steps of this kind"
+        )
+        parser.add_argument("--resolutions", default="64x64", help="--one-shot: comma-separated WxH")
+        parser.add_argument("--frames", default="8,16", help="--one-shot video: comma-separated frame counts")
+        parser.add_argument("--batches", default="1,2,4", help="--one-shot: comma-separated batch sizes")
 
     def handle(self, *args, **options):
         if options["threads"]:
             torch.set_num_threads(options["threads"])
+        if options["one_shot"]:
+            self._one_shot(options)
+            return
         try:
             profile, raw = profile_model(
                 options["preset"],
@@ -47,4 +61,39 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         Path(options["out"]).write_text(json.dumps(profile, indent=2) + "\n")
         self.stdout.write(json.dumps({"profile": profile, "measured": raw}, indent=2))
+        self.stdout.write(self.style.SUCCESS(f"wrote {options['out']}"))
+
+    def _one_shot(self, options: dict) -> None:
+        try:
+            resolutions = [parse_resolution(r) for r in options["resolutions"].split(",") if r.strip()]
+        except ValueError as exc:
+            raise CommandError(f"--resolutions: {exc}") from exc
+        try:
+            frames = [int(f) for f in options["frames"].split(",") if f.strip()]
+            batches = tuple(int(b) for b in options["batches"].split(",") if b.strip())
+        except ValueError as exc:
+            raise CommandError(f"--frames/--batches: {exc}") from exc
+        if (
+            not resolutions
+            or not batches
+            or min(batches) < 1
+            or (options["one_shot"] == "video" and not frames)
+        ):
+            raise CommandError("--resolutions, --batches (positive) and, for video, --frames are needed")
+        if options["steps"] < 1:
+            raise CommandError("--steps must be at least 1")
+        try:
+            profile = profile_one_shot(
+                options["preset"],
+                kind=options["one_shot"],
+                resolutions=resolutions,
+                frames=frames,
+                batches=batches,
+                repeats=options["steps"],
+                device=options["device"],
+            )
+        except (UnknownPresetError, NotImplementedError, ValueError) as exc:
+            raise CommandError(str(exc)) from exc
+        Path(options["out"]).write_text(json.dumps(profile, indent=2) + "\n")
+        self.stdout.write(json.dumps(profile, indent=2))
         self.stdout.write(self.style.SUCCESS(f"wrote {options['out']}"))

@@ -13,6 +13,12 @@ The manifest of a state region (what the migration transport sends ahead of the 
 
 Tensors are listed in manifest order; a restore that does not match the model raises
 `StateManifestError` before anything is installed.
+
+One-shot jobs (an image, or a video of F frames, after n denoising steps: issue 14) use the same
+regions. A job's region holds its latents and prompt embeddings; its meta holds ``"job": true``,
+the job's kind, size, seed, step counter and step count (`job_meta`). Its noise is counter-based
+(`job_noise`: a CPU generator seeded by splitmix64(seed, step)), so no RNG state needs to travel:
+a job paused, offloaded or migrated at any step boundary continues bit-identically.
 """
 
 from __future__ import annotations
@@ -26,10 +32,51 @@ from typing import Any
 import torch
 
 STATE_FORMAT_VERSION = 1
+JOB_KINDS = ("image", "video")
+MAX_JOB_STEPS = 200
 
 
 class StateManifestError(ValueError):
     """A state region does not fit the model it is being installed into."""
+
+
+class JobSpecError(ValueError):
+    """A one-shot job's parameters do not fit the model; `field` names the offending parameter."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class OneShotUnsupported(NotImplementedError):
+    """The model has no one-shot (image/video job) mode."""
+
+
+def splitmix64(*values: int) -> int:
+    """Counter-based seed mixing: a stable 63-bit seed from integers (no Python hash salt)."""
+    mask = (1 << 64) - 1
+    state = 0x9E3779B97F4A7C15
+    for value in values:
+        state = (state + (value & mask) + 0x9E3779B97F4A7C15) & mask
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        state = z ^ (z >> 31)
+    return state & ((1 << 63) - 1)
+
+
+JOB_NOISE_STREAM = 0x10B5  # keeps a job's noise apart from any session's chunk noise of the same seed
+
+
+def job_noise(seed: int, step: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """The noise a job draws at `step` (its initial latents at 0): a function of (seed, step) only,
+    drawn on the CPU so it is the same on every device, batch and worker."""
+    generator = torch.Generator(device="cpu").manual_seed(splitmix64(int(seed), JOB_NOISE_STREAM, step))
+    return torch.randn(shape, generator=generator, dtype=torch.float32)
+
+
+def is_job_meta(meta: Mapping[str, Any]) -> bool:
+    return bool(meta.get("job"))
 
 
 @dataclass
@@ -57,6 +104,10 @@ class SessionState:
     @property
     def next_chunk(self) -> int:
         return int(self.meta["next_chunk"])
+
+    @property
+    def is_job(self) -> bool:
+        return is_job_meta(self.meta)
 
 
 @dataclass
@@ -159,6 +210,11 @@ class StreamingVideoModel(abc.ABC):
       loading or initialising its own, so a worker can be built from weights received from a peer.
       A model that loads from its own checkpoint directory (e.g. the Wan adapter) sets it False:
       workers then build it from that directory and it is never a pool source.
+    - One-shot mode (optional; the base raises `OneShotUnsupported`): `check_job` validates a job's
+      size, frames and steps (`JobSpecError` naming the field); `create_job` builds its region at
+      step 0; `job_layout` is its layout from meta; `job_step` advances a batch of jobs of one
+      shape (`job_shape`) by one denoising step each, in place; `job_frames` decodes a finished
+      job to uint8 [F, H, W, 3]. Like `generate`, a job's result depends only on its own region.
     """
 
     transferable_weights: bool = True
@@ -176,9 +232,6 @@ class StreamingVideoModel(abc.ABC):
     ) -> SessionState: ...
 
     @abc.abstractmethod
-    def set_prompt(self, state: SessionState, prompt: str, from_chunk: int) -> None: ...
-
-    @abc.abstractmethod
     def generate(self, states: list[SessionState]) -> list[GeneratedChunk]: ...
 
     @abc.abstractmethod
@@ -188,7 +241,144 @@ class StreamingVideoModel(abc.ABC):
     @abc.abstractmethod
     def state_bytes_for(self, options: dict[str, Any] | None = None) -> int: ...
 
+    # -- one-shot jobs (issue 14) ---------------------------------------------------------------
+
+    def check_job(self, *, kind: str, width: int, height: int, frames: int, steps: int) -> None:
+        """Raise `JobSpecError` unless this model can run a job of that shape."""
+        raise OneShotUnsupported(f"{type(self).__name__} ({self.preset}) has no one-shot mode")
+
+    def create_job(
+        self, *, kind: str, prompt: str, seed: int, width: int, height: int, frames: int, steps: int
+    ) -> SessionState:
+        raise OneShotUnsupported(f"{type(self).__name__} ({self.preset}) has no one-shot mode")
+
+    def job_layout(self, meta: dict[str, Any]) -> Layout:
+        raise OneShotUnsupported(f"{type(self).__name__} ({self.preset}) has no one-shot mode")
+
+    def job_step(self, states: list[SessionState]) -> None:
+        raise OneShotUnsupported(f"{type(self).__name__} ({self.preset}) has no one-shot mode")
+
+    def job_frames(self, state: SessionState) -> torch.Tensor:
+        raise OneShotUnsupported(f"{type(self).__name__} ({self.preset}) has no one-shot mode")
+
+    @staticmethod
+    def job_meta(
+        *, kind: str, prompt: str, seed: int, width: int, height: int, frames: int, steps: int
+    ) -> dict[str, Any]:
+        return {
+            "job": True,
+            "kind": kind,
+            "prompt": prompt,
+            "seed": int(seed),
+            "width": int(width),
+            "height": int(height),
+            "frames": int(frames),
+            "steps": int(steps),
+            "step": 0,
+        }
+
+    @staticmethod
+    def job_shape(meta: Mapping[str, Any]) -> tuple[str, int, int, int]:
+        """(kind, width, height, frames): jobs of one shape can share a batched step."""
+        return (str(meta["kind"]), int(meta["width"]), int(meta["height"]), int(meta["frames"]))
+
+    @staticmethod
+    def check_job_common(*, kind: str, width: int, height: int, frames: int, steps: int) -> None:
+        """The checks every one-shot model shares (kinds, image = 1 frame, step count)."""
+        if kind not in JOB_KINDS:
+            raise JobSpecError("kind", f"must be one of {', '.join(JOB_KINDS)}, not {kind!r}")
+        if kind == "image" and frames != 1:
+            raise JobSpecError("frames", f"an image has 1 frame, not {frames}")
+        if kind == "video" and frames < 2:
+            raise JobSpecError("frames", f"a video needs at least 2 frames, not {frames}")
+        if not 1 <= steps <= MAX_JOB_STEPS:
+            raise JobSpecError("steps", f"must be between 1 and {MAX_JOB_STEPS}, not {steps}")
+        if width < 1 or height < 1:
+            raise JobSpecError("width" if width < 1 else "height", "must be positive")
+
+    def check_job_batch(self, states: list[SessionState]) -> None:
+        """A batched job step takes unfinished jobs of one shape (`job_shape`)."""
+        shapes = {self.job_shape(s.meta) for s in states}
+        if len(shapes) != 1:
+            raise ValueError(f"a job step batches jobs of one shape, got {sorted(shapes)}")
+        if any(int(s.meta["step"]) >= int(s.meta["steps"]) for s in states):
+            raise ValueError("a job in the batch has already run all its steps")
+
+    def advance_jobs(self, states: list[SessionState], clean: torch.Tensor) -> None:
+        """One flow-matching step of each job from its predicted clean latents `clean` [B, ...].
+
+        Step k runs at noise level sigma_k = 1 - k/n; the next state re-noises the prediction with
+        fresh counter-based noise at sigma_{k+1} (Self-Forcing's few-step sampler); the last step
+        keeps the prediction itself.
+        """
+        for i, state in enumerate(states):
+            step, steps = int(state.meta["step"]) + 1, int(state.meta["steps"])
+            latents = state.tensors["latents"]
+            if step < steps:
+                sigma = 1.0 - step / steps
+                noise = job_noise(state.meta["seed"], step, tuple(latents.shape)).to(latents.device)
+                latents.copy_((1.0 - sigma) * clean[i] + sigma * noise)
+            else:
+                latents.copy_(clean[i])
+            state.meta["step"] = step
+
+    @staticmethod
+    def job_sigmas(states: list[SessionState], device: torch.device) -> torch.Tensor:
+        """Each job's current noise level sigma_k = 1 - k/n, as a [B] tensor."""
+        return torch.tensor([1.0 - int(s.meta["step"]) / int(s.meta["steps"]) for s in states], device=device)
+
+    def region_layout(self, meta: dict[str, Any]) -> Layout:
+        """The layout of a session's or a job's region, from its meta."""
+        if is_job_meta(meta):
+            for key in ("kind", "seed", "width", "height", "frames", "steps", "step"):
+                if key not in meta:
+                    raise KeyError(f"job meta lacks {key!r}")
+            if not 0 <= int(meta["step"]) <= int(meta["steps"]):
+                raise ValueError("the job's step counter is out of range")
+            return self.job_layout(meta)
+        return self.expected_layout(meta)
+
     # -- shared implementation -----------------------------------------------------------------
+
+    @staticmethod
+    def session_meta(
+        prompt: str,
+        seed: int,
+        options: dict[str, Any] | None,
+        start_chunk: int,
+        counters: dict[str, int] | None = None,
+    ) -> dict[str, Any]:
+        """The metadata of a fresh session's state region: seed, chunk counter, any model-specific
+        counters (e.g. ``frames_written``), the prompt schedule and the prompt its tensors hold."""
+        return {
+            "seed": int(seed),
+            "next_chunk": int(start_chunk),
+            **(counters or {}),
+            "prompt_schedule": [[int(start_chunk), prompt]],
+            "active_prompt": prompt,
+            "options": dict(options or {}),
+        }
+
+    def set_prompt(self, state: SessionState, prompt: str, from_chunk: int) -> None:
+        """Schedule `prompt` from chunk `from_chunk` on; `generate` switches when it gets there."""
+        next_chunk = state.next_chunk
+        if from_chunk < next_chunk:
+            raise ValueError(f"chunk {from_chunk} was already generated (next chunk is {next_chunk})")
+        schedule = [entry for entry in state.meta["prompt_schedule"] if entry[0] < from_chunk]
+        # Entries that can no longer take effect (superseded before the next chunk) are dropped.
+        while len(schedule) > 1 and schedule[1][0] <= next_chunk:
+            schedule.pop(0)
+        schedule.append([int(from_chunk), prompt])
+        state.meta["prompt_schedule"] = schedule
+
+    @staticmethod
+    def prompt_for_chunk(state: SessionState, chunk_index: int) -> str:
+        """The prompt in force at `chunk_index` under the state's prompt schedule."""
+        prompt = state.meta["prompt_schedule"][0][1]
+        for start, text in state.meta["prompt_schedule"]:
+            if start <= chunk_index:
+                prompt = text
+        return prompt
 
     def weights_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's parameters as one flat state dict (the blocks the parameter pool moves)."""
@@ -242,8 +432,8 @@ class StreamingVideoModel(abc.ABC):
                 f"(expected {STATE_FORMAT_VERSION})"
             )
         try:
-            expected = self.expected_layout(manifest["meta"])
-        except (KeyError, TypeError, ValueError) as exc:
+            expected = self.region_layout(manifest["meta"])
+        except (KeyError, TypeError, ValueError, NotImplementedError) as exc:
             raise StateManifestError(f"state manifest meta is invalid: {exc}") from exc
         got = [(e.get("name"), tuple(e.get("shape", ())), e.get("dtype")) for e in manifest["tensors"]]
         want = [(name, shape, dtype_name(dtype)) for name, shape, dtype in expected]

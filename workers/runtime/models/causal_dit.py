@@ -43,10 +43,13 @@ from workers.runtime.models import UnknownPresetError
 from workers.runtime.models.base import (
     DTYPES_BY_NAME,
     GeneratedChunk,
+    JobSpecError,
     SessionState,
     StreamingVideoModel,
     allocate_region,
+    job_noise,
     region_offsets,
+    splitmix64,
 )
 from workers.runtime.presets import PRESETS as MODEL_PRESETS
 from workers.runtime.presets import CausalDiTArchitecture
@@ -101,19 +104,6 @@ PRESETS: dict[str, CausalDiTConfig] = {
     for name, preset in MODEL_PRESETS.items()
     if isinstance(preset.architecture, CausalDiTArchitecture)
 }
-
-
-def splitmix64(*values: int) -> int:
-    """Counter-based seed mixing: a stable 63-bit seed from integers (no Python hash salt)."""
-    mask = (1 << 64) - 1
-    state = 0x9E3779B97F4A7C15
-    for value in values:
-        state = (state + (value & mask) + 0x9E3779B97F4A7C15) & mask
-        z = state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
-        state = z ^ (z >> 31)
-    return state & ((1 << 63) - 1)
 
 
 def tokenize(prompt: str, text_len: int) -> tuple[list[int], list[int]]:
@@ -447,34 +437,8 @@ class CausalDiTModel(StreamingVideoModel):
         region, tensors = allocate_region(self.cfg.state_layout(), self.device)
         region.zero_()
         tensors["prompt_embeds"].copy_(self.encode_prompt(prompt))
-        meta = {
-            "seed": int(seed),
-            "next_chunk": int(start_chunk),
-            "frames_written": 0,
-            "prompt_schedule": [[int(start_chunk), prompt]],
-            "active_prompt": prompt,
-            "options": dict(options or {}),
-        }
+        meta = self.session_meta(prompt, seed, options, start_chunk, {"frames_written": 0})
         return SessionState(tensors=tensors, meta=meta, region=region)
-
-    def set_prompt(self, state: SessionState, prompt: str, from_chunk: int) -> None:
-        next_chunk = state.next_chunk
-        if from_chunk < next_chunk:
-            raise ValueError(f"chunk {from_chunk} was already generated (next chunk is {next_chunk})")
-        schedule = [entry for entry in state.meta["prompt_schedule"] if entry[0] < from_chunk]
-        # Entries that can no longer take effect (superseded before the next chunk) are dropped.
-        while len(schedule) > 1 and schedule[1][0] <= next_chunk:
-            schedule.pop(0)
-        schedule.append([int(from_chunk), prompt])
-        state.meta["prompt_schedule"] = schedule
-
-    @staticmethod
-    def prompt_for_chunk(state: SessionState, chunk_index: int) -> str:
-        prompt = state.meta["prompt_schedule"][0][1]
-        for start, text in state.meta["prompt_schedule"]:
-            if start <= chunk_index:
-                prompt = text
-        return prompt
 
     @torch.inference_mode()
     def encode_prompt(self, prompt: str) -> torch.Tensor:
@@ -544,6 +508,69 @@ class CausalDiTModel(StreamingVideoModel):
             results.append(GeneratedChunk(chunk_index=chunk_indices[i], frames=frames[i]))
         return results
 
+    # -- one-shot jobs (issue 14) ---------------------------------------------------------------
+    # A job is denoised as one clip: full attention over all its latent frames (no KV cache), the
+    # same DiT at the job's own latent grid (RoPE makes it resolution-agnostic), and decoded once.
+
+    MAX_JOB_LATENT_FRAMES = 16
+
+    def check_job(self, *, kind: str, width: int, height: int, frames: int, steps: int) -> None:
+        self.check_job_common(kind=kind, width=width, height=height, frames=frames, steps=steps)
+        cfg = self.cfg
+        unit = cfg.spatial_upsample * cfg.patch
+        largest = 4 * max(cfg.width, cfg.height)
+        for name, value in (("width", width), ("height", height)):
+            if value % unit or value > largest:
+                raise JobSpecError(name, f"must be a multiple of {unit} up to {largest} for {self.preset!r}")
+        if kind == "video" and frames % cfg.temporal_upsample:
+            raise JobSpecError("frames", f"must be a multiple of {cfg.temporal_upsample} for {self.preset!r}")
+        if kind == "video" and frames // cfg.temporal_upsample > self.MAX_JOB_LATENT_FRAMES:
+            most = self.MAX_JOB_LATENT_FRAMES * cfg.temporal_upsample
+            raise JobSpecError("frames", f"at most {most} for {self.preset!r}")
+
+    def job_layout(self, meta: dict[str, Any]) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        cfg = self.cfg
+        latent_frames = 1 if meta["kind"] == "image" else int(meta["frames"]) // cfg.temporal_upsample
+        grid = (int(meta["height"]) // cfg.spatial_upsample, int(meta["width"]) // cfg.spatial_upsample)
+        return [
+            ("latents", (latent_frames, cfg.latent_channels, *grid), torch.float32),
+            ("prompt_embeds", (cfg.text_len, cfg.dim), self.dtype),
+        ]
+
+    def create_job(
+        self, *, kind: str, prompt: str, seed: int, width: int, height: int, frames: int, steps: int
+    ) -> SessionState:
+        self.check_job(kind=kind, width=width, height=height, frames=frames, steps=steps)
+        meta = self.job_meta(
+            kind=kind, prompt=prompt, seed=seed, width=width, height=height, frames=frames, steps=steps
+        )
+        region, tensors = allocate_region(self.job_layout(meta), self.device)
+        latents = tensors["latents"]
+        latents.copy_(job_noise(seed, 0, tuple(latents.shape)))
+        tensors["prompt_embeds"].copy_(self.encode_prompt(prompt))
+        return SessionState(tensors=tensors, meta=meta, region=region)
+
+    @torch.inference_mode()
+    def job_step(self, states: list[SessionState]) -> None:
+        if not states:
+            return
+        self.check_job_batch(states)
+        x = torch.stack([s.tensors["latents"] for s in states])  # [B, F, C, h, w]
+        b, latent_frames, _, h, w = x.shape
+        grid = replace(self.cfg, latent_height=h, latent_width=w)
+        positions = torch.arange(latent_frames, dtype=torch.float64).expand(b, latent_frames)
+        rope = rope_tables(grid, positions, self.device)
+        context = torch.stack([s.tensors["prompt_embeds"] for s in states])
+        sigmas = self.job_sigmas(states, self.device)
+        velocity = self._forward(x, sigmas, context, rope, states, (0, None), write_slots=None)
+        self.advance_jobs(states, x - sigmas.view(b, 1, 1, 1, 1) * velocity)
+
+    @torch.inference_mode()
+    def job_frames(self, state: SessionState) -> torch.Tensor:
+        latents = state.tensors["latents"][None].to(self.dtype)
+        frames = self.net.decoder(latents, torch.zeros_like(latents[:, 0]))[0]
+        return frames[: int(state.meta["frames"])]
+
     def _ring_slots(self, frames_written: int) -> list[int]:
         cfg = self.cfg
         local = cfg.window_frames - cfg.sink_frames
@@ -571,7 +598,7 @@ class CausalDiTModel(StreamingVideoModel):
     def _forward(
         self,
         latents: torch.Tensor,
-        sigma: float,
+        sigma: float | torch.Tensor,
         context: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
         states: list[SessionState],
@@ -588,7 +615,10 @@ class CausalDiTModel(StreamingVideoModel):
             .permute(0, 1, 3, 5, 2, 4, 6)
             .reshape(b, f * (h // p) * (w // p), c * p * p)
         )
-        t = torch.full((b,), sigma * 1000.0, device=self.device)
+        if isinstance(sigma, torch.Tensor):  # one noise level per batch element (one-shot jobs)
+            t = sigma * 1000.0
+        else:
+            t = torch.full((b,), sigma * 1000.0, device=self.device)
         temb = dit.time_embed(timestep_embedding(t).to(self.dtype))
         e = dit.time_proj(temb)
         x = dit.patch_embed(tokens)

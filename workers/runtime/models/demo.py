@@ -40,12 +40,14 @@ from torch import nn
 from workers.runtime.models import UnknownPresetError
 from workers.runtime.models.base import (
     GeneratedChunk,
+    JobSpecError,
     SessionState,
     StreamingVideoModel,
     allocate_region,
+    job_noise,
     region_offsets,
+    splitmix64,
 )
-from workers.runtime.models.causal_dit import splitmix64
 from workers.runtime.models.demo_data import MAX_TOKENS, OBJECT_EXTENT, PAD, VOCAB, tokenize
 from workers.runtime.presets import PRESETS as MODEL_PRESETS
 from workers.runtime.presets import DemoArchitecture
@@ -153,8 +155,7 @@ class DemoModel(StreamingVideoModel):
         self.net = net.to(self.device).eval().requires_grad_(False)
         self.feature_dim = cfg.slots * cfg.embed_dim
         # The decoder's patch: pixels within ± CUTOFF of the object (plus one for rounding).
-        self.patch_x = math.ceil(CUTOFF * cfg.width) + 1
-        self.patch_y = math.ceil(CUTOFF * cfg.height) + 1
+        self.patch_x, self.patch_y = _patch(cfg.width, cfg.height)
         if 2 * self.patch_x > cfg.width or 2 * self.patch_y > cfg.height:
             raise ValueError("frame too small for the demo model's object patch")
 
@@ -219,35 +220,10 @@ class DemoModel(StreamingVideoModel):
         _check_options(options)
         region, tensors = allocate_region(self._layout(), self.device)
         region.zero_()
-        generator = torch.Generator(device="cpu").manual_seed(splitmix64(int(seed), 0xDE30))
-        tensors["position"].copy_(torch.rand(2, generator=generator, dtype=torch.float32))
+        tensors["position"].copy_(_start_position(seed))
         tensors["text_features"].copy_(self.encode_prompt(prompt))
-        meta = {
-            "seed": int(seed),
-            "next_chunk": int(start_chunk),
-            "prompt_schedule": [[int(start_chunk), prompt]],
-            "active_prompt": prompt,
-            "options": dict(options or {}),
-        }
+        meta = self.session_meta(prompt, seed, options, start_chunk)
         return SessionState(tensors=tensors, meta=meta, region=region)
-
-    def set_prompt(self, state: SessionState, prompt: str, from_chunk: int) -> None:
-        next_chunk = state.next_chunk
-        if from_chunk < next_chunk:
-            raise ValueError(f"chunk {from_chunk} was already generated (next chunk is {next_chunk})")
-        schedule = [entry for entry in state.meta["prompt_schedule"] if entry[0] < from_chunk]
-        while len(schedule) > 1 and schedule[1][0] <= next_chunk:
-            schedule.pop(0)
-        schedule.append([int(from_chunk), prompt])
-        state.meta["prompt_schedule"] = schedule
-
-    @staticmethod
-    def prompt_for_chunk(state: SessionState, chunk_index: int) -> str:
-        prompt = state.meta["prompt_schedule"][0][1]
-        for start, text in state.meta["prompt_schedule"]:
-            if start <= chunk_index:
-                prompt = text
-        return prompt
 
     @torch.inference_mode()
     def encode_prompt(self, prompt: str) -> torch.Tensor:
@@ -283,11 +259,32 @@ class DemoModel(StreamingVideoModel):
         return results
 
     def render(
-        self, centres: torch.Tensor, fg: torch.Tensor, bg: torch.Tensor, code: torch.Tensor
+        self,
+        centres: torch.Tensor,
+        fg: torch.Tensor,
+        bg: torch.Tensor,
+        code: torch.Tensor,
+        *,
+        width: int | None = None,
+        height: int | None = None,
     ) -> torch.Tensor:
         """Frames uint8 [B, T, H, W, 3] with the object at `centres` [B, T, 2] (fractions, x then y)."""
+        return quantize(self.render_float(centres, fg, bg, code, width=width, height=height))
+
+    def render_float(
+        self,
+        centres: torch.Tensor,
+        fg: torch.Tensor,
+        bg: torch.Tensor,
+        code: torch.Tensor,
+        *,
+        width: int | None = None,
+        height: int | None = None,
+    ) -> torch.Tensor:
+        """RGB in [0, 1], float [B, T, H, W, 3], at `width × height` (the preset's size by default)."""
         b, t, _ = centres.shape
-        w, h, px, py = self.width, self.height, self.patch_x, self.patch_y
+        w, h = width or self.width, height or self.height
+        px, py = _patch(w, h)
         flat = centres.reshape(b * t, 2)
         # Pixel columns/rows of each frame's patch (unwrapped), and their centres' offsets.
         base_x = torch.floor(flat[:, 0] * w).long()[:, None] + torch.arange(-px, px, device=self.device)
@@ -303,8 +300,77 @@ class DemoModel(StreamingVideoModel):
         )
         canvas = torch.zeros(b * t, h * w, device=self.device).scatter_(1, index, alpha)
         canvas = canvas.view(b, t, h, w, 1)
-        rgb = bg[:, None, None, None, :] + canvas * (fg - bg)[:, None, None, None, :]
-        return (rgb * 255.0).round().clamp(0, 255).to(torch.uint8)
+        return bg[:, None, None, None, :] + canvas * (fg - bg)[:, None, None, None, :]
+
+    # -- one-shot jobs (issue 14) ---------------------------------------------------------------
+    # The "denoiser" predicts the clean frames by rendering the prompt's object along its track
+    # from the seed's start position (at the job's own size); `advance_jobs` blends the latents
+    # towards that prediction with fresh noise, so after the last step they are exactly the render.
+
+    MIN_JOB_SIDE = 32  # the object's patch (± CUTOFF) must fit in the frame
+    MAX_JOB_SIDE = 512
+    MAX_JOB_FRAMES = 64
+
+    def check_job(self, *, kind: str, width: int, height: int, frames: int, steps: int) -> None:
+        self.check_job_common(kind=kind, width=width, height=height, frames=frames, steps=steps)
+        for name, value in (("width", width), ("height", height)):
+            if not self.MIN_JOB_SIDE <= value <= self.MAX_JOB_SIDE:
+                raise JobSpecError(name, f"must be between {self.MIN_JOB_SIDE} and {self.MAX_JOB_SIDE}")
+        if frames > self.MAX_JOB_FRAMES:
+            raise JobSpecError("frames", f"at most {self.MAX_JOB_FRAMES} for {self.preset!r}")
+
+    def job_layout(self, meta: dict[str, Any]) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        shape = (int(meta["frames"]), int(meta["height"]), int(meta["width"]), 3)
+        return [
+            ("latents", shape, torch.float32),
+            ("text_features", (self.feature_dim,), torch.float32),
+            ("position", (2,), torch.float32),
+        ]
+
+    def create_job(
+        self, *, kind: str, prompt: str, seed: int, width: int, height: int, frames: int, steps: int
+    ) -> SessionState:
+        self.check_job(kind=kind, width=width, height=height, frames=frames, steps=steps)
+        meta = self.job_meta(
+            kind=kind, prompt=prompt, seed=seed, width=width, height=height, frames=frames, steps=steps
+        )
+        region, tensors = allocate_region(self.job_layout(meta), self.device)
+        latents = tensors["latents"]
+        latents.copy_(job_noise(seed, 0, tuple(latents.shape)))
+        tensors["text_features"].copy_(self.encode_prompt(prompt))
+        tensors["position"].copy_(_start_position(seed))
+        return SessionState(tensors=tensors, meta=meta, region=region)
+
+    @torch.inference_mode()
+    def job_step(self, states: list[SessionState]) -> None:
+        if not states:
+            return
+        self.check_job_batch(states)
+        _kind, width, height, frames = self.job_shape(states[0].meta)
+        fg, bg, step, code = self.net.heads(torch.stack([s.tensors["text_features"] for s in states]))
+        start = torch.stack([s.tensors["position"] for s in states])
+        ticks = torch.arange(frames, device=self.device, dtype=torch.float32)
+        centres = torch.remainder(start[:, None, :] + ticks[None, :, None] * step[:, None, :], 1.0)
+        self.advance_jobs(states, self.render_float(centres, fg, bg, code, width=width, height=height))
+
+    def job_frames(self, state: SessionState) -> torch.Tensor:
+        return quantize(state.tensors["latents"])
+
+
+def quantize(rgb: torch.Tensor) -> torch.Tensor:
+    """RGB in [0, 1] → uint8."""
+    return (rgb * 255.0).round().clamp(0, 255).to(torch.uint8)
+
+
+def _patch(width: int, height: int) -> tuple[int, int]:
+    """Half-size in pixels of the decoder's patch (± CUTOFF of the frame, plus one for rounding)."""
+    return math.ceil(CUTOFF * width) + 1, math.ceil(CUTOFF * height) + 1
+
+
+def _start_position(seed: int) -> torch.Tensor:
+    """The object's start position (fractions of the frame) for a seed, from a CPU generator."""
+    generator = torch.Generator(device="cpu").manual_seed(splitmix64(int(seed), 0xDE30))
+    return torch.rand(2, generator=generator, dtype=torch.float32)
 
 
 def _check_options(options: dict[str, Any] | None) -> None:

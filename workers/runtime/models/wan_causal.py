@@ -592,33 +592,8 @@ class WanCausalModel(StreamingVideoModel):
         region, tensors = allocate_region(self.state_layout(), self.device)
         region.zero_()
         tensors["prompt_embeds"].copy_(self.encode_prompt(prompt))
-        meta = {
-            "seed": int(seed),
-            "next_chunk": int(start_chunk),
-            "frames_written": 0,
-            "prompt_schedule": [[int(start_chunk), prompt]],
-            "active_prompt": prompt,
-            "options": dict(options or {}),
-        }
+        meta = self.session_meta(prompt, seed, options, start_chunk, {"frames_written": 0})
         return SessionState(tensors=tensors, meta=meta, region=region)
-
-    def set_prompt(self, state: SessionState, prompt: str, from_chunk: int) -> None:
-        next_chunk = state.next_chunk
-        if from_chunk < next_chunk:
-            raise ValueError(f"chunk {from_chunk} was already generated (next chunk is {next_chunk})")
-        schedule = [entry for entry in state.meta["prompt_schedule"] if entry[0] < from_chunk]
-        while len(schedule) > 1 and schedule[1][0] <= next_chunk:
-            schedule.pop(0)
-        schedule.append([int(from_chunk), prompt])
-        state.meta["prompt_schedule"] = schedule
-
-    @staticmethod
-    def prompt_for_chunk(state: SessionState, chunk_index: int) -> str:
-        prompt = state.meta["prompt_schedule"][0][1]
-        for start, text in state.meta["prompt_schedule"]:
-            if start <= chunk_index:
-                prompt = text
-        return prompt
 
     @torch.inference_mode()
     def encode_prompt(self, prompt: str) -> torch.Tensor:

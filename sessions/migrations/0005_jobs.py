@@ -10,7 +10,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     dependencies = [
         ("gpu", "0002_parameter_pool"),
-        ("streams", "0003_event_vocabulary"),
+        ("streams", "0004_session_origin_region"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
