@@ -9,6 +9,7 @@ const jobs = new Map(); // id → the job as the API or the socket last describe
 let models = [];
 let socket = null;
 let retry = 0;
+let connectedBefore = false;
 
 function stateText(job) {
   switch (job.state) {
@@ -70,9 +71,10 @@ function update(message) {
   render(job);
 }
 
+// The newest page of the user's jobs, newest on top (cards are prepended, so oldest first).
 async function loadJobs() {
-  const page = await api("/api/jobs/?ordering=submitted_at");
-  for (const job of page.results) update(job);
+  const page = await api("/api/jobs/");
+  for (const job of [...page.results].reverse()) update(job);
 }
 
 async function cancel(id) {
@@ -88,6 +90,9 @@ function connect() {
   socket.onopen = () => {
     retry = 0;
     $("connection-state").textContent = "Live";
+    // The socket replays only jobs still in flight: one that ended while it was down is read again.
+    if (connectedBefore) loadJobs().catch((err) => showMessage($("page-message"), err.message));
+    connectedBefore = true;
   };
   socket.onmessage = (event) => {
     const message = JSON.parse(event.data);

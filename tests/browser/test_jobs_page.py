@@ -63,6 +63,13 @@ def test_submit_a_video_job_see_it_queued_follow_it_and_cancel_it(
     expect(card.locator(".badge")).to_have_text("Cancelled")
     job.refresh_from_db()
     assert job.state == "cancelled"
-    page.reload()
-    expect(page.locator("#gallery li.job .badge")).to_have_text("Cancelled")
+    # A second job goes on top, before and after a reload (newest first).
+    page.get_by_role("radio", name="Image").check()
+    page.get_by_label("Prompt", exact=True).fill("a blue circle")
+    page.get_by_role("button", name="Submit").click()
+    expect(page.locator("#gallery li.job")).to_have_count(2)
+    for _ in range(2):
+        expect(page.locator("#gallery li.job").first).to_contain_text("a blue circle")
+        expect(page.locator("#gallery li.job").nth(1).locator(".badge")).to_have_text("Cancelled")
+        page.reload()
     page_problems.assert_clean()
