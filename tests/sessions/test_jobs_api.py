@@ -64,6 +64,8 @@ def test_priority_puts_a_job_ahead_in_the_queue(user_api):
         ({"steps": 0}, "steps", "greater than or equal to 1"),
         ({"steps": 101}, "steps", "less than or equal to 100"),
         ({"prompt": "   "}, "prompt", "must not be empty"),
+        # The schema's maxLength counts the text as sent, surrounding whitespace included.
+        ({"prompt": "\v" + "x" * 2000}, "prompt", "at most 2000 characters (got 2001)"),
         ({"seed": -1}, "seed", "greater than or equal to 0"),
         ({"priority": 10}, "priority", "less than or equal to 9"),
         ({"slo_s": 0}, "slo_s", "greater than or equal to"),
