@@ -217,7 +217,7 @@ def preempt_job(job: Job, *, reason: str, outbox: Outbox) -> bool:
 
 def move_job(job: Job, target: GpuWorker, *, outbox: Outbox) -> bool:
     """Move a paused job's state to ``target`` through the migration commands (``"job"`` in place of
-    ``"session"``, iface-14): it stays paused there under a new epoch, and the dispatcher resumes it
+    ``"session"``, docs/jobs.md): it stays paused there under a new epoch, and the dispatcher resumes it
     once both sides have answered (``_moving``). A refused or failed side re-queues the job
     (``job_command_failed``)."""
     source = job.worker
