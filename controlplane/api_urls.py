@@ -11,10 +11,11 @@ from scheduling.api import (
     SchedulerDecisionViewSet,
     SessionMigrateView,
 )
-from sessions.api import LatencyAuditView, ModelCatalogView, SessionViewSet
+from sessions.api import JobAuditView, JobViewSet, LatencyAuditView, ModelCatalogView, SessionViewSet
 
 router = DefaultRouter()
 router.register("sessions", SessionViewSet, basename="session")
+router.register("jobs", JobViewSet, basename="job")
 router.register("workers", GpuWorkerViewSet, basename="worker")
 router.register("regions", RegionViewSet, basename="region")
 router.register("decisions", SchedulerDecisionViewSet, basename="decision")
@@ -27,6 +28,7 @@ urlpatterns = [
     path("audit/cost/", CostAuditView.as_view(), name="audit-cost"),
     path("parameter-pool/", ParameterPoolView.as_view(), name="parameter-pool"),
     path("audit/latency/", LatencyAuditView.as_view(), name="audit-latency"),
+    path("audit/jobs/", JobAuditView.as_view(), name="audit-jobs"),
     # The operator's request lives with the scheduler; the URL stays under the session it moves.
     path("sessions/<uuid:pk>/migrate/", SessionMigrateView.as_view(), name="session-migrate"),
     *router.urls,

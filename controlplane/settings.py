@@ -232,6 +232,22 @@ STATIC_ROOT = BASE_DIR / "staticfiles"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 WHITENOISE_USE_FINDERS = True
 
+# Uploaded and generated files (one-shot job results, docs/jobs.md) go through Django's storage API:
+# the local MEDIA_ROOT by default; any backend (S3, GCS, ...) by naming it in STORAGES_DEFAULT_BACKEND
+# with its options as JSON in STORAGES_DEFAULT_OPTIONS. Results are served only through the jobs API's
+# download endpoint (it checks ownership), never from MEDIA_URL directly.
+MEDIA_ROOT = Path(env.str("MEDIA_ROOT", default=str(BASE_DIR / "var/media")))
+MEDIA_URL = "media/"
+STORAGES = {
+    "default": {
+        "BACKEND": env.str("STORAGES_DEFAULT_BACKEND", default="django.core.files.storage.FileSystemStorage"),
+        "OPTIONS": _typed("STORAGES_DEFAULT_OPTIONS", env.json, {}),
+    },
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+if not isinstance(STORAGES["default"]["OPTIONS"], dict):
+    raise ImproperlyConfigured("Environment variable STORAGES_DEFAULT_OPTIONS must be a JSON object")
+
 
 def _rate(name: str, default: str) -> str | None:
     """A DRF throttle rate ``<count>/<second|minute|hour|day>``; ``off`` disables that throttle."""
@@ -300,6 +316,8 @@ SPECTACULAR_SETTINGS = {
         else "rest_framework.permissions.IsAuthenticated"
     ],
     "COMPONENT_SPLIT_REQUEST": True,
+    # Sessions' events and jobs both have a ``kind``: name the jobs' enum instead of a hash.
+    "ENUM_NAME_OVERRIDES": {"JobKindEnum": "sessions.models.Job.Kind"},
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "controlplane.api.document_error_responses",
@@ -350,6 +368,14 @@ STREAMSERVE = {
     "QUEUE_MAX": _typed("QUEUE_MAX", env.int, 100),
     # Sessions one user may hold alive (not terminated) at once; creating one more is a 429.
     "MAX_LIVE_SESSIONS_PER_USER": _typed("MAX_LIVE_SESSIONS_PER_USER", env.int, 10),
+    # One-shot image/video jobs (docs/jobs.md): jobs one user may have in flight (queued, running or
+    # paused; one more is a 429), the bounds of a request, and the SLO of a job that names none.
+    "MAX_JOBS_IN_FLIGHT_PER_USER": _typed("MAX_JOBS_IN_FLIGHT_PER_USER", env.int, 20),
+    "JOB_MAX_STEPS": _typed("JOB_MAX_STEPS", env.int, 100),
+    "JOB_MAX_FRAMES": _typed("JOB_MAX_FRAMES", env.int, 129),
+    "JOB_DEFAULT_SLO_S": _typed("JOB_DEFAULT_SLO_S", env.float, 300.0),
+    # The job dispatcher's policy (scheduling.live.jobs_policy): `edf` or package.module:ClassName.
+    "JOB_POLICY": env.str("JOB_POLICY", default="edf"),
     "PROVISIONER": env.str("PROVISIONER", default="local"),
     # Model presets this deployment runs workers for; sessions of other presets are refused. `demo`
     # is the trained model that follows its prompt (the test suite serves `tiny`: pyproject.toml).
@@ -429,6 +455,7 @@ for _name in (
     "COMMAND_TIMEOUT_S",
     "MIGRATION_TIMEOUT_S",
     "CONSOLE_PUSH_INTERVAL_S",
+    "JOB_DEFAULT_SLO_S",
     "REGION_RTT_BUDGET_MS",
     "REGION_FORECAST_SEASON_SLOTS",
 ):
@@ -450,6 +477,9 @@ for _name in (
     "MAX_LIVE_SESSIONS_PER_USER",
     "POOL_HOST_COPIES",
     "HOSTCACHE_CAPACITY_MB",
+    "MAX_JOBS_IN_FLIGHT_PER_USER",
+    "JOB_MAX_STEPS",
+    "JOB_MAX_FRAMES",
 ):
     if STREAMSERVE[_name] < 1:
         raise ImproperlyConfigured(f"Environment variable {_name} must be at least 1")

@@ -11,9 +11,10 @@ class SchedulingConfig(AppConfig):
         # Imported here, not at module level: receivers import models, which the app registry
         # loads only after every AppConfig is imported (Django's documented place for signals).
         from scheduling import health
-        from scheduling.receivers import session_event_received
-        from sessions.signals import session_event_committed
+        from scheduling.receivers import job_change_received, session_event_received
+        from sessions.signals import job_changed, session_event_committed
 
         session_event_committed.connect(session_event_received, dispatch_uid="scheduling.session_event")
+        job_changed.connect(job_change_received, dispatch_uid="scheduling.job_changed")
         # Fires only in the beat process, which then records a heartbeat per published task.
         beat_init.connect(health.beat_started, weak=False, dispatch_uid="scheduling.health.beat")

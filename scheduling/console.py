@@ -4,7 +4,8 @@ The snapshot is what `/console/` renders first and what the `/ws/console/` consu
 interval: the workers with their telemetry and load against K, session counts, the GPU budget against
 the autoscaler's latest target, the last minute's worst and p99 chunk latency against the SLO, the
 cost rate, each region's GPUs, sessions and cost rate with each origin's load against its forecast
-(docs/regions.md), and a merged timeline of decisions, migrations, scaling actions and operator actions.
+(docs/regions.md), one-shot jobs per state and per worker, and a merged timeline of decisions,
+migrations, scaling actions and operator actions.
 
 Console actions wrap the owning apps' services and add an admin ``LogEntry`` naming the operator, so
 every change made from the console is in one audit trail next to the admin's own history.
@@ -33,8 +34,8 @@ from scheduling.api import SchedulerConfigSerializer
 from scheduling.live.regions import origin_demand
 from scheduling.models import Migration, ScalingAction, SchedulerConfig, SchedulerDecision
 from sessions import services as session_services
-from sessions.models import ChunkRecord, GenerationSession
-from sessions.selectors import PercentileCont
+from sessions.models import ChunkRecord, GenerationSession, Job
+from sessions.selectors import PercentileCont, job_queue_positions
 
 Status = GenerationSession.Status
 
@@ -44,6 +45,8 @@ SESSION_LIST_LENGTH = 100
 # Workers listed on the console: the live ones plus those released or failed in the last few minutes,
 # so an operator sees a worker go away instead of it vanishing between two snapshots.
 RECENTLY_GONE = timedelta(minutes=5)
+# Ended jobs the console counts: the last hour's (the audit has the history).
+RECENT_JOBS = timedelta(hours=1)
 
 
 def _iso(moment) -> str | None:
@@ -70,6 +73,14 @@ def _workers(now) -> list[dict[str, Any]]:
         .annotate(n=Count("id"))
         .values_list("host_worker", "n")
     )
+    jobs_held: dict[int, dict[str, int]] = {}
+    for worker_id, job_state, n in (
+        Job.objects.filter(state__in=[Job.State.RUNNING, Job.State.PAUSED], worker__isnull=False)
+        .values("worker", "state")
+        .annotate(n=Count("id"))
+        .values_list("worker", "state", "n")
+    ):
+        jobs_held.setdefault(worker_id, {})[job_state] = n
     out = []
     for w in workers:
         load = float(w.resident_load or 0.0)
@@ -85,6 +96,10 @@ def _workers(now) -> list[dict[str, Any]]:
                 "capacity": w.capacity,
                 "sessions": w.resident,
                 "parked": parked.get(w.pk, 0),
+                "jobs": {
+                    "running": jobs_held.get(w.pk, {}).get(Job.State.RUNNING, 0),
+                    "paused": jobs_held.get(w.pk, {}).get(Job.State.PAUSED, 0),
+                },
                 "load": round(load, 3),
                 "load_ratio": round(load / w.capacity, 3) if w.capacity else None,
                 "utilization_pct": w.utilization_pct,
@@ -268,6 +283,44 @@ def _sessions(limit: int = SESSION_LIST_LENGTH) -> list[dict[str, Any]]:
     ]
 
 
+def _jobs(now, limit: int = SESSION_LIST_LENGTH) -> dict[str, Any]:
+    """One-shot jobs: how many in each state (the ended ones over the last hour), and those in flight
+    with their place in line, step and worker."""
+    counts = dict(
+        Job.objects.filter(Q(state__in=Job.IN_FLIGHT) | Q(finished_at__gte=now - RECENT_JOBS))
+        .values("state")
+        .annotate(n=Count("id"))
+        .values_list("state", "n")
+    )
+    positions = job_queue_positions(list(settings.STREAMSERVE["SERVED_MODELS"]))
+    rows = (
+        Job.objects.filter(state__in=Job.IN_FLIGHT)
+        .select_related("owner", "worker")
+        .order_by("-priority", "deadline", "submitted_at")[:limit]
+    )
+    return {
+        "by_state": {state: counts.get(state, 0) for state in Job.State.values},
+        "list": [
+            {
+                "id": str(j.pk),
+                "owner": j.owner.get_username(),
+                "kind": j.kind,
+                "model": j.model_name,
+                "resolution": j.resolution,
+                "frames": j.frames,
+                "state": j.state,
+                "position": positions.get(j.pk),
+                "steps_done": j.steps_done,
+                "steps": j.steps,
+                "worker": j.worker.name if j.worker else None,
+                "priority": j.priority,
+                "deadline": _iso(j.deadline),
+            }
+            for j in rows
+        ],
+    }
+
+
 def _regions(live: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per region: its live GPUs by type against its limits, ready slots, load on them, live
     sessions routed there and the cost rate of its live workers. Regions with a row are listed; the
@@ -379,6 +432,7 @@ def cluster_snapshot(*, now=None, include_timeline: bool = True) -> dict[str, An
             "updated_at": _iso(config.updated_at),
         },
         "session_list": _sessions(),
+        "jobs": _jobs(now),
         "regions": _regions(live),
         "origins": origin_demand(),
         "parameter_pool": _parameter_pool(),

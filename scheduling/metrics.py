@@ -49,7 +49,7 @@ from prometheus_client.registry import Collector
 
 from gpu.models import GpuWorker, WeightHolding
 from scheduling.models import Migration, ScalingAction, SchedulerDecision
-from sessions.models import ChunkRecord, GenerationSession
+from sessions.models import ChunkRecord, GenerationSession, Job
 
 logger = logging.getLogger(__name__)
 
@@ -264,6 +264,22 @@ class StreamServeCollector(Collector):
         for value in GenerationSession.Activity.values:
             activity.add_metric([value], by_activity.get(value, 0))
         yield activity
+
+        # --- one-shot jobs in flight (ended ones are the audit's: /api/audit/jobs/)
+        jobs_in_flight = dict(
+            ((state, kind), n)
+            for state, kind, n in Job.objects.filter(state__in=Job.IN_FLIGHT)
+            .order_by()
+            .values_list("state", "kind")
+            .annotate(n=Count("pk"))
+        )
+        jobs = GaugeMetricFamily(
+            "streamserve_jobs", "One-shot jobs in flight by state and kind", labels=["state", "kind"]
+        )
+        for state in Job.IN_FLIGHT:
+            for kind in Job.Kind.values:
+                jobs.add_metric([state, kind], jobs_in_flight.get((state, kind), 0))
+        yield jobs
 
         # --- GPU workers, capacity and cost rate (index on (status, gpu_type))
         workers = GaugeMetricFamily(

@@ -247,6 +247,10 @@ class WorkerCommand(models.Model):
         STOP = "stop"
         DRAIN = "drain"
         SHUTDOWN = "shutdown"
+        JOB_RUN = "job_run"
+        JOB_PAUSE = "job_pause"
+        JOB_RESUME = "job_resume"
+        JOB_CANCEL = "job_cancel"
 
     class Status(models.TextChoices):
         SENT = "sent"
@@ -260,6 +264,8 @@ class WorkerCommand(models.Model):
     session = models.ForeignKey(
         "streams.GenerationSession", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # The one-shot job a job command (or a job's migration command) is about.
+    job = models.ForeignKey("streams.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     decision = models.ForeignKey(
         SchedulerDecision, null=True, blank=True, on_delete=models.SET_NULL, related_name="commands"
     )

@@ -7,8 +7,8 @@ Sessions announce; the scheduler listens. Events flow one way: ``sessions.lifecy
 from __future__ import annotations
 
 from scheduling.core.types import EventKind
-from scheduling.live.enqueue import scheduler_trigger
-from scheduling.live.reactions import prompt_forward, session_stop
+from scheduling.live.enqueue import jobs_dispatch_trigger, scheduler_trigger
+from scheduling.live.reactions import job_stop, prompt_forward, session_stop
 from scheduling.live.regions import session_region_route
 
 # A user's idle or depart ends an active period unless the event says otherwise.
@@ -33,3 +33,12 @@ def session_event_received(*, session_id: str, kind: str, detail: dict, **_signa
     if kind in (EventKind.ACTIVE, EventKind.IDLE, EventKind.DEPART):
         was_active = kind in _ACTIVITY_ENDS and bool(detail.get("was_active", True))
         scheduler_trigger(kind, session_id=session_id, was_active=was_active)
+
+
+def job_change_received(
+    *, job_id: str, change: str, held_by: str | None = None, epoch: int = 0, **_signal
+) -> None:
+    """A job was submitted or re-queued (it needs a worker), ended or cancelled (it freed room)."""
+    if change == "cancelled" and held_by:
+        job_stop(job_id=job_id, held_by=held_by, epoch=epoch)
+    jobs_dispatch_trigger()

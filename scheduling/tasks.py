@@ -8,7 +8,8 @@ from celery import shared_task
 from django.db import close_old_connections
 
 from gpu.provisioners.registry import get_provisioner
-from scheduling.live.enqueue import SCHEDULER_EVENT, SCHEDULER_TICK, WORKER_RELEASE
+from scheduling.live.enqueue import JOBS_DISPATCH, SCHEDULER_EVENT, SCHEDULER_TICK, WORKER_RELEASE
+from scheduling.live.jobs import jobs_dispatch as dispatch
 from scheduling.live.liveness import workers_check
 from scheduling.live.regions import parked_sessions_reroute, region_forecast_step
 from scheduling.live.run import scheduler_run
@@ -26,7 +27,8 @@ def scheduler_event(*, trigger: str, session_id: str | None = None, was_active: 
 
 @shared_task(name=SCHEDULER_TICK, time_limit=60, soft_time_limit=50, ignore_result=True)
 def scheduler_tick() -> dict:
-    """Beat: lost workers and stuck provisioning first, then rebalance/autoscale on fresh state."""
+    """Beat: lost workers and stuck provisioning first, then rebalance/autoscale on fresh state, then
+    the job dispatcher."""
     close_old_connections()
     reconcile = {}
     try:
@@ -35,7 +37,9 @@ def scheduler_tick() -> dict:
         logger.exception("provisioner reconcile failed")
     lost = workers_check()
     decisions = scheduler_run(trigger="worker" if lost else "tick")
-    return {"lost": lost, "reconcile": reconcile, "decisions": decisions}
+    # The streams first: one-shot jobs take the room the decision above left (issue 14).
+    jobs = dispatch().as_dict()
+    return {"lost": lost, "reconcile": reconcile, "decisions": decisions, "jobs": jobs}
 
 
 @shared_task(name=WORKER_RELEASE, time_limit=120, soft_time_limit=110, ignore_result=True)
@@ -43,6 +47,13 @@ def worker_release(*, worker_id: int, action_id: int | None = None) -> None:
     """Scale-in: stop a drained worker's process/pod (graceful first) and mark it released."""
     close_old_connections()
     release(worker_id=worker_id, action_id=action_id)
+
+
+@shared_task(name=JOBS_DISPATCH, time_limit=60, soft_time_limit=50, ignore_result=True)
+def jobs_dispatch() -> dict:
+    """A job change committed: dispatch at once instead of waiting for the tick."""
+    close_old_connections()
+    return dispatch().as_dict()
 
 
 @shared_task(name="scheduling.tasks.region_forecast", time_limit=60, soft_time_limit=50, ignore_result=True)

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib import admin, messages
 
 from sessions import services
-from sessions.models import ChunkLatencyRollup, ChunkRecord, GenerationSession, Prompt, SessionEvent
+from sessions.models import ChunkLatencyRollup, ChunkRecord, GenerationSession, Job, Prompt, SessionEvent
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -95,3 +95,13 @@ class ChunkLatencyRollupAdmin(ReadOnlyAdmin):
     list_display = ["minute", "worker_name", "gpu_type", "count", "max_generation_ms"]
     list_filter = ["gpu_type", "worker_name"]
     date_hierarchy = "minute"
+
+
+@admin.register(Job)
+class JobAdmin(ReadOnlyAdmin):
+    """Jobs change through their API and the dispatcher only (epochs, commands, the result file)."""
+
+    list_display = ["id", "owner", "kind", "model_name", "state", "worker", "steps_done", "steps", "deadline"]
+    list_filter = ["state", "kind", "model_name"]
+    search_fields = ["id", "owner__username", "prompt"]
+    date_hierarchy = "submitted_at"

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import FileResponse
+from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import APIException, ValidationError
+from rest_framework.exceptions import APIException, NotFound, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -21,11 +24,13 @@ from controlplane.api import (
     filterset_check,
 )
 from controlplane.timerange import parse_time_range
-from sessions import selectors, services
-from sessions.filters import ChunkRecordFilter, SessionFilter
-from sessions.models import GenerationSession
+from sessions import jobs, selectors, services
+from sessions.filters import ChunkRecordFilter, JobFilter, SessionFilter
+from sessions.models import GenerationSession, Job
 from sessions.serializers import (
     ChunkRecordSerializer,
+    JobCreateSerializer,
+    JobSerializer,
     ModelPresetSerializer,
     PromptCreateSerializer,
     PromptSerializer,
@@ -35,6 +40,8 @@ from sessions.serializers import (
 )
 from workers.catalog import PRESETS
 
+# What a job's result may be served as inline (PNG for an image, MP4 for a video).
+RESULT_CONTENT_TYPES = ("image/png", "video/mp4")
 # The latency audit's SLO threshold, as bounded as the scheduler's (scheduling.models.SchedulerConfig).
 MAX_SLO_MS = 600_000.0
 
@@ -42,6 +49,11 @@ MAX_SLO_MS = 600_000.0
 class TooManyLiveSessions(APIException):
     status_code = status.HTTP_429_TOO_MANY_REQUESTS
     default_code = "too_many_live_sessions"
+
+
+class TooManyJobsInFlight(APIException):
+    status_code = status.HTTP_429_TOO_MANY_REQUESTS
+    default_code = "too_many_jobs_in_flight"
 
 
 def _origin(request, data) -> str:
@@ -200,4 +212,124 @@ class LatencyAuditView(APIView):
                 for name, r in sorted(b["by_region"].items())
             ]
             return csv_response("latency.csv", header, rows)
+        return Response(report)
+
+
+class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """One-shot image and video jobs. Users see only their own (another user's job is a 404); staff
+    see all."""
+
+    serializer_class = JobSerializer
+    filterset_class = JobFilter
+    ordering_fields = ["submitted_at", "deadline", "finished_at", "state", "priority"]
+    ordering = ["-submitted_at"]
+
+    def filter_queryset(self, queryset):
+        # As for sessions: the list filters choose jobs; on one job's routes they would only turn a
+        # visible job into a 404.
+        return super().filter_queryset(queryset) if self.action == "list" else queryset
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # schema generation: no user, only the model
+            return Job.objects.none()
+        return selectors.jobs_visible_to(self.request.user)
+
+    def get_serializer_context(self):
+        # Queue positions in one read for the page, not one count per job.
+        context = super().get_serializer_context()
+        if not getattr(self, "swagger_fake_view", False):
+            context["positions"] = selectors.job_queue_positions(list(settings.STREAMSERVE["SERVED_MODELS"]))
+        return context
+
+    @extend_schema(request=JobCreateSerializer, responses={201: JobSerializer})
+    def create(self, request):
+        data = JobCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        fields = data.validated_data
+        try:
+            spec = jobs.job_spec_build(
+                kind=fields["kind"],
+                prompt=fields["prompt"],
+                model_name=fields["model"],
+                resolution=fields.get("resolution"),
+                frames=fields.get("frames"),
+                steps=fields.get("steps"),
+                seed=fields.get("seed"),
+                slo_s=fields.get("slo_s"),
+                deadline=fields.get("deadline"),
+                priority=fields["priority"],
+                now=timezone.now(),
+            )
+        except DjangoValidationError as exc:
+            raise ValidationError(exc.message_dict) from exc
+        try:
+            job = jobs.job_submit(owner=request.user, spec=spec)
+        except jobs.JobLimit as exc:
+            raise TooManyJobsInFlight(str(exc)) from exc
+        return Response(self.get_serializer(job).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses=JobSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        """Cancel the job (idempotent; an ended job stays as it ended)."""
+        job = jobs.job_cancel(job=self.get_object())
+        return Response(self.get_serializer(job).data)
+
+    @extend_schema(
+        filters=False,
+        responses={
+            (200, "image/png"): OpenApiTypes.BINARY,
+            (200, "video/mp4"): OpenApiTypes.BINARY,
+            (200, "application/octet-stream"): OpenApiTypes.BINARY,
+        },
+    )
+    @action(detail=True, methods=["get"])
+    def result(self, request, pk=None):
+        """The result file (PNG for an image, MP4 for a video), through the default storage; 404
+        until the job is done."""
+        job = self.get_object()
+        if job.state != Job.State.DONE or not job.result:
+            raise NotFound(f"job {job.pk} has no result ({job.state})")
+        # Shown inline only as what a job produces: anything else (a worker's mistake) is a download,
+        # never a page of this origin.
+        inline = job.result_content_type in RESULT_CONTENT_TYPES
+        return FileResponse(
+            job.result.open("rb"),
+            content_type=job.result_content_type if inline else "application/octet-stream",
+            as_attachment=not inline,
+            filename=job.result.name.rsplit("/", 1)[-1],
+        )
+
+
+class JobAuditView(APIView):
+    """Jobs that ended per time bucket: latency percentiles, wait, SLO attainment (JSON or CSV)."""
+
+    permission_classes = [permissions.IsAdminUser]
+
+    @extend_schema(
+        parameters=[*AUDIT_PARAMETERS, OpenApiParameter("kind", OpenApiTypes.STR, enum=Job.Kind.values)],
+        responses=audit_responses(OpenApiTypes.OBJECT),
+    )
+    def get(self, request):
+        time_range = parse_time_range(request.query_params)
+        output = audit_format(request.query_params)
+        kind = request.query_params.get("kind")
+        if kind is not None and kind not in Job.Kind.values:
+            raise ValidationError({"kind": f"must be one of {', '.join(Job.Kind.values)}"})
+        report = selectors.job_audit_buckets(time_range=time_range, kind=kind)
+        if output == "csv":
+            header = [
+                "bucket_start",
+                "count",
+                "done",
+                "slo_met",
+                "slo_attainment",
+                "latency_p50_s",
+                "latency_p95_s",
+                "latency_p99_s",
+                "latency_max_s",
+                "wait_p50_s",
+            ]
+            rows = [[csv_cell(b["start"]), *(csv_cell(b[k]) for k in header[1:])] for b in report["buckets"]]
+            return csv_response("jobs.csv", header, rows)
         return Response(report)

@@ -1,4 +1,5 @@
-"""The session WebSocket: chunks and status out, prompt/pause/resume/terminate in.
+"""The session WebSocket: chunks and status out, prompt/pause/resume/terminate in; and the job
+WebSocket (``JobConsumer``): one user's one-shot jobs, live.
 
 Slow clients never slow a worker: the worker publishes once to the channel layer and returns; this
 consumer keeps its own bounded outbox. Policy (live video favours the present over completeness):
@@ -28,9 +29,14 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.core.exceptions import ValidationError
 
-from sessions import services
-from sessions.models import GenerationSession
-from sessions.selectors import session_status_message, sessions_visible_to
+from sessions import jobs, services
+from sessions.models import GenerationSession, Job
+from sessions.selectors import (
+    job_queue_positions,
+    job_status_message,
+    session_status_message,
+    sessions_visible_to,
+)
 from workers.records import chunk_row
 from workers.streaming import CHUNK_MESSAGE, STATUS_MESSAGE, encode_chunk_frame, group_name
 
@@ -42,6 +48,27 @@ CLIENT_MESSAGE_TYPES = ("prompt", "pause", "resume", "terminate")
 # The largest client message: a prompt of MAX_PROMPT_CHARS written as JSON escapes (6 characters
 # each) plus its envelope fits in 16 KiB at the default 2,000; longer frames are refused unparsed.
 MAX_CLIENT_MESSAGE_CHARS = 16_384
+
+
+def parse_client_message(text_data: str | None, types: tuple[str, ...]) -> tuple[dict, str | None]:
+    """A client message: a flat JSON object whose ``type`` is one of ``types``. Returns the message,
+    or the reason it is not one (the consumer answers an ``error`` frame and stays open)."""
+    if text_data is None:
+        return {}, "send JSON text messages, not binary"
+    if len(text_data) > MAX_CLIENT_MESSAGE_CHARS:
+        return {}, f"messages are at most {MAX_CLIENT_MESSAGE_CHARS} characters"
+    try:
+        message = json.loads(text_data)
+    except json.JSONDecodeError as exc:
+        return {}, f"not valid JSON: {exc.msg}"
+    except RecursionError:
+        # Deep nesting ("[[[[…") exhausts the parser's stack before any shape check can run.
+        return {}, "JSON nested too deeply"
+    if not isinstance(message, dict) or message.get("type") not in types:
+        return {}, f"'type' must be one of {', '.join(types)}"
+    if any(isinstance(value, dict | list) for value in message.values()):
+        return {}, "a message is a flat object: no nested objects or lists"
+    return message, None
 
 
 @dataclass
@@ -120,26 +147,9 @@ class SessionConsumer(AsyncWebsocketConsumer):
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         """One client message: a flat JSON object. Anything else is an ``error`` frame; the socket
         stays open (a client's mistake must not cost it its stream)."""
-        if text_data is None:
-            await self._error("bad_message", "send JSON text messages, not binary")
-            return
-        if len(text_data) > MAX_CLIENT_MESSAGE_CHARS:
-            await self._error("bad_message", f"messages are at most {MAX_CLIENT_MESSAGE_CHARS} characters")
-            return
-        try:
-            message = json.loads(text_data)
-        except json.JSONDecodeError as exc:
-            await self._error("bad_message", f"not valid JSON: {exc.msg}")
-            return
-        except RecursionError:
-            # Deep nesting ("[[[[…") exhausts the parser's stack before any shape check can run.
-            await self._error("bad_message", "JSON nested too deeply")
-            return
-        if not isinstance(message, dict) or message.get("type") not in CLIENT_MESSAGE_TYPES:
-            await self._error("bad_message", f"'type' must be one of {', '.join(CLIENT_MESSAGE_TYPES)}")
-            return
-        if any(isinstance(value, dict | list) for value in message.values()):
-            await self._error("bad_message", "a message is a flat object: no nested objects or lists")
+        message, problem = parse_client_message(text_data, CLIENT_MESSAGE_TYPES)
+        if problem is not None:
+            await self._error("bad_message", problem)
             return
         kind = message["type"]
         if kind == "prompt" and not isinstance(message.get("text"), str):
@@ -243,3 +253,69 @@ class SessionConsumer(AsyncWebsocketConsumer):
             await sync_to_async(services.chunk_deliveries_record, thread_sensitive=False)(deliveries=rows)
         except Exception:  # the audit plane must never break a live stream
             logger.exception("recording delivery latencies failed session=%s", self.session_id)
+
+
+JOB_CLIENT_MESSAGE_TYPES = ("cancel",)
+
+
+class JobConsumer(AsyncWebsocketConsumer):
+    """One user's jobs, live: on connect the state of each job in flight, then every change
+    (queued with its position, running step i/n, paused, done with the result's URL, failed with
+    the reason, cancelled). In: ``{"type": "cancel", "job": "<id>"}``. A bad frame gets an ``error``
+    frame; the socket stays open. No chunk traffic goes here, so no outbox: messages are small and
+    at most a few per second per job (the worker throttles its progress reports)."""
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.accept()
+            await self._error("not_authenticated", "log in or pass an API token (?token= or Authorization)")
+            await self.close(code=4401)
+            return
+        self.user = user
+        self.group = jobs.group_name(user.pk)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        for message in await self._in_flight():
+            await self._send_job(message)
+
+    async def disconnect(self, code: int) -> None:
+        if hasattr(self, "group"):
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        message, problem = parse_client_message(text_data, JOB_CLIENT_MESSAGE_TYPES)
+        if problem is None and not isinstance(message.get("job"), str):
+            problem = "a cancel message needs a 'job' id string"
+        if problem is not None:
+            await self._error("bad_message", problem)
+            return
+        if not await self._cancel(message["job"]):
+            await self._error("not_found", "no such job")
+
+    async def job_update(self, event: dict) -> None:
+        await self._send_job({k: v for k, v in event.items() if k != "type"})
+
+    async def _send_job(self, message: dict) -> None:
+        await self.send(text_data=json.dumps({"type": "job", **message}))
+
+    async def _error(self, code: str, detail: str) -> None:
+        await self.send(text_data=json.dumps({"type": "error", "code": code, "detail": detail}))
+
+    @database_sync_to_async
+    def _in_flight(self) -> list[dict]:
+        mine = Job.objects.filter(owner=self.user, state__in=Job.IN_FLIGHT).select_related("worker")
+        models = list(mine.values_list("model_name", flat=True).distinct())
+        positions = job_queue_positions(models)
+        return [
+            job_status_message(job, position=positions.get(job.pk)) for job in mine.order_by("submitted_at")
+        ]
+
+    @database_sync_to_async
+    def _cancel(self, job_id: str) -> bool:
+        try:
+            job = Job.objects.get(pk=uuid.UUID(job_id), owner=self.user)
+        except (ValueError, Job.DoesNotExist):  # a bad UUID, another user's job or none
+            return False
+        jobs.job_cancel(job=job)  # the change reaches this socket through the group
+        return True

@@ -4,7 +4,7 @@ import django_filters
 from django import forms
 
 from controlplane.timerange import UtcIsoDateTimeFilter
-from sessions.models import ChunkRecord, GenerationSession
+from sessions.models import ChunkRecord, GenerationSession, Job
 
 
 class SessionFilter(django_filters.FilterSet):
@@ -32,3 +32,13 @@ class ChunkRecordFilter(django_filters.FilterSet):
     class Meta:
         model = ChunkRecord
         fields = ["since_index", "worker", "batch_size"]
+
+
+class JobFilter(django_filters.FilterSet):
+    model = django_filters.CharFilter(field_name="model_name")
+    submitted_after = UtcIsoDateTimeFilter(field_name="submitted_at", lookup_expr="gte")
+    submitted_before = UtcIsoDateTimeFilter(field_name="submitted_at", lookup_expr="lt")
+
+    class Meta:
+        model = Job
+        fields = ["state", "kind", "model"]

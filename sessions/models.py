@@ -255,3 +255,125 @@ class ChunkLatencyRollup(models.Model):
 
     def __str__(self) -> str:
         return f"{self.worker_name} {self.minute:%Y-%m-%d %H:%M} n={self.count}"
+
+
+def job_result_path(job: Job, filename: str) -> str:
+    """Results are named by their job (a UUID), so a name never collides nor reveals the prompt."""
+    extension = filename.rsplit(".", 1)[-1] if "." in filename else "bin"
+    return f"jobs/{job.submitted_at:%Y/%m/%d}/{job.pk}.{extension}"
+
+
+class Job(models.Model):
+    """A one-shot image or video generation request (GenServe), served beside the streams.
+
+    Lifecycle: queued → running ⇄ paused → done | failed; cancelled from any state before an end.
+    ``state`` is the control plane's decision (the dispatcher sets running/paused when it sends
+    ``job_run``/``job_resume``/``job_pause``); worker reports only advance ``steps_done`` and end the
+    job. ``epoch`` rises on every (re)assignment, so a report from a worker that lost the job is
+    ignored (the contract with the runtime: ``sessions.jobs``).
+    """
+
+    class Kind(models.TextChoices):
+        IMAGE = "image"
+        VIDEO = "video"
+
+    class State(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        PAUSED = "paused"
+        DONE = "done"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    IN_FLIGHT = (State.QUEUED, State.RUNNING, State.PAUSED)
+    ENDED = (State.DONE, State.FAILED, State.CANCELLED)
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    prompt = models.TextField()
+    model_name = models.CharField(max_length=64)
+    width = models.PositiveIntegerField()
+    height = models.PositiveIntegerField()
+    frames = models.PositiveIntegerField(default=1)
+    steps = models.PositiveIntegerField()
+    seed = models.BigIntegerField()
+    # Higher runs first; within a priority, earliest deadline first.
+    priority = models.SmallIntegerField(default=0)
+    # The SLO the user asked for (None when they gave an absolute deadline instead).
+    slo_s = models.FloatField(null=True, blank=True)
+    deadline = models.DateTimeField()
+    state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED)
+    epoch = models.PositiveIntegerField(default=0)
+    # Where it runs or is paused; after it ends, where it last ran (the console's per-worker view).
+    worker = models.ForeignKey(
+        "gpu.GpuWorker", null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
+    )
+    steps_done = models.PositiveIntegerField(default=0)
+    submitted_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # Seconds of generation the worker measured (without queueing and pauses).
+    run_s = models.FloatField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    result = models.FileField(upload_to=job_result_path, blank=True, max_length=200)
+    result_content_type = models.CharField(max_length=64, blank=True, default="")
+
+    class Meta:
+        ordering = ["-submitted_at"]
+        indexes = [
+            models.Index(fields=["owner", "-submitted_at"]),
+            # The dispatcher's queue read: queued jobs of a model by priority then deadline.
+            models.Index(
+                fields=["model_name", "-priority", "deadline"],
+                name="job_queue_order",
+                condition=Q(state="queued"),
+            ),
+            models.Index(fields=["finished_at"], name="job_finished_at"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                name="job_geometry_positive",
+                condition=Q(width__gt=0, height__gt=0, frames__gt=0, steps__gt=0),
+            ),
+            models.CheckConstraint(name="job_image_is_one_frame", condition=~Q(kind="image") | Q(frames=1)),
+            models.CheckConstraint(
+                name="job_steps_done_bounded", condition=Q(steps_done__lte=models.F("steps"))
+            ),
+            models.CheckConstraint(
+                name="job_running_has_worker",
+                condition=~Q(state__in=["running", "paused"]) | Q(worker__isnull=False),
+            ),
+            models.CheckConstraint(
+                name="job_queued_has_no_worker", condition=~Q(state="queued") | Q(worker__isnull=True)
+            ),
+            models.CheckConstraint(
+                name="job_ended_has_time",
+                condition=~Q(state__in=["done", "failed", "cancelled"]) | Q(finished_at__isnull=False),
+            ),
+            models.CheckConstraint(name="job_done_has_result", condition=~Q(state="done") | ~Q(result="")),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} job {self.id} ({self.state})"
+
+    @property
+    def resolution(self) -> str:
+        return f"{self.width}x{self.height}"
+
+    @property
+    def in_flight(self) -> bool:
+        return self.state in self.IN_FLIGHT
+
+    @property
+    def latency_s(self) -> float | None:
+        """Submission to result (done jobs only)."""
+        if self.state != self.State.DONE or self.finished_at is None:
+            return None
+        return (self.finished_at - self.submitted_at).total_seconds()
+
+    @property
+    def met_slo(self) -> bool | None:
+        if self.state != self.State.DONE or self.finished_at is None:
+            return None
+        return self.finished_at <= self.deadline

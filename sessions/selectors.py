@@ -6,8 +6,9 @@ import bisect
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Aggregate, Count, FloatField, Max, Q, QuerySet, Sum
-from django.db.models.functions import Trunc
+from django.db.models import Aggregate, Count, F, FloatField, Max, Q, QuerySet, Sum
+from django.db.models.functions import Extract, Trunc
+from django.urls import reverse
 from django.utils import timezone
 
 from controlplane.timerange import TimeRange
@@ -17,6 +18,7 @@ from sessions.models import (
     ChunkLatencyRollup,
     ChunkRecord,
     GenerationSession,
+    Job,
     SessionEvent,
 )
 
@@ -219,4 +221,97 @@ def session_status_message(session: GenerationSession) -> dict:
         "worker": session.worker.name if session.worker_id else None,
         "chunks_generated": session.chunks_generated,
         "reason": session_end_reason(session),
+    }
+
+
+# --- one-shot jobs ------------------------------------------------------------------------------------
+
+
+def jobs_visible_to(user) -> QuerySet[Job]:
+    """Staff see every job; everyone else only their own (others' are 404, not 403)."""
+    qs = Job.objects.select_related("worker", "owner")
+    return qs if user.is_staff else qs.filter(owner=user)
+
+
+def job_queue(model_names: list[str]) -> QuerySet[Job]:
+    """Queued jobs of these models in dispatch order: priority, then earliest deadline (served by
+    the partial index ``job_queue_order``)."""
+    return Job.objects.filter(state=Job.State.QUEUED, model_name__in=model_names).order_by(
+        "-priority", "deadline", "submitted_at", "id"
+    )
+
+
+def job_queue_positions(model_names: list[str]) -> dict:
+    """{job id: 1-based place in its model's queue} for every queued job of these models."""
+    positions: dict = {}
+    counters: dict[str, int] = {}
+    for pk, model_name in job_queue(model_names).values_list("pk", "model_name"):
+        counters[model_name] = counters.get(model_name, 0) + 1
+        positions[pk] = counters[model_name]
+    return positions
+
+
+def job_result_url(job: Job) -> str | None:
+    return reverse("job-result", kwargs={"pk": job.pk}) if job.state == Job.State.DONE else None
+
+
+def job_status_message(job: Job, *, position: int | None) -> dict:
+    """What a job socket receives on every change: queued with its position, running step i/n,
+    paused, done with the result's URL, failed with the reason, cancelled."""
+    return {
+        "job": str(job.pk),
+        "kind": job.kind,
+        "state": job.state,
+        "position": position if job.state == Job.State.QUEUED else None,
+        "step": job.steps_done,
+        "steps": job.steps,
+        "worker": job.worker.name if job.worker_id and job.in_flight else None,
+        "result_url": job_result_url(job),
+        "error": job.error or None,
+    }
+
+
+def job_audit_buckets(*, time_range: TimeRange, kind: str | None = None) -> dict:
+    """Jobs that ended (done or failed) in [start, end) per bucket of their end time: count, done,
+    latency p50/p95/p99/max (submission → result, done jobs), wait p50 (submission → first
+    assignment), and SLO attainment = done by the deadline / ended. Cancelled jobs are the user's
+    choice and count in neither."""
+    latency = Extract(F("finished_at") - F("submitted_at"), "epoch")
+    wait = Extract(F("started_at") - F("submitted_at"), "epoch")
+    jobs = Job.objects.filter(
+        finished_at__gte=time_range.start,
+        finished_at__lt=time_range.end,
+        state__in=[Job.State.DONE, Job.State.FAILED],
+    )
+    if kind:
+        jobs = jobs.filter(kind=kind)
+    done = Q(state=Job.State.DONE)
+    rows = (
+        jobs.annotate(bucket=Trunc("finished_at", time_range.bucket))
+        .values("bucket")
+        .annotate(
+            count=Count("id"),
+            done=Count("id", filter=done),
+            latency_p50_s=PercentileCont(latency, 0.50, filter=done),
+            latency_p95_s=PercentileCont(latency, 0.95, filter=done),
+            latency_p99_s=PercentileCont(latency, 0.99, filter=done),
+            latency_max_s=Max(latency, filter=done),
+            wait_p50_s=PercentileCont(wait, 0.50, filter=done),
+            slo_met=Count("id", filter=done & Q(finished_at__lte=F("deadline"))),
+        )
+        .order_by("bucket")
+    )
+    buckets = []
+    for row in rows:
+        row = {k: float(v) if k.endswith("_s") and v is not None else v for k, v in row.items()}
+        buckets.append({"start": row.pop("bucket"), **row, "slo_attainment": row["slo_met"] / row["count"]})
+    count = sum(b["count"] for b in buckets)
+    met = sum(b["slo_met"] for b in buckets)
+    return {
+        "start": time_range.start,
+        "end": time_range.end,
+        "bucket": time_range.bucket,
+        "kind": kind,
+        "buckets": buckets,
+        "totals": {"count": count, "slo_met": met, "slo_attainment": (met / count) if count else None},
     }

@@ -5,7 +5,9 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.api import StrictCharField
-from sessions.models import ChunkRecord, GenerationSession, Prompt, SessionEvent
+from sessions.jobs import MAX_PRIORITY, MAX_SLO_S
+from sessions.models import ChunkRecord, GenerationSession, Job, Prompt, SessionEvent
+from sessions.selectors import job_result_url
 from workers.catalog import PRESETS
 from workers.runtime.presets import DEFAULT_PRESET
 
@@ -150,3 +152,77 @@ class SessionEventSerializer(serializers.ModelSerializer):
     class Meta:
         model = SessionEvent
         fields = ["id", "kind", "at", "detail"]
+
+
+class JobSerializer(serializers.ModelSerializer):
+    owner = serializers.CharField(source="owner.username", read_only=True)
+    model = serializers.CharField(source="model_name", read_only=True)
+    resolution = serializers.CharField(read_only=True)
+    # Where it runs or is paused; after it ended, where it last ran (None: it never ran).
+    worker = serializers.CharField(source="worker.name", read_only=True, default=None, allow_null=True)
+    position = serializers.SerializerMethodField(help_text="1-based place in its model's queue while queued")
+    result_url = serializers.SerializerMethodField(help_text="the result's download URL once done")
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "owner",
+            "kind",
+            "prompt",
+            "model",
+            "resolution",
+            "width",
+            "height",
+            "frames",
+            "steps",
+            "seed",
+            "priority",
+            "slo_s",
+            "deadline",
+            "state",
+            "position",
+            "epoch",
+            "worker",
+            "steps_done",
+            "submitted_at",
+            "started_at",
+            "finished_at",
+            "run_s",
+            "error",
+            "result_content_type",
+            "result_url",
+        ]
+        read_only_fields = fields
+
+    def get_position(self, obj: Job) -> int | None:
+        return self.context.get("positions", {}).get(obj.pk)
+
+    def get_result_url(self, obj: Job) -> str | None:
+        return job_result_url(obj)
+
+
+class JobCreateSerializer(serializers.Serializer):
+    """Field types only; the rules across fields and against the catalogue live in
+    ``sessions.jobs.job_spec_build`` (a video needs frames, the resolution must be the model's,
+    slo_s or deadline but not both, the deadline in the future)."""
+
+    kind = serializers.ChoiceField(choices=Job.Kind.choices)
+    prompt = PromptField(trim_whitespace=False)
+    model = ServedModelField(choices=sorted(PRESETS), default=DEFAULT_MODEL)
+    resolution = ResolutionField(required=False, allow_blank=False)
+    frames = serializers.IntegerField(
+        required=False, min_value=1, max_value=settings.STREAMSERVE["JOB_MAX_FRAMES"],
+        help_text="video frames (2 or more); an image is one frame: leave it out",
+    )  # fmt: skip
+    steps = serializers.IntegerField(
+        required=False, min_value=1, max_value=settings.STREAMSERVE["JOB_MAX_STEPS"],
+        help_text="denoising steps; default: the model's",
+    )  # fmt: skip
+    seed = serializers.IntegerField(required=False, min_value=0, max_value=2**63 - 1)
+    slo_s = serializers.FloatField(
+        required=False, min_value=0.001, max_value=MAX_SLO_S,
+        help_text="seconds from submission to result; default: JOB_DEFAULT_SLO_S (not with deadline)",
+    )  # fmt: skip
+    deadline = serializers.DateTimeField(required=False, help_text="absolute deadline (not with slo_s)")
+    priority = serializers.IntegerField(default=0, min_value=0, max_value=MAX_PRIORITY)

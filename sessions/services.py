@@ -75,8 +75,10 @@ def validate_prompt(text: object, *, field: str = "prompt") -> str:
     if not cleaned:
         raise ValidationError({field: "must not be empty"})
     limit = settings.STREAMSERVE["MAX_PROMPT_CHARS"]
-    if len(cleaned) > limit:
-        raise ValidationError({field: f"must be at most {limit} characters (got {len(cleaned)})"})
+    # The text as sent, as the schema's maxLength counts it: surrounding whitespace is trimmed
+    # after, so a schema-invalid request is never accepted (the schema test found one).
+    if len(text) > limit:
+        raise ValidationError({field: f"must be at most {limit} characters (got {len(text)})"})
     return cleaned
 
 

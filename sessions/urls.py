@@ -6,4 +6,5 @@ from sessions import views
 
 urlpatterns = [
     path("", views.generate, name="generate"),
+    path("jobs/", views.jobs_page, name="jobs"),
 ]

@@ -8,7 +8,7 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from gpu.models import GpuWorker
-from sessions.models import ChunkRecord, GenerationSession, Prompt
+from sessions.models import ChunkRecord, GenerationSession, Job, Prompt
 
 
 class UserFactory(factory.django.DjangoModelFactory):
@@ -68,3 +68,20 @@ class ChunkRecordFactory(factory.django.DjangoModelFactory):
     batch_size = 1
     generation_ms = 100.0
     created_at = factory.LazyFunction(timezone.now)
+
+
+class JobFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Job
+
+    owner = factory.SubFactory(UserFactory)
+    kind = Job.Kind.IMAGE
+    prompt = "a red fox in the snow"
+    model_name = "tiny"
+    width = 64
+    height = 64
+    frames = 1
+    steps = 4
+    seed = factory.Sequence(lambda n: n)
+    submitted_at = factory.LazyFunction(timezone.now)
+    deadline = factory.LazyAttribute(lambda o: o.submitted_at + timedelta(seconds=60))

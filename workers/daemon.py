@@ -95,7 +95,7 @@ class Reporter:
     def heartbeat(self, telemetry: dict[str, Any], resident: list[str], parked: list[str]) -> None: ...
     def close(self) -> None: ...
 
-    # One-shot jobs (iface-14): the signatures of ``sessions.jobs``'s functions of the same names.
+    # One-shot jobs (docs/jobs.md): the signatures of ``sessions.jobs``'s functions of the same names.
     def job_progress(
         self, job_id: str, epoch: int, worker_name: str, *, state: str, step: int, steps: int
     ) -> None: ...
@@ -589,7 +589,7 @@ class WorkerDaemon:
             )
             did = self._forget(sid) or did
 
-    # --- one-shot jobs (iface-14; ``workers.job_runner``) --------------------------------------
+    # --- one-shot jobs (docs/jobs.md; ``workers.job_runner``) --------------------------------------
 
     def _cmd_job_run(self, command: dict) -> dict:
         if self.draining:
@@ -628,7 +628,7 @@ class WorkerDaemon:
     def _cmd_migrate_out(self, command: dict) -> Any:
         """Step (i): freeze at this chunk boundary and send the state region on a side thread.
 
-        With ``"job"`` in place of ``"session"`` (iface-14) the job's region leaves the same way,
+        With ``"job"`` in place of ``"session"`` (docs/jobs.md) the job's region leaves the same way,
         from its parked host record or frozen at this step boundary."""
         if "job" in command:
             owned_job = self.jobs.owned(command)
@@ -687,7 +687,7 @@ class WorkerDaemon:
             command = future.command  # type: ignore[attr-defined]
             owned = self.sessions.get(sid) or self.jobs.jobs.get(sid)
             error = future.exception()
-            # A job's migration is settled by the command's answer alone (iface-14); the
+            # A job's migration is settled by the command's answer alone (docs/jobs.md); the
             # migration_* reports are the sessions' §6.1 ownership flip.
             is_job = "job" in command
             if error is None:
@@ -746,7 +746,7 @@ class WorkerDaemon:
         return {"listening": self.listener.address}
 
     def _job_migrate_in(self, command: dict) -> dict:
-        """A paused job arriving (iface-14): verified like a session's region, then held paused
+        """A paused job arriving (docs/jobs.md): verified like a session's region, then held paused
         on the host until a ``job_resume``."""
         job_id, epoch = command["job"], int(command["epoch"])
         if job_id in self.jobs.jobs or job_id in self.receiving:

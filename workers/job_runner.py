@@ -1,4 +1,4 @@
-"""One-shot jobs on a worker (issue 14, iface-14): admission, step-level preemption, results.
+"""One-shot jobs on a worker (issue 14, docs/jobs.md): admission, step-level preemption, results.
 
 The worker daemon owns one `JobRunner` and hands it the job commands (``job_run``, ``job_pause``,
 ``job_resume``, ``job_cancel``) and the time its streams leave: after the daemon has run every due
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("workers.jobs")
 
-PROGRESS_EVERY_S = 0.25  # iface-14: at most ~4 progress reports a second per running job
+PROGRESS_EVERY_S = 0.25  # docs/jobs.md: at most ~4 progress reports a second per running job
 RUNNING, PAUSED = "running", "paused"
 
 
@@ -217,7 +217,7 @@ class JobRunner:
         return manifest, tensors
 
     def arrived(self, job_id: str, epoch: int, manifest: dict[str, Any], tensors: dict[str, Any]) -> None:
-        """A migrated job's region landed here: it is paused (iface-14) until a ``job_resume``."""
+        """A migrated job's region landed here: it is paused (docs/jobs.md) until a ``job_resume``."""
         meta = manifest["meta"]
         host = {name: t.to("cpu") for name, t in tensors.items()}
         nbytes = sum(t.numel() * t.element_size() for t in host.values())

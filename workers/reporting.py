@@ -23,6 +23,7 @@ from gpu.selectors import weight_sources
 from gpu.services import holding_complete, worker_heartbeat, worker_holding_register, worker_weights_complete
 from scheduling.live.answers import command_answered, migration_completed, migration_failed
 from scheduling.live.scaling import scaling_phase_record
+from sessions import jobs
 from workers.daemon import Reporter
 from workers.weights_loading import PoolLink
 
@@ -53,15 +54,12 @@ class DjangoReporter(Reporter, threading.Thread):
     def heartbeat(self, telemetry: dict, resident: list[str], parked: list[str]) -> None:
         self.tasks.put(lambda: worker_heartbeat(worker_id=self.worker_id, telemetry=telemetry))
 
-    # One-shot jobs (iface-14). ``sessions.jobs`` is imported inside each call so that this module
-    # loads where the control plane's jobs module does not exist yet.
+    # One-shot jobs (the worker side of the jobs contract, docs/jobs.md): reports go to sessions.jobs.
 
     def job_progress(
         self, job_id: str, epoch: int, worker_name: str, *, state: str, step: int, steps: int
     ) -> None:
         def report() -> None:
-            from sessions import jobs
-
             jobs.job_progress(job_id, epoch, worker_name, state=state, step=step, steps=steps)
 
         self.tasks.put(report)
@@ -78,8 +76,6 @@ class DjangoReporter(Reporter, threading.Thread):
         run_s: float,
     ) -> None:
         def report() -> None:
-            from sessions import jobs
-
             jobs.job_completed(
                 job_id,
                 epoch,
@@ -94,8 +90,6 @@ class DjangoReporter(Reporter, threading.Thread):
 
     def job_failed(self, job_id: str, epoch: int, worker_name: str, *, reason: str) -> None:
         def report() -> None:
-            from sessions import jobs
-
             jobs.job_failed(job_id, epoch, worker_name, reason=reason)
 
         self.tasks.put(report)

@@ -11,6 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from scheduling.live.enqueue import scheduler_trigger
+from scheduling.live.jobs import job_command_failed
 from scheduling.live.outbox import Outbox
 from scheduling.live.state import delivered_index
 from scheduling.models import Migration, WorkerCommand
@@ -23,7 +24,8 @@ Status = GenerationSession.Status
 
 
 def command_answered(*, command: dict, status: str, reason: str, result: dict) -> None:
-    """A worker answered a command; a refused start or resume puts the session back in the queue."""
+    """A worker answered a command; a refused start or resume puts the session back in the queue (a
+    refused job command, its job: ``jobs.job_command_failed``)."""
     updated = WorkerCommand.objects.filter(pk=command["id"], status=WorkerCommand.Status.SENT).update(
         status=status, reason=reason[:2000], result=result, answered_at=timezone.now()
     )
@@ -37,6 +39,9 @@ def command_answered(*, command: dict, status: str, reason: str, result: dict) -
     logger.warning(
         "command.%s kind=%s session=%s reason=%s", status, command.get("kind"), command.get("session"), reason
     )
+    if command.get("job"):
+        job_command_failed(command=command, status=status, reason=reason)
+        return
     sid = command.get("session")
     if command.get("kind") in ("migrate_out", "migrate_in") and command.get("migration") and sid:
         # Either side refused (or failed) before any state moved: the migration fails now and the

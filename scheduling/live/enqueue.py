@@ -12,6 +12,7 @@ from celery import current_app
 SCHEDULER_EVENT = "scheduling.tasks.scheduler_event"
 SCHEDULER_TICK = "scheduling.tasks.scheduler_tick"
 WORKER_RELEASE = "scheduling.tasks.worker_release"
+JOBS_DISPATCH = "scheduling.tasks.jobs_dispatch"
 
 
 def scheduler_trigger(trigger: str, session_id: str | None = None, was_active: bool = False) -> None:
@@ -23,3 +24,8 @@ def scheduler_trigger(trigger: str, session_id: str | None = None, was_active: b
 
 def worker_release_enqueue(*, worker_id: int, action_id: int | None) -> None:
     current_app.send_task(WORKER_RELEASE, kwargs={"worker_id": worker_id, "action_id": action_id})
+
+
+def jobs_dispatch_trigger() -> None:
+    """A job was submitted, ended or re-queued: dispatch now rather than at the next tick."""
+    current_app.send_task(JOBS_DISPATCH)

@@ -1,4 +1,5 @@
-"""Lost workers and overdue answers: detect them, and continue their sessions elsewhere.
+"""Lost workers and overdue answers: detect them, and continue their sessions (and re-queue their
+one-shot jobs, ``jobs.jobs_recover``) elsewhere.
 
 Run by the beat tick before each periodic decision (``scheduling.tasks.scheduler_tick``) and by a
 worker that restarts under the same name (its old sessions' states are gone).
@@ -18,6 +19,7 @@ from django.utils import timezone
 from gpu import services as gpu_services
 from gpu.models import GpuWorker
 from scheduling.live.answers import migration_failed
+from scheduling.live.jobs import jobs_recover
 from scheduling.live.outbox import Outbox, redis_client
 from scheduling.live.scaling import command_streams_prune
 from scheduling.live.state import checkpoint_file
@@ -58,6 +60,7 @@ def workers_check(*, now: datetime | None = None) -> list[str]:
         lost.append(worker.name)
         logger.error("worker.lost worker=%s last_heartbeat=%s", worker.name, worker.last_heartbeat)
         sessions_recover(worker=worker)
+        jobs_recover(worker=worker)
     # Workers ended by someone else (the provisioner saw the process or pod die, a release raced a
     # placement) may still be named by sessions: re-place those too.
     ended = (

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from gpu.models import GpuWorker
 from scheduling.models import SchedulerDecision, WorkerCommand
-from sessions.models import GenerationSession
+from sessions.models import GenerationSession, Job
 from workers.channel import new_command, send_command
 
 logger = logging.getLogger("scheduling.live")
@@ -51,15 +51,19 @@ class Outbox:
         kind: str,
         *,
         session: GenerationSession | None = None,
+        job: Job | None = None,
         decision: SchedulerDecision | None = None,
         epoch: int = 0,
         **payload: Any,
     ) -> dict:
-        body = new_command(kind, session=str(session.pk) if session else None, epoch=epoch, **payload)
+        # A job's commands name the job in place of the session (the contract of issue 14).
+        subject = {"job": str(job.pk)} if job else {"session": str(session.pk) if session else None}
+        body = new_command(kind, **subject, epoch=epoch, **payload)
         WorkerCommand.objects.create(
             id=body["id"],
             worker=worker,
             session=session,
+            job=job,
             decision=decision,
             kind=kind,
             epoch=epoch,

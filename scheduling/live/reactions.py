@@ -1,11 +1,11 @@
-"""What a committed session event asks of the workers that hold the session."""
+"""What a committed session event (or job change) asks of the workers that hold the session (job)."""
 
 from __future__ import annotations
 
 from gpu.models import GpuWorker
 from scheduling.live.outbox import Outbox
 from scheduling.models import Migration
-from sessions.models import GenerationSession, Prompt
+from sessions.models import GenerationSession, Job, Prompt
 
 Status = GenerationSession.Status
 
@@ -40,4 +40,15 @@ def session_stop(*, session_id: str, held_by: list[str]) -> None:
     session = GenerationSession.objects.filter(pk=session_id).first()
     for worker in GpuWorker.objects.filter(name__in=held_by, status__in=GpuWorker.LIVE_STATUSES):
         outbox.command(worker, "stop", session=session)
+    outbox.send()
+
+
+def job_stop(*, job_id: str, held_by: str, epoch: int) -> None:
+    """After a cancel: the worker that held the job drops its state."""
+    job = Job.objects.filter(pk=job_id).first()
+    worker = GpuWorker.objects.filter(name=held_by, status__in=GpuWorker.LIVE_STATUSES).first()
+    if job is None or worker is None:
+        return
+    outbox = Outbox()
+    outbox.command(worker, "job_cancel", job=job, epoch=epoch)
     outbox.send()

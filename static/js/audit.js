@@ -1,10 +1,11 @@
-// The audit page: cost and latency over a chosen time range, from the audit endpoints, with CSV export.
+// The audit page: cost, latency and one-shot jobs over a chosen time range, from the audit endpoints,
+// with CSV export.
 
 import { ApiError, api, el, fieldErrors, formatMs, formatTime, showMessage } from "./common.js";
 import { color, timeChart } from "./charts.js";
 
 const $ = (id) => document.getElementById(id);
-const state = { charts: {}, cost: null, latency: null, migrations: null, scaling: null };
+const state = { charts: {}, cost: null, latency: null, jobs: null, migrations: null, scaling: null };
 
 function message(text, kind = "error") {
   showMessage($("audit-message"), text, kind);
@@ -69,17 +70,20 @@ async function load() {
   history.replaceState(null, "", `?${qs(query)}`);
   $("export-cost").href = `/api/audit/cost/?${qs(query, { format: "csv" })}`;
   $("export-latency").href = `/api/audit/latency/?${qs(query, { format: "csv" })}`;
+  const jobQuery = { start: query.start, end: query.end, bucket: query.bucket };
+  $("export-jobs").href = `/api/audit/jobs/?${qs(jobQuery, { format: "csv" })}`;
   $("totals").setAttribute("aria-busy", "true");
   $("range-submit").disabled = true;
   const window_ = { after: query.start, before: query.end, limit: 1 };
   try {
-    const [cost, latency, migrations, scaling] = await Promise.all([
+    const [cost, latency, jobs, migrations, scaling] = await Promise.all([
       api(`/api/audit/cost/?${qs(query)}`),
       api(`/api/audit/latency/?${qs(query)}`),
+      api(`/api/audit/jobs/?${qs(jobQuery)}`),
       api(`/api/migrations/?${qs(window_)}`),
       api(`/api/scaling-actions/?${qs(window_)}`),
     ]);
-    Object.assign(state, { cost, latency, migrations: migrations.count, scaling: scaling.count, query });
+    Object.assign(state, { cost, latency, jobs, migrations: migrations.count, scaling: scaling.count, query });
     render();
   } catch (err) {
     if (err instanceof ApiError && err.status === 400) showFieldErrors(fieldErrors(err.body));
@@ -166,7 +170,38 @@ function render() {
         )
       : [el("tr", {}, el("td", { colspan: "7", class: "muted", text: "No chunks in this range." }))]),
   );
+  renderJobs(state.jobs);
   renderCharts(Object.keys(cost.totals.by_gpu_type).sort());
+}
+
+function seconds(value) {
+  return value === null || value === undefined ? "–" : formatMs(value * 1000);
+}
+
+function percent(rate) {
+  return rate === null || rate === undefined ? "–" : `${(rate * 100).toFixed(1)} %`;
+}
+
+function renderJobs(jobs) {
+  $("jobs-totals").textContent = `(${jobs.totals.count} ended, SLO met ${percent(jobs.totals.slo_attainment)})`;
+  $("job-audit-rows").replaceChildren(
+    ...(jobs.buckets.length
+      ? jobs.buckets.map((b) =>
+          el(
+            "tr",
+            {},
+            el("th", { scope: "row", text: formatTime(b.start) }),
+            el("td", { class: "num", text: b.count }),
+            el("td", { class: "num", text: b.done }),
+            el("td", { class: "num", text: seconds(b.wait_p50_s) }),
+            el("td", { class: "num", text: seconds(b.latency_p50_s) }),
+            el("td", { class: "num", text: seconds(b.latency_p95_s) }),
+            el("td", { class: "num", text: seconds(b.latency_p99_s) }),
+            el("td", { class: "num", text: percent(b.slo_attainment) }),
+          ),
+        )
+      : [el("tr", {}, el("td", { colspan: "8", class: "muted", text: "No jobs ended in this range." }))]),
+  );
 }
 
 const STEP_S = { minute: 60, hour: 3600, day: 86400 };

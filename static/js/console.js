@@ -263,7 +263,8 @@ function renderWorkers(workers) {
     field("status").textContent = STATUS_WORDS[w.status] || w.status;
     field("status").dataset.state = w.status;
     field("gpu").textContent = `${w.gpu_type} · ${w.device}${w.host ? ` @ ${w.host}` : ""}`;
-    field("sessions").textContent = `${w.sessions} executing${w.parked ? ` · ${w.parked} parked in host memory` : ""}`;
+    const jobs = w.jobs && (w.jobs.running || w.jobs.paused) ? ` · jobs: ${w.jobs.running} running, ${w.jobs.paused} paused` : "";
+    field("sessions").textContent = `${w.sessions} executing${w.parked ? ` · ${w.parked} parked in host memory` : ""}${jobs}`;
     field("load").textContent = `${w.load} / ${w.capacity}`;
     const meter = field("meter");
     const ratio = w.load_ratio ?? 0;
@@ -392,6 +393,33 @@ function renderConfig(config) {
   $("cfg-target_utilization").value = config.target_utilization ?? "";
 }
 
+// Jobs carry no actions on the console (owners cancel their own): the table is rebuilt each time.
+function jobStateText(j) {
+  if (j.state === "queued") return j.position ? `queued #${j.position}` : "queued";
+  if (j.state === "running" || j.state === "paused") return `${j.state} ${j.steps_done}/${j.steps}`;
+  return j.state;
+}
+
+function renderJobs(jobs) {
+  if (!jobs) return;
+  const counts = Object.entries(jobs.by_state).map(([name, n]) => `${n} ${name}`);
+  $("job-counts").textContent = `${counts.join(" · ")} (ended: last hour)`;
+  const rows = jobs.list.map((j) =>
+    el(
+      "tr",
+      { dataset: { job: j.id } },
+      el("td", {}, el("code", { title: j.id, text: j.id.slice(0, 8) }), el("div", { class: "muted small", text: `${j.kind} · ${j.model} ${j.resolution}${j.kind === "video" ? ` · ${j.frames} frames` : ""}` })),
+      el("td", { text: j.owner }),
+      el("td", {}, el("span", { class: "badge small", dataset: { state: j.state }, text: jobStateText(j) })),
+      el("td", { text: j.worker || "–" }),
+      el("td", { class: "num", text: j.priority }),
+      el("td", { text: formatTime(j.deadline) }),
+    ),
+  );
+  if (!rows.length) rows.push(el("tr", { class: "empty" }, el("td", { colspan: "6", class: "muted", text: "No jobs in flight." })));
+  $("job-rows").replaceChildren(...rows);
+}
+
 function apply(snapshot) {
   // A periodic push may carry a snapshot older than the one a refresh just delivered.
   if (state.snapshot && Date.parse(snapshot.at) < Date.parse(state.snapshot.at)) return;
@@ -399,6 +427,7 @@ function apply(snapshot) {
   renderSummary(snapshot);
   renderWorkers(snapshot.workers);
   renderSessions(snapshot.session_list);
+  renderJobs(snapshot.jobs);
   renderRegions(snapshot.regions, snapshot.origins);
   renderPool(snapshot.parameter_pool);
   renderTimeline(snapshot.timeline);

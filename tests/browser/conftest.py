@@ -273,6 +273,14 @@ class WorkerStandIn:
         message = status_message({**session_status_message(session), **fields})
         self._run(self.layer.group_send(f"session.{session.pk}", message))
 
+    def job(self, job, **fields) -> None:
+        """The control plane's broadcast of ``job``'s state (its real message), with ``fields`` replaced."""
+        from sessions.jobs import JOB_MESSAGE, group_name
+        from sessions.selectors import job_status_message
+
+        message = {"type": JOB_MESSAGE, **job_status_message(job, position=None), **fields}
+        self._run(self.layer.group_send(group_name(job.owner_id), message))
+
     def chunk(
         self, session, *, index: int, frames: list[bytes], worker: str, generation_ms: float, batch_size=1
     ):

@@ -19,7 +19,7 @@ from gpu.models import GpuWorker
 from scheduling.models import Migration, ScalingAction, SchedulerConfig, SchedulerDecision
 from sessions.models import ChunkRecord
 from tests.browser.conftest import PHONE, log_in, screenshot
-from tests.factories import GpuWorkerFactory, SessionFactory, StaffFactory, UserFactory
+from tests.factories import GpuWorkerFactory, JobFactory, SessionFactory, StaffFactory, UserFactory
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -73,6 +73,15 @@ def test_console_shows_workers_updates_live_and_records_actions(browser_context,
     page.wait_for_function(f"({CHART_LAST_ACTIVE})() === 3")
     expect(cards.nth(0)).to_contain_text("3 executing")
     expect(cards.nth(0)).to_contain_text("3 / 4")
+
+    # One-shot jobs: per worker on its card, per state in the jobs table.
+    JobFactory(state="running", worker=ready, steps_done=1, owner=staff)
+    JobFactory(owner=staff)
+    expect(cards.nth(0)).to_contain_text("jobs: 1 running, 0 paused")
+    expect(page.locator("#job-counts")).to_contain_text("1 queued · 1 running · 0 paused")
+    expect(page.locator("#job-rows tr")).to_have_count(2)
+    expect(page.locator("#job-rows")).to_contain_text("running 1/4")
+    expect(page.locator("#job-rows")).to_contain_text("queued #1")
     expect(page.locator("#session-rows tr")).to_have_count(3)
     # One region (the local one, no row): both GPUs, the three sessions' load on gpu-a's slots.
     region = page.locator("#region-rows tr")
@@ -212,6 +221,17 @@ def test_audit_page_totals_and_csv_exports_match_the_api(browser_context, asgi_s
         reason="outside the range",
     )
 
+    for state, late in (("done", False), ("failed", False), ("done", True)):
+        submitted = now - timedelta(minutes=22)
+        JobFactory(
+            state=state,
+            submitted_at=submitted,
+            started_at=submitted + timedelta(seconds=5),
+            finished_at=submitted + timedelta(seconds=60),
+            deadline=submitted + timedelta(seconds=30 if late else 90),
+            result="jobs/x.png" if state == "done" else "",
+        )
+
     log_in(browser_context, asgi_server, staff)
     page = browser_context.new_page()
     page_problems.watch(page)
@@ -229,6 +249,9 @@ def test_audit_page_totals_and_csv_exports_match_the_api(browser_context, asgi_s
 
     cost_url, cost_rows = _csv_download(page, "Cost CSV (per bucket, GPU type and region)")
     latency_url, latency_rows = _csv_download(page, "Latency CSV (per bucket and region)")
+    _, job_rows = _csv_download(page, "Jobs CSV (per bucket)")
+    expect(page.locator("#jobs-totals")).to_have_text("(3 ended, SLO met 33.3 %)")
+    assert [(r["count"], r["done"], r["slo_met"]) for r in job_rows] == [("3", "2", "1")]
 
     # The API's own totals for the very same query.
     api = Client()

@@ -26,6 +26,7 @@ def test_every_model_has_a_working_changelist(admin_client_):
         "/admin/streams/sessionevent/",
         "/admin/streams/chunkrecord/",
         "/admin/streams/chunklatencyrollup/",
+        "/admin/streams/job/",
         "/admin/gpu/gpuworker/",
         "/admin/gpu/costledgerentry/",
         "/admin/scheduling/schedulerdecision/",

@@ -27,7 +27,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from gpu.models import Region
 from scheduling.models import Migration, ScalingAction, SchedulerDecision
-from tests.factories import ChunkRecordFactory, GpuWorkerFactory, SessionFactory, StaffFactory
+from tests.factories import ChunkRecordFactory, GpuWorkerFactory, JobFactory, SessionFactory, StaffFactory
 
 # ~1 min alone on the 2-core box; the bound leaves room for a loaded machine.
 pytestmark = [pytest.mark.django_db, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -42,6 +42,8 @@ CROSS_FIELD_RULES = {
     "PATCH /api/scheduler/config/": "min_gpus ≤ max_gpus; policy names a loadable policy class",
     "GET /api/audit/cost/": "start < end; at most 10,000 buckets in the range",
     "GET /api/audit/latency/": "start < end; at most 10,000 buckets in the range",
+    "GET /api/audit/jobs/": "start < end; at most 10,000 buckets in the range",
+    "POST /api/jobs/": "a video has frames, an image none; the model's resolutions; slo_s or a future deadline",
     "POST /api/sessions/": "origin names an origin some region has an RTT for (Region.rtt_ms)",
     "POST /api/sessions/{id}/migrate/": "target names a ready worker other than the session's",
     "POST /api/sessions/{id}/prompts/": "the session is not terminated",
@@ -73,8 +75,10 @@ def existing(db) -> dict[str, str]:
     action = ScalingAction.objects.create(
         created_at=now, direction="out", from_budget=1, to_budget=2, reason="load", decision=decision
     )
+    job = JobFactory(owner=staff)
     return {
         "token": Token.objects.create(user=staff).key,
+        "/api/jobs/": str(job.pk),
         "/api/sessions/": str(session.pk),
         "/api/workers/": str(worker.pk),
         "/api/decisions/": str(decision.pk),

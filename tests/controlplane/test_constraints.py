@@ -11,7 +11,7 @@ from django.utils import timezone
 from gpu.models import GpuWorker
 from scheduling.models import Migration, ScalingAction, SchedulerConfig
 from sessions.models import GenerationSession
-from tests.factories import ChunkRecordFactory, GpuWorkerFactory, SessionFactory
+from tests.factories import ChunkRecordFactory, GpuWorkerFactory, JobFactory, SessionFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -90,3 +90,13 @@ def test_session_status_transitions_keep_constraints():
     session = SessionFactory()
     assert session.status == GenerationSession.Status.QUEUED
     assert session.state_location == GenerationSession.StateLocation.NONE
+
+
+def test_job_rows_are_coherent():
+    worker = GpuWorkerFactory()
+    violates("job_running_has_worker", lambda: JobFactory(state="running"))
+    violates("job_queued_has_no_worker", lambda: JobFactory(worker=worker))
+    violates("job_ended_has_time", lambda: JobFactory(state="failed"))
+    violates("job_done_has_result", lambda: JobFactory(state="done", finished_at=timezone.now()))
+    violates("job_image_is_one_frame", lambda: JobFactory(frames=8))
+    violates("job_steps_done_bounded", lambda: JobFactory(state="running", worker=worker, steps_done=5))

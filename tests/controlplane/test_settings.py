@@ -52,6 +52,10 @@ def load_settings(expression: str = "settings.DEBUG", **env: str) -> subprocess.
         ("HOSTCACHE_CAPACITY_MB", "0"),
         ("WORKER_WEIGHTS_FROM", "nvme"),
         ("REGION_MOVES_PER_SLOT", "-1"),
+        ("MAX_JOBS_IN_FLIGHT_PER_USER", "0"),
+        ("JOB_DEFAULT_SLO_S", "0"),
+        ("STORAGES_DEFAULT_OPTIONS", "{not json"),
+        ("STORAGES_DEFAULT_OPTIONS", "[1, 2]"),
     ],
 )
 def test_malformed_variable_fails_at_start_naming_it(variable, value):

@@ -32,7 +32,7 @@ def staff_client(client, staff):
     return client
 
 
-PAGES = ["/", "/console/", "/console/audit/"]
+PAGES = ["/", "/jobs/", "/console/", "/console/audit/"]
 STAFF_PAGES = ["/console/", "/console/audit/"]
 
 
@@ -71,6 +71,14 @@ def test_generation_page_renders_for_a_user(user_client):
     assert re.search(r'<button[^>]*id="start-submit"[^>]*\bdisabled\b', html)
     # No staff links for ordinary users.
     assert 'href="/console/"' not in html
+
+
+def test_jobs_page_renders_for_a_user_and_is_linked_from_the_nav(user_client):
+    html = user_client.get("/jobs/").content.decode()
+    assert "js/jobs.js" in html and 'id="gallery"' in html
+    assert re.search(r'<button[^>]*id="job-submit"[^>]*\bdisabled\b', html)
+    assert 'href="/jobs/" aria-current="page"' in html
+    assert 'href="/jobs/"' in user_client.get("/").content.decode()
 
 
 @pytest.mark.parametrize("url", STAFF_PAGES)

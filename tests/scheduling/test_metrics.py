@@ -13,7 +13,7 @@ from gpu.models import GpuWorker
 from scheduling import metrics
 from scheduling.models import Migration, ScalingAction, SchedulerDecision
 from sessions.models import GenerationSession
-from tests.factories import ChunkRecordFactory, GpuWorkerFactory, SessionFactory, UserFactory
+from tests.factories import ChunkRecordFactory, GpuWorkerFactory, JobFactory, SessionFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 Status = GpuWorker.Status
@@ -24,6 +24,7 @@ FAMILIES = {
     "streamserve_chunk_delivery_seconds",
     "streamserve_sessions",
     "streamserve_sessions_by_activity",
+    "streamserve_jobs",
     "streamserve_gpu_workers",
     "streamserve_cost_rate_dollars_per_hour",
     "streamserve_gpu_capacity_sessions",
@@ -298,6 +299,19 @@ def test_an_empty_database_still_exposes_every_family(client):
     assert set(samples) >= FAMILIES
     assert value(samples, "streamserve_sessions", status="queued") == 0
     assert value(samples, "streamserve_gpu_workers", status="ready", gpu_type="") == 0
+    assert value(samples, "streamserve_jobs", state="paused", kind="video") == 0
+
+
+def test_jobs_in_flight_by_state_and_kind(client):
+    worker = GpuWorkerFactory()
+    JobFactory.create_batch(2)
+    JobFactory(kind="video", frames=8, state="running", worker=worker)
+    JobFactory(state="cancelled", finished_at=timezone.now())
+    samples = scrape(client)
+    assert value(samples, "streamserve_jobs", state="queued", kind="image") == 2
+    assert value(samples, "streamserve_jobs", state="running", kind="video") == 1
+    assert value(samples, "streamserve_jobs", state="running", kind="image") == 0
+    assert ("state", "cancelled") not in {k for key in samples["streamserve_jobs"] for k in key}
 
 
 def test_token_protection(client, cluster, settings):

@@ -1,4 +1,4 @@
-"""One-shot jobs through the worker daemon (iface-14): two real worker processes, each a
+"""One-shot jobs through the worker daemon (docs/jobs.md): two real worker processes, each a
 `WorkerDaemon` over a tiny engine with its own migration listener, commanded through their real
 Redis command streams; a paused video job moves from one to the other over Gloo and finishes there
 with the MP4 of an uninterrupted run. And one daemon stepped on a fake clock: due chunks first, job

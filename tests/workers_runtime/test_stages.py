@@ -43,8 +43,7 @@ SCRIPT = [
 STEPS = 6
 
 
-def monolithic_frames(preset: str) -> list[torch.Tensor]:
-    model = build_model(preset, device="cpu")
+def monolithic_frames(model) -> list[torch.Tensor]:
     states: dict[str, object] = {}
     frames = []
     for step in range(STEPS):
@@ -106,7 +105,7 @@ def test_split_pipeline_frames_are_bit_identical_to_generate(preset, split):
     runners = [StageRunner(build_staged(preset, role)) for role in split]
     # when the script runs through them in one process, then every chunk equals generate's bit for bit.
     split_frames = run_in_process(runners)
-    for got, want in zip(split_frames, monolithic_frames(preset), strict=True):
+    for got, want in zip(split_frames, monolithic_frames(build_model(preset, device="cpu")), strict=True):
         assert got.dtype == torch.uint8
         assert torch.equal(got, want)
 
@@ -249,7 +248,9 @@ def test_worker_processes_stream_frames_bit_identical_to_one_process(preset, rol
     finally:
         codes = chain.close()
     # every chunk is the monolithic model's, bit for bit, and every worker exited cleanly.
-    for step, (got, want) in enumerate(zip(received, monolithic_frames(preset), strict=True)):
+    for step, (got, want) in enumerate(
+        zip(received, monolithic_frames(build_model(preset, device="cpu")), strict=True)
+    ):
         assert got.kind == "frames" and got.meta["chunks"] == [step] * len(got.meta["sessions"])
         assert torch.equal(got.tensor, want)
     # the bad step is answered by the diffusion worker and the stream goes on;

@@ -2,7 +2,8 @@
 
 Loading (the diffusers layout; the Self-Forcing, LongLive and CausVid generator checkpoints over it),
 the streaming step against the libraries' own whole-clip forward and decode, batching across stream
-positions, the prompt switch with KV re-cache, and layout errors that name the parameter and file.
+positions, the prompt switch with KV re-cache, split stage pipelines (issue 15) against `generate`,
+and layout errors that name the parameter and file.
 The model-contract tests of the built-in model run on this adapter in test_wan_contract.py.
 """
 
@@ -23,6 +24,9 @@ from tests.workers_runtime.wan_layouts import (
 )
 from workers.runtime.local_models import ModelLayoutError, read_wan_architecture
 from workers.runtime.models.wan_causal import WanCausalModel
+from workers.runtime.stages.contract import parse_role
+from workers.runtime.stages.pipeline import StageRunner
+from workers.runtime.stages.wan_causal import WanCausalStages
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
@@ -295,6 +299,32 @@ def test_prompt_switch_with_recache_survives_suspend_and_migration_byte_exact(wa
         assert torch.equal(a, b)
     for name in straight.tensors:
         assert torch.equal(straight.tensors[name], moved.tensors[name]), name
+
+
+@pytest.mark.parametrize("split", [["E", "DC"], ["ED", "C"]])
+def test_split_stages_are_bit_identical_to_generate_and_load_only_their_components(wan_dir, split):
+    from tests.workers_runtime.test_stages import monolithic_frames, run_in_process
+
+    # Given stage workers of the re-caching tiny Wan, each loading only its stages' components,
+    arch = replace(read_wan_architecture(wan_dir), kv_recache=True)
+    staged = [WanCausalStages.build(arch, preset="wan-test", stages=parse_role(role)) for role in split]
+    nets = {role: s.model.net for role, s in zip(split, staged, strict=True)}
+    if "E" in nets:  # an encode-only worker: UMT5 and the DiT's text projection, nothing else
+        dit = nets["E"].transformer
+        held = {name for name, p in dit.named_parameters() if not p.is_meta}
+        assert held and all(name.startswith("condition_embedder.text_embedder.") for name in held)
+        assert all(p.is_meta for p in nets["E"].vae.parameters())
+    if "DC" in nets:  # a diffusion + decode worker holds no text encoder
+        assert nets["DC"].text_encoder is None and nets["DC"].tokenizer is None
+    letters = {"text_encoder": "E", "transformer": "D", "vae": "C"}
+    for role, net in nets.items():
+        assert net.components == {name for name, letter in letters.items() if letter in role}
+    # when the stage script (prompt switches included) runs through them, then every chunk equals
+    # the monolithic model's bit for bit.
+    runners = [StageRunner(s) for s in staged]
+    want = monolithic_frames(WanCausalModel(arch, preset="wan-test"))
+    for got, expected in zip(run_in_process(runners), want, strict=True):
+        assert torch.equal(got, expected)
 
 
 # -- layout errors ---------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Frame encoding off the model's critical path: JPEG chunks for the browser, and the results of
-one-shot jobs (PNG for an image, MP4 for a video; iface-14's result encoding).
+one-shot jobs (PNG for an image, MP4 for a video; docs/jobs.md's result encoding).
 
 Kept free of torch so a process-pool encoder's children import only Pillow, PyAV and numpy.
 """

@@ -491,3 +491,55 @@ def json_copy(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [json_copy(v) for v in value]
     return value
+
+
+class StagewiseModel(StreamingVideoModel):
+    """A streaming model whose `generate` is its three stages in a row (issue 15): encode, diffuse,
+    decode, the very methods a stage worker calls (``workers.runtime.stages``), so a split pipeline
+    and the monolithic model run one copy of each stage's code.
+
+    - encode: `encode_prompt` (one prompt, alone); `scheduled_embeddings` encodes, for a batch, the
+      prompts whose schedule changes at the session's next chunk.
+    - diffuse: `diffuse(states, embeddings)` → the chunk's latents (the hand-off to decode); it
+      writes ``embeddings[i]`` (when not None) into the session's state and advances its counters.
+    - decode: `decode(latents, caches)` → uint8 frames ``[B, T, H, W, 3]``, updating each session's
+      decoder cache (its tensors named in `DECODER_CACHE`, empty for a stateless decoder) in place.
+    """
+
+    # State tensors that belong to the decoder (its per-session cache), not to diffusion.
+    DECODER_CACHE: tuple[str, ...] = ()
+
+    @abc.abstractmethod
+    def encode_prompt(self, prompt: str) -> torch.Tensor: ...
+
+    @abc.abstractmethod
+    def diffuse(self, states: list[SessionState], embeddings: list[torch.Tensor | None]) -> torch.Tensor: ...
+
+    @abc.abstractmethod
+    def decode(self, latents: torch.Tensor, caches: list[dict[str, torch.Tensor]]) -> torch.Tensor: ...
+
+    def scheduled_embeddings(self, states: list[SessionState]) -> list[torch.Tensor | None]:
+        """Per session, the encoding of the prompt taking effect at its next chunk, or None when
+        that prompt is already the active one (which it becomes)."""
+        embeddings: list[torch.Tensor | None] = []
+        for state in states:
+            prompt = self.prompt_for_chunk(state, state.next_chunk)
+            if prompt == state.meta["active_prompt"]:
+                embeddings.append(None)
+            else:
+                embeddings.append(self.encode_prompt(prompt))
+                state.meta["active_prompt"] = prompt
+        return embeddings
+
+    def decoder_cache(self, state: SessionState) -> dict[str, torch.Tensor]:
+        """The session's decoder cache: views of its state tensors named in `DECODER_CACHE`."""
+        return {name: state.tensors[name] for name in self.DECODER_CACHE}
+
+    @torch.inference_mode()
+    def generate(self, states: list[SessionState]) -> list[GeneratedChunk]:
+        if not states:
+            return []
+        chunk_indices = [s.next_chunk for s in states]
+        latents = self.diffuse(states, self.scheduled_embeddings(states))
+        frames = self.decode(latents, [self.decoder_cache(s) for s in states])
+        return [GeneratedChunk(chunk_index=c, frames=frames[i]) for i, c in enumerate(chunk_indices)]

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -42,15 +42,15 @@ from torch import nn
 from workers.runtime.models import UnknownPresetError
 from workers.runtime.models.base import (
     DTYPES_BY_NAME,
-    GeneratedChunk,
     JobSpecError,
     SessionState,
-    StreamingVideoModel,
+    StagewiseModel,
     allocate_region,
     job_noise,
     region_offsets,
     splitmix64,
 )
+from workers.runtime.models.partial import load_subset, load_subset_from_file, partial_network
 from workers.runtime.presets import PRESETS as MODEL_PRESETS
 from workers.runtime.presets import CausalDiTArchitecture
 
@@ -330,8 +330,14 @@ class CausalDiTNetwork(nn.Module):
 # -- the model -------------------------------------------------------------------------------------
 
 
-class CausalDiTModel(StreamingVideoModel):
-    """`StreamingVideoModel` implementation around `CausalDiTNetwork` (see the module docstring)."""
+class CausalDiTModel(StagewiseModel):
+    """`StreamingVideoModel` implementation around `CausalDiTNetwork` (see the module docstring),
+    generating as its stages (`StagewiseModel`): encode = ``net.text``, diffuse = the sampler over
+    ``net.dit``, decode = ``net.decoder`` with ``latent_history`` as the decoder cache."""
+
+    DECODER_CACHE = ("latent_history",)
+    # The network's top-level component of each stage (what a stage-only worker loads).
+    STAGE_COMPONENTS = {"E": ("text",), "D": ("dit",), "C": ("decoder",)}
 
     def __init__(
         self,
@@ -342,7 +348,11 @@ class CausalDiTModel(StreamingVideoModel):
         weights_seed: int = 0,
         weights_path: str | None = None,
         weights: Mapping[str, torch.Tensor] | None = None,
+        components: Collection[str] | None = None,
     ) -> None:
+        """``components`` (top-level names of `CausalDiTNetwork`, see `STAGE_COMPONENTS`): build
+        only those, the others stay None — a stage worker's model; the weights given or read are
+        then those of the components only. None: the whole network."""
         if weights is not None and weights_path is not None:
             raise ValueError("pass weights or weights_path, not both")
         self.cfg = cfg
@@ -354,18 +364,23 @@ class CausalDiTModel(StreamingVideoModel):
         self.dtype = cfg.torch_dtype
         self.width, self.height, self.fps = cfg.width, cfg.height, cfg.fps
         self.frames_per_chunk = cfg.video_frames_per_chunk
-        with torch.device("meta"):
-            net = CausalDiTNetwork(cfg)
-        net = net.to_empty(device=self.device)
-        if weights is not None:
+        whole = components is None
+        net = partial_network(
+            lambda: CausalDiTNetwork(cfg), components or ("text", "dit", "decoder"), self.device
+        )
+        if weights is not None and whole:
             # Adopt the tensors as they are (no copy when device and dtype already match): weights
             # received block by block (workers.runtime.weights) stay where the transfer put them,
             # so a worker can keep serving them to its peers without a second copy.
             net.load_state_dict(weights, strict=True, assign=True)
-        elif weights_path is not None:
+        elif weights is not None:
+            load_subset(net, weights, "the given weights")
+        elif weights_path is not None and whole:
             from safetensors.torch import load_file
 
             net.load_state_dict(load_file(weights_path, device=str(self.device)), strict=True)
+        elif weights_path is not None:
+            load_subset_from_file(net, weights_path, self.device)
         else:
             seeded_init(net, weights_seed)
         self.net = net.to(self.dtype).eval().requires_grad_(False)
@@ -454,18 +469,17 @@ class CausalDiTModel(StreamingVideoModel):
         return torch.Generator(device="cpu").manual_seed(splitmix64(int(state.meta["seed"]), chunk_index))
 
     @torch.inference_mode()
-    def generate(self, states: list[SessionState]) -> list[GeneratedChunk]:
-        if not states:
-            return []
+    def diffuse(self, states: list[SessionState], embeddings: list[torch.Tensor | None]) -> torch.Tensor:
+        """The diffuse stage: noise, the few-step denoising loop and the cache pass → clean latents
+        ``[B, F, C, h, w]`` (float32); ``embeddings[i]`` (when not None) replaces the session's
+        prompt embeddings first."""
         cfg = self.cfg
         fpc = cfg.frames_per_chunk
         latent_shape = (fpc, cfg.latent_channels, cfg.latent_height, cfg.latent_width)
         chunk_indices = [s.next_chunk for s in states]
-        for state, chunk in zip(states, chunk_indices, strict=True):
-            prompt = self.prompt_for_chunk(state, chunk)
-            if prompt != state.meta["active_prompt"]:
-                state.tensors["prompt_embeds"].copy_(self.encode_prompt(prompt))
-                state.meta["active_prompt"] = prompt
+        for state, encoded in zip(states, embeddings, strict=True):
+            if encoded is not None:
+                state.tensors["prompt_embeds"].copy_(encoded)
         generators = [self.chunk_noise(s, c) for s, c in zip(states, chunk_indices, strict=True)]
 
         # All of the chunk's noise (the initial latents, then one re-noise per later step) is drawn
@@ -497,16 +511,20 @@ class CausalDiTModel(StreamingVideoModel):
         # Cache pass: the clean chunk at t=0 writes its keys/values into each session's ring.
         slots = torch.tensor([self._ring_slots(fw) for fw in frames_written]).to(self.device)
         self._forward(x, 0.0, context, rope, states, cache, write_slots=slots)
-
-        previous = torch.stack([s.tensors["latent_history"] for s in states])
-        frames = self.net.decoder(x.to(self.dtype), previous.to(self.dtype))
-        results = []
         for i, state in enumerate(states):
-            state.tensors["latent_history"].copy_(x[i, -1])
             state.meta["frames_written"] = frames_written[i] + fpc
             state.meta["next_chunk"] = chunk_indices[i] + 1
-            results.append(GeneratedChunk(chunk_index=chunk_indices[i], frames=frames[i]))
-        return results
+        return x
+
+    @torch.inference_mode()
+    def decode(self, latents: torch.Tensor, caches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+        """The decode stage: each latent frame with its predecessor; a chunk's first frame takes the
+        last latent of the session's previous chunk from its decoder cache (``latent_history``)."""
+        previous = torch.stack([cache["latent_history"] for cache in caches])
+        frames = self.net.decoder(latents.to(self.dtype), previous.to(self.dtype))
+        for i, cache in enumerate(caches):
+            cache["latent_history"].copy_(latents[i, -1])
+        return frames
 
     # -- one-shot jobs (issue 14) ---------------------------------------------------------------
     # A job is denoised as one clip: full attention over all its latent frames (no KV cache), the

@@ -39,10 +39,9 @@ from torch import nn
 
 from workers.runtime.models import UnknownPresetError
 from workers.runtime.models.base import (
-    GeneratedChunk,
     JobSpecError,
     SessionState,
-    StreamingVideoModel,
+    StagewiseModel,
     allocate_region,
     job_noise,
     region_offsets,
@@ -114,8 +113,17 @@ class DemoNetwork(nn.Module):
         return alpha * (offsets.abs().amax(-1) < CUTOFF)
 
 
-class DemoModel(StreamingVideoModel):
-    """`StreamingVideoModel` around `DemoNetwork` (see the module docstring)."""
+class DemoModel(StagewiseModel):
+    """`StreamingVideoModel` around `DemoNetwork` (see the module docstring), generating as its
+    stages (`StagewiseModel`): encode = the text encoder, diffuse = the heads and the track, decode =
+    the implicit decoder."""
+
+    # The network's top-level components of each stage (what a stage-only worker loads).
+    STAGE_COMPONENTS = {
+        "E": ("embed", "gru", "key", "queries"),
+        "D": ("fg", "bg", "motion", "shape"),
+        "C": ("mask",),
+    }
 
     def __init__(
         self,
@@ -220,8 +228,7 @@ class DemoModel(StreamingVideoModel):
         _check_options(options)
         region, tensors = allocate_region(self._layout(), self.device)
         region.zero_()
-        tensors["position"].copy_(_start_position(seed))
-        tensors["text_features"].copy_(self.encode_prompt(prompt))
+        self.init_state(tensors, seed, self.encode_prompt(prompt))
         meta = self.session_meta(prompt, seed, options, start_chunk)
         return SessionState(tensors=tensors, meta=meta, region=region)
 
@@ -234,29 +241,42 @@ class DemoModel(StreamingVideoModel):
     # -- generation ----------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def generate(self, states: list[SessionState]) -> list[GeneratedChunk]:
-        if not states:
-            return []
-        chunk_indices = [s.next_chunk for s in states]
-        for state, chunk in zip(states, chunk_indices, strict=True):
-            prompt = self.prompt_for_chunk(state, chunk)
-            if prompt != state.meta["active_prompt"]:
-                state.tensors["text_features"].copy_(self.encode_prompt(prompt))
-                state.meta["active_prompt"] = prompt
+    def diffuse(self, states: list[SessionState], embeddings: list[torch.Tensor | None]) -> torch.Tensor:
+        """The diffuse stage: the heads and the object's track for the chunk, advancing the position
+        latent; ``embeddings[i]`` (when not None) replaces the session's text features first. The
+        latents (the hand-off to decode) are one float32 vector per session: the chunk's object
+        centres ``[T, 2]``, then foreground and background RGB and the shape code."""
+        for state, encoded in zip(states, embeddings, strict=True):
+            if encoded is not None:
+                state.tensors["text_features"].copy_(encoded)
         features = torch.stack([s.tensors["text_features"] for s in states])
         start = torch.stack([s.tensors["position"] for s in states])  # [B, 2]
         fg, bg, step, code = self.net.heads(features)
         t = self.frames_per_chunk
         ticks = torch.arange(t, device=self.device, dtype=torch.float32)
         centres = torch.remainder(start[:, None, :] + ticks[None, :, None] * step[:, None, :], 1.0)
-        frames = self.render(centres, fg, bg, code)  # [B, T, H, W, 3]
         new_positions = torch.remainder(start + t * step, 1.0)
-        results = []
         for i, state in enumerate(states):
             state.tensors["position"].copy_(new_positions[i])
-            state.meta["next_chunk"] = chunk_indices[i] + 1
-            results.append(GeneratedChunk(chunk_index=chunk_indices[i], frames=frames[i]))
-        return results
+            state.meta["next_chunk"] = state.next_chunk + 1
+        return torch.cat([centres.flatten(1), fg, bg, code], dim=1)
+
+    @torch.inference_mode()
+    def decode(self, latents: torch.Tensor, caches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+        """The decode stage: render the track (the decoder keeps no per-session cache)."""
+        t = self.frames_per_chunk
+        centres = latents[:, : 2 * t].reshape(-1, t, 2)
+        fg, bg, code = (
+            latents[:, 2 * t : 2 * t + 3],
+            latents[:, 2 * t + 3 : 2 * t + 6],
+            latents[:, 2 * t + 6 :],
+        )
+        return self.render(centres, fg, bg, code)
+
+    def init_state(self, tensors: dict[str, torch.Tensor], seed: int, embeddings: torch.Tensor) -> None:
+        """Fill a zeroed state region: the seed's start position and the prompt's text features."""
+        tensors["position"].copy_(_start_position(seed))
+        tensors["text_features"].copy_(embeddings)
 
     def render(
         self,

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import re
 import types
+from collections.abc import Collection
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -53,9 +54,8 @@ from workers.runtime.local_models import (
 from workers.runtime.models import UnknownPresetError
 from workers.runtime.models.base import (
     DTYPES_BY_NAME,
-    GeneratedChunk,
     SessionState,
-    StreamingVideoModel,
+    StagewiseModel,
     allocate_region,
     region_offsets,
 )
@@ -347,19 +347,51 @@ def place(
             param.data = param.data.to(device=device, dtype=target, copy=True)
 
 
+ALL_COMPONENTS = ("text_encoder", "transformer", "vae")
+# The DiT's text projection (Wan's text_embedding): part of the transformer's checkpoint, but run by
+# the encode stage, so a worker hosting encode without diffuse loads it and nothing else of the DiT.
+TEXT_PROJECTION = "condition_embedder.text_embedder."
+
+
 class WanCausalNetwork:
     """The three loaded components and the tokenizer (not an nn.Module: each part keeps the dtype its
-    library expects)."""
+    library expects).
 
-    def __init__(self, arch: WanCausalArchitecture, device: torch.device, dtype: torch.dtype) -> None:
-        from diffusers import AutoencoderKLWan, WanTransformer3DModel
-        from transformers import AutoTokenizer
+    ``components`` (of `ALL_COMPONENTS`) are those loaded; a stage worker names its stages' only. The
+    text encoder and tokenizer of a worker without it are None; the transformer and the VAE of a
+    worker without them are built from their configs on the meta device (their shapes and the
+    decoder cache's layout are still known, no memory is held) — except the transformer's text
+    projection, which a text-encoder worker loads (`TEXT_PROJECTION`)."""
 
+    def __init__(
+        self,
+        arch: WanCausalArchitecture,
+        device: torch.device,
+        dtype: torch.dtype,
+        components: Collection[str] = ALL_COMPONENTS,
+    ) -> None:
+        unknown = set(components) - set(ALL_COMPONENTS)
+        if unknown:
+            raise ValueError(
+                f"unknown Wan component(s) {sorted(unknown)}; components: {', '.join(ALL_COMPONENTS)}"
+            )
+        self.components = frozenset(components)
         root = Path(arch.base or arch.path)
         original = arch.layout == "wan"
+        self.tokenizer: Any = None
+        self.text_encoder: Any = None
+        if "text_encoder" in components:
+            self._load_text_encoder(root, original, device, dtype)
+        self.transformer = self._load_transformer(arch, root, original, device, dtype)
+        self.vae = self._load_vae(root, original, device, dtype)
+
+    def _load_text_encoder(
+        self, root: Path, original: bool, device: torch.device, dtype: torch.dtype
+    ) -> None:
+        from transformers import AutoTokenizer
+
         tokenizer_dir = root / (WAN_FILES["tokenizer"] if original else "tokenizer")
         self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
-
         if original:
             t5_path = root / WAN_FILES["text_encoder"]
             encoder, tensors, described_as = wan_t5_encoder(t5_path)
@@ -370,6 +402,16 @@ class WanCausalNetwork:
         else:
             self.text_encoder = self._load_umt5(root / "text_encoder", device, dtype)
 
+    def _load_transformer(
+        self,
+        arch: WanCausalArchitecture,
+        root: Path,
+        original: bool,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> Any:
+        from diffusers import WanTransformer3DModel
+
         transformer_dir = root if original else root / "transformer"
         config = read_json(transformer_dir / "config.json")
         if original:
@@ -377,6 +419,8 @@ class WanCausalNetwork:
         with torch.device("meta"):
             transformer = WanTransformer3DModel.from_config(config)
         transformer.rope = torch.nn.Identity()  # non-persistent buffers; the streaming step has its own RoPE
+        if not self.components & {"transformer", "text_encoder"}:
+            return transformer
         generator = arch.generator_path()
         if generator is not None:
             tensors, described_as = read_generator_checkpoint(generator, arch.checkpoint_keys)
@@ -391,22 +435,45 @@ class WanCausalNetwork:
             if original:
                 tensors, described_as = dit_in_diffusers_names(tensors)
             load_strict(transformer, tensors, described_as, origin)
+        keep_fp32 = WanTransformer3DModel._keep_in_fp32_modules
+        if "transformer" not in self.components:
+            # Encode only: the text projection is placed, the rest of the DiT goes back to meta.
+            projection = transformer.condition_embedder.text_embedder
+            transformer.condition_embedder.text_embedder = None
+            transformer.to("meta")
+            transformer.condition_embedder.text_embedder = projection
+            place(projection, device, dtype, keep_fp32=keep_fp32)
+            return transformer.eval().requires_grad_(False)
         # As diffusers does for Wan: time embedding, modulation tables and norms stay in float32.
-        place(transformer, device, dtype, keep_fp32=WanTransformer3DModel._keep_in_fp32_modules)
-        self.transformer = transformer.eval().requires_grad_(False)
+        place(transformer, device, dtype, keep_fp32=keep_fp32)
+        return transformer.eval().requires_grad_(False)
+
+    def _load_vae(self, root: Path, original: bool, device: torch.device, dtype: torch.dtype) -> Any:
+        from diffusers import AutoencoderKLWan
 
         if original:
             vae_path = root / WAN_FILES["vae"]
             vae, tensors, described_as = wan_vae(vae_path)
+            if "vae" not in self.components:
+                return vae
             load_strict(vae, tensors, described_as, str(vae_path))
         else:
             vae_dir = root / "vae"
             with torch.device("meta"):
                 vae = AutoencoderKLWan.from_config(read_json(vae_dir / "config.json"))
+            if "vae" not in self.components:
+                return vae
             tensors, sources = read_safetensors(vae_dir, "diffusion_pytorch_model")
             load_strict(vae, tensors, {}, ", ".join(sorted({str(p) for p in sources.values()})))
         place(vae, device, dtype, keep_fp32=())
-        self.vae = vae.eval().requires_grad_(False)
+        return vae.eval().requires_grad_(False)
+
+    def loaded_parameters(self) -> int:
+        """Parameters held in memory (those of the components not loaded are on the meta device)."""
+        parts = (self.text_encoder, self.transformer, self.vae)
+        return sum(
+            p.numel() for part in parts if part is not None for p in part.parameters() if not p.is_meta
+        )
 
     @staticmethod
     def _load_umt5(text_dir: Path, device: torch.device, dtype: torch.dtype) -> Any:
@@ -435,8 +502,17 @@ class WanCausalNetwork:
 # -- the model -------------------------------------------------------------------------------------
 
 
-class WanCausalModel(StreamingVideoModel):
-    """`StreamingVideoModel` for Wan2.1-based causal video diffusion (see the module docstring)."""
+class WanCausalModel(StagewiseModel):
+    """`StreamingVideoModel` for Wan2.1-based causal video diffusion (see the module docstring),
+    generating as its stages (`StagewiseModel`): encode = UMT5 + the DiT's text projection, diffuse
+    = the few-step sampler over the DiT (KV ring, latent window, LongLive re-cache on a prompt
+    switch), decode = the causal VAE with the ``vae_cache.*`` tensors as the per-session decoder
+    cache (``vae_cache.decoded`` counts the latent frames it has decoded: 0 starts the VAE's stream).
+    """
+
+    # State tensors of the decoder cache: the VAE's causal conv caches and its frame counter.
+    DECODER_PREFIX = "vae_cache."
+    DECODED = "vae_cache.decoded"
 
     # Built from its own checkpoint directory (three libraries' modules, ~14 GB at 1.3B with the
     # UMT5-XXL encoder): workers load it from there and it is not a parameter-pool source.
@@ -449,7 +525,10 @@ class WanCausalModel(StreamingVideoModel):
         preset: str,
         device: str | torch.device = "cpu",
         dtype: str | None = None,
+        components: Collection[str] = ALL_COMPONENTS,
     ) -> None:
+        """``components`` (of `ALL_COMPONENTS`): what `WanCausalNetwork` loads — a stage worker's
+        model loads its stages' only."""
         self.arch = arch
         self.preset = preset
         self.device = torch.device(device)
@@ -463,7 +542,7 @@ class WanCausalModel(StreamingVideoModel):
             # After a chunk of >= 2 latent frames every decoder cache entry holds two time steps, so
             # the decoder cache has one fixed shape between chunks.
             raise ModelLayoutError(f"{arch.path}: frames_per_chunk must be >= 2 for the Wan VAE cache")
-        self.net = WanCausalNetwork(arch, self.device, self.dtype)
+        self.net = WanCausalNetwork(arch, self.device, self.dtype, components)
         tcfg = self.net.transformer.config
         self.dim = tcfg.num_attention_heads * tcfg.attention_head_dim
         self.heads = tcfg.num_attention_heads
@@ -492,6 +571,9 @@ class WanCausalModel(StreamingVideoModel):
         shift = arch.timestep_shift
         self.sigmas = [shift * (t / 1000) / (1 + (shift - 1) * (t / 1000)) for t in arch.denoising_timesteps]
         self.vae_cache_shapes = self._probe_decoder_cache()
+        self.DECODER_CACHE = tuple(
+            name for name, *_ in self.state_layout() if name.startswith(self.DECODER_PREFIX)
+        )
 
     @classmethod
     def from_preset(
@@ -520,11 +602,7 @@ class WanCausalModel(StreamingVideoModel):
         return {
             "preset": self.preset,
             "config": {k: v for k, v in asdict(self.arch).items() if k != "extra"},
-            "parameters": sum(
-                p.numel()
-                for part in (self.net.text_encoder, self.net.transformer, self.net.vae)
-                for p in part.parameters()
-            ),
+            "parameters": self.net.loaded_parameters(),
             "state_bytes": self.state_bytes_for(),
             "width": self.width,
             "height": self.height,
@@ -543,7 +621,9 @@ class WanCausalModel(StreamingVideoModel):
         decoder counts but never fills stay None and are not part of the state."""
         vae = self.net.vae
         cache: list[Any] = [None] * vae._cached_conv_counts["decoder"]
-        z = torch.zeros(1, self.latent_channels, 2, 2, 2, device=self.device, dtype=self.dtype)
+        # On the meta device when this worker does not host the VAE: shapes only.
+        device = vae.post_quant_conv.weight.device
+        z = torch.zeros(1, self.latent_channels, 2, 2, 2, device=device, dtype=self.dtype)
         with torch.inference_mode():
             x = vae.post_quant_conv(z)
             for i in range(2):
@@ -571,6 +651,7 @@ class WanCausalModel(StreamingVideoModel):
         ]  # fmt: skip
         for index, shape in self.vae_cache_shapes:
             layout.append((f"vae_cache.{index:02d}", shape, self.dtype))
+        layout.append((self.DECODED, (1,), torch.int64))
         return layout
 
     def expected_layout(self, meta: dict[str, Any]) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
@@ -621,17 +702,16 @@ class WanCausalModel(StreamingVideoModel):
     # -- generation ----------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def generate(self, states: list[SessionState]) -> list[GeneratedChunk]:
-        if not states:
-            return []
+    def diffuse(self, states: list[SessionState], embeddings: list[torch.Tensor | None]) -> torch.Tensor:
+        """The diffuse stage → clean latents ``[B, F, C, h, w]`` (float32). ``embeddings[i]`` (when
+        not None) is a new prompt's encoding: it replaces the session's, and with ``kv_recache`` the
+        window is re-cached under it (LongLive) before the chunk."""
         arch = self.arch
         fpc = arch.frames_per_chunk
         chunk_indices = [s.next_chunk for s in states]
-        for state, chunk in zip(states, chunk_indices, strict=True):
-            prompt = self.prompt_for_chunk(state, chunk)
-            if prompt != state.meta["active_prompt"]:
-                state.tensors["prompt_embeds"].copy_(self.encode_prompt(prompt))
-                state.meta["active_prompt"] = prompt
+        for state, encoded in zip(states, embeddings, strict=True):
+            if encoded is not None:
+                state.tensors["prompt_embeds"].copy_(encoded)
                 if arch.kv_recache and int(state.meta["frames_written"]) > 0:
                     self._recache(state)
 
@@ -663,13 +743,10 @@ class WanCausalModel(StreamingVideoModel):
         for i, state in enumerate(states):
             state.tensors["latent_window"].index_copy_(0, slots[i], x[i])
 
-        frames = self._decode(states, x, frames_written)
-        results = []
         for i, state in enumerate(states):
             state.meta["frames_written"] = frames_written[i] + fpc
             state.meta["next_chunk"] = chunk_indices[i] + 1
-            results.append(GeneratedChunk(chunk_index=chunk_indices[i], frames=frames[i]))
-        return results
+        return x
 
     def _ring_slot(self, frame: int) -> int:
         sink, local = self.arch.sink_frames, self.arch.window_frames - self.arch.sink_frames
@@ -808,16 +885,16 @@ class WanCausalModel(StreamingVideoModel):
         x = (x.float() + block.ffn(y).float() * c_gate).type_as(x)
         return x, k.flatten(2), v.flatten(2)
 
-    def _decode(
-        self, states: list[SessionState], latents: torch.Tensor, frames_written: list[int]
-    ) -> torch.Tensor:
-        """uint8 frames [B, video_frames_per_chunk, H, W, 3] through each session's decoder cache.
+    @torch.inference_mode()
+    def decode(self, latents: torch.Tensor, caches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+        """The decode stage: uint8 frames [B, video_frames_per_chunk, H, W, 3] through each session's
+        decoder cache (updated in place).
 
         A stream's first latent frame decodes to one image (the causal VAE's start); it is shown for
         `temporal_upsample` frames so every chunk has the same length and duration.
         """
         out = torch.empty(
-            len(states),
+            len(caches),
             self.frames_per_chunk,
             self.height,
             self.width,
@@ -825,19 +902,24 @@ class WanCausalModel(StreamingVideoModel):
             dtype=torch.uint8,
             device=self.device,
         )
-        started = [i for i, fw in enumerate(frames_written) if fw > 0]
-        fresh = [i for i, fw in enumerate(frames_written) if fw == 0]
+        decoded = [int(cache[self.DECODED].item()) for cache in caches]
+        started = [i for i, count in enumerate(decoded) if count > 0]
+        fresh = [i for i, count in enumerate(decoded) if count == 0]
         for group, first in ((started, False), (fresh, True)):
             if group:
-                out[group] = self._decode_group([states[i] for i in group], latents[group], first)
+                out[group] = self._decode_group([caches[i] for i in group], latents[group], first)
+        for cache in caches:
+            cache[self.DECODED].add_(latents.shape[1])
         return out
 
-    def _decode_group(self, states: list[SessionState], latents: torch.Tensor, first: bool) -> torch.Tensor:
+    def _decode_group(
+        self, caches: list[dict[str, torch.Tensor]], latents: torch.Tensor, first: bool
+    ) -> torch.Tensor:
         vae = self.net.vae
         cache: list[Any] = [None] * self.vae_cache_slots
         if not first:
             for index, _ in self.vae_cache_shapes:
-                cache[index] = torch.stack([s.tensors[f"vae_cache.{index:02d}"] for s in states])
+                cache[index] = torch.stack([c[f"vae_cache.{index:02d}"] for c in caches])
         z = latents.transpose(1, 2).to(self.dtype)  # [B, C, F, h, w]
         z = z * self.latents_std.to(self.dtype) + self.latents_mean.to(self.dtype)
         x = vae.post_quant_conv(z)
@@ -852,8 +934,8 @@ class WanCausalModel(StreamingVideoModel):
                 [video[:, :, :1].expand(-1, -1, self.arch.temporal_upsample - 1, -1, -1), video], 2
             )
         for index, _ in self.vae_cache_shapes:
-            for j, state in enumerate(states):
-                state.tensors[f"vae_cache.{index:02d}"].copy_(cache[index][j])
+            for j, c in enumerate(caches):
+                c[f"vae_cache.{index:02d}"].copy_(cache[index][j])
         rgb = ((video.float() + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8)
         return rgb.permute(0, 2, 3, 4, 1)  # [B, T, H, W, 3]
 

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from workers.runtime.models import UnknownPresetError
-from workers.runtime.models.base import Layout, SessionState, allocate_region
+from workers.runtime.models.base import Layout, SessionState, StagewiseModel, allocate_region
 from workers.runtime.presets import CAUSAL_DIT, DEMO, PRESETS
 
 DecoderCache = dict[str, torch.Tensor]
@@ -79,34 +79,49 @@ class StageNotHosted(RuntimeError):
 
 
 class StagedModel(abc.ABC):
-    """One model's stages, built with the weights of ``stages`` only (see the module docstring)."""
+    """One model's stages, built with the weights of ``stages`` only (see the module docstring).
 
-    preset: str
-    device: torch.device
-    stages: frozenset[Stage]
+    The stages themselves are the model's (a `StagewiseModel`, whose ``generate`` calls the same
+    methods in a row); an adapter adds which stages it hosts, their weights and their layouts."""
+
     # Network submodule (attribute name) of each stage: what a worker loads for that stage.
     COMPONENTS: dict[Stage, tuple[str, ...]]
 
-    @abc.abstractmethod
-    def encode(self, prompt: str) -> torch.Tensor: ...
+    def __init__(self, model: StagewiseModel, stages: tuple[Stage, ...]) -> None:
+        self.model = model
+        self.net = model.net  # type: ignore[attr-defined]
+        self.preset = model.preset
+        self.device = model.device
+        self.stages = frozenset(stages)
 
     @abc.abstractmethod
-    def diffusion_layout(self) -> Layout:
-        """(name, shape, dtype) of a session's diffusion state, in order."""
-
-    @abc.abstractmethod
-    def decoder_cache_layout(self) -> Layout:
-        """(name, shape, dtype) of a session's decoder cache (empty for a stateless decoder)."""
+    def state_layout(self) -> Layout:
+        """(name, shape, dtype) of the monolithic model's state region: diffusion state and decoder
+        cache (its tensors named in the model's ``DECODER_CACHE``) together."""
 
     @abc.abstractmethod
     def init_diffusion_state(self, state: SessionState, seed: int, embeddings: torch.Tensor) -> None:
         """Fill a freshly zeroed diffusion state as the monolithic ``create_state`` does."""
 
-    @abc.abstractmethod
-    def diffuse(self, states: list[SessionState], embeddings: list[torch.Tensor | None]) -> torch.Tensor: ...
+    def diffusion_layout(self) -> Layout:
+        """(name, shape, dtype) of a session's diffusion state, in order."""
+        return [entry for entry in self.state_layout() if entry[0] not in self.model.DECODER_CACHE]
 
-    @abc.abstractmethod
-    def decode(self, latents: torch.Tensor, caches: list[DecoderCache]) -> torch.Tensor: ...
+    def decoder_cache_layout(self) -> Layout:
+        """(name, shape, dtype) of a session's decoder cache (empty for a stateless decoder)."""
+        return [entry for entry in self.state_layout() if entry[0] in self.model.DECODER_CACHE]
+
+    def encode(self, prompt: str) -> torch.Tensor:
+        self.require(Stage.ENCODE)
+        return self.model.encode_prompt(prompt)
+
+    def diffuse(self, states: list[SessionState], embeddings: list[torch.Tensor | None]) -> torch.Tensor:
+        self.require(Stage.DIFFUSE)
+        return self.model.diffuse(states, embeddings)
+
+    def decode(self, latents: torch.Tensor, caches: list[DecoderCache]) -> torch.Tensor:
+        self.require(Stage.DECODE)
+        return self.model.decode(latents, caches)
 
     # -- shared implementation -----------------------------------------------------------------
 
@@ -137,9 +152,12 @@ class StagedModel(abc.ABC):
 
     def loaded_weight_bytes(self) -> int:
         """Bytes of the parameters and buffers this worker actually holds."""
-        net = self.net  # type: ignore[attr-defined]
-        tensors = list(net.parameters()) + list(net.buffers())
+        tensors = [t for module in self.weight_modules() for t in (*module.parameters(), *module.buffers())]
         return sum(t.numel() * t.element_size() for t in tensors if t.device.type != "meta")
+
+    def weight_modules(self) -> list[torch.nn.Module]:
+        """The modules holding the model's weights (those of stages not hosted are on meta or absent)."""
+        return [self.net]
 
 
 # Adapter of each model class of the preset table (``Preset.model``).
