@@ -8,7 +8,7 @@ from gpu.models import CostLedgerEntry, GpuWorker, HostCache, Region, WeightHold
 
 @admin.register(Region)
 class RegionAdmin(admin.ModelAdmin):
-    list_display = ["name", "price_multiplier", "gpu_limits", "rtt_ms"]
+    list_display = ["name", "price_multiplier", "gpu_limits", "rtt_ms", "provisioner"]
     search_fields = ["name"]
 
 

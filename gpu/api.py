@@ -29,7 +29,7 @@ class RegionSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Region
-        fields = ["id", "name", "price_multiplier", "gpu_limits", "rtt_ms", "workers"]
+        fields = ["id", "name", "price_multiplier", "gpu_limits", "rtt_ms", "provisioner", "workers"]
         read_only_fields = fields
 
 

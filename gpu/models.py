@@ -9,6 +9,8 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 
+from gpu.backends import PROVISIONER_BACKENDS
+
 
 class WeightsSource(models.TextChoices):
     """Where a worker's weights came from (the recorded source of its ``weights complete`` phase)."""
@@ -41,6 +43,14 @@ def validate_rtt_ms(value) -> None:
             raise ValidationError(f"rtt_ms.{key}: must be a finite number >= 0, got {ms!r}")
 
 
+def validate_provisioner_name(value: str) -> None:
+    """One of the built-in provisioner backends (``gpu.backends``)."""
+    if value not in PROVISIONER_BACKENDS:
+        raise ValidationError(
+            f"provisioner: {value!r} is not a provisioner backend ({', '.join(sorted(PROVISIONER_BACKENDS))})"
+        )
+
+
 class Region(models.Model):
     """A GPU pool's location: its price, its capacity limits and its RTT from each user origin.
 
@@ -51,6 +61,10 @@ class Region(models.Model):
     in it. A row of that name, when an operator adds one, only gives the local region a price, GPU
     limits and an RTT row. No code path requires the row, so nothing breaks when it is absent — a
     fresh database, or one flushed by transactional tests (a data migration's row would not survive).
+
+    ``provisioner`` names the backend that starts, stops and reconciles the region's workers; empty is
+    the ``PROVISIONER`` setting, which also serves the local region without a row
+    (``gpu.provisioners.registry.provisioner_for``).
     """
 
     DEFAULT_NAME = "local"
@@ -62,6 +76,13 @@ class Region(models.Model):
     )
     rtt_ms = models.JSONField(
         default=dict, blank=True, validators=[validate_rtt_ms], help_text="user origin -> RTT in ms"
+    )
+    provisioner = models.CharField(
+        max_length=32,
+        blank=True,
+        default="",
+        validators=[validate_provisioner_name],
+        help_text="provisioner backend of this region's workers; empty: the PROVISIONER setting",
     )
 
     class Meta:

@@ -7,7 +7,7 @@ import logging
 from celery import shared_task
 from django.db import close_old_connections
 
-from gpu.provisioners.registry import get_provisioner
+from gpu.provisioners.registry import provisioners_by_backend
 from scheduling.live.enqueue import JOBS_DISPATCH, SCHEDULER_EVENT, SCHEDULER_TICK, WORKER_RELEASE
 from scheduling.live.jobs import jobs_dispatch as dispatch
 from scheduling.live.liveness import workers_check
@@ -30,11 +30,18 @@ def scheduler_tick() -> dict:
     """Beat: lost workers and stuck provisioning first, then rebalance/autoscale on fresh state, then
     the job dispatcher."""
     close_old_connections()
-    reconcile = {}
+    reconcile = []
     try:
-        reconcile = get_provisioner().reconcile().as_dict()
+        provisioners = provisioners_by_backend()
     except Exception:
-        logger.exception("provisioner reconcile failed")
+        logger.exception("provisioners cannot be built")
+        provisioners = []
+    # One reconcile per backend in use, over the regions that name it (docs/provisioners.md).
+    for provisioner in provisioners:
+        try:
+            reconcile.append(provisioner.reconcile().as_dict())
+        except Exception:
+            logger.exception("provisioner reconcile failed provider=%s", provisioner.name)
     lost = workers_check()
     decisions = scheduler_run(trigger="worker" if lost else "tick")
     # The streams first: one-shot jobs take the room the decision above left (issue 14).

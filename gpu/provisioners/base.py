@@ -29,7 +29,10 @@ entry points, all synchronous, all returning a JSON-serialisable result for the 
     backend has already seen ``max_retries`` consecutive provisioning failures of that type and
     preset (since the last one became ready, within ``retry_window_s``): then the failure is
     reported in ``exhausted`` and the scheduler decides. A worker that dies after becoming ready is
-    only reported; the scheduler re-places its sessions and its autoscaler asks for capacity. It
+    only reported; the scheduler re-places its sessions and its autoscaler asks for capacity. A
+    replacement joins the failed worker's region. An instance built with ``regions`` considers only
+    the workers of those regions (the tick builds one per backend in use, each with the regions
+    that name it: ``registry.provisioners_by_backend``). It
     also stops leftovers: processes/pods still running for rows already released or failed; and
     orphans (``stop_orphans``): this deployment's workers that no row tracks at all.
 
@@ -44,7 +47,7 @@ import logging
 import secrets
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -53,7 +56,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, Max
+from django.db.models import Count, Max, Q, QuerySet
 from django.utils import timezone
 
 from gpu.models import GpuWorker
@@ -204,8 +207,12 @@ class Provisioner(ABC):
         backoff_s: float | None = None,
         default_capacity: int | None = None,
         prices: dict[str, Decimal] | None = None,
+        regions: Iterable[int | None] | None = None,
     ) -> None:
         conf = settings.STREAMSERVE
+        # The regions (ids; None: the local region) whose workers this instance reconciles and
+        # replaces; None: every worker of this backend (``served``).
+        self.regions = None if regions is None else frozenset(regions)
         if provision_timeout_s is None:
             provision_timeout_s = conf["PROVISION_TIMEOUT_S"]
         self.provision_timeout_s = float(
@@ -409,7 +416,7 @@ class Provisioner(ABC):
     def reconcile(self, now: datetime | None = None) -> ReconcileResult:
         now = now or timezone.now()
         result = ReconcileResult(provider=self.name)
-        live = list(GpuWorker.objects.filter(provider=self.name, status__in=GpuWorker.LIVE_STATUSES))
+        live = list(self.served().filter(status__in=GpuWorker.LIVE_STATUSES))
         ended = self._recently_ended(now)
         result.checked = len(live)
         # One probe for both (one Pod list call per tick on Kubernetes).
@@ -457,10 +464,21 @@ class Provisioner(ABC):
 
     def release_all(self) -> list[ReleaseResult]:
         """Release every live worker of this backend (platform shutdown, tests)."""
-        live = GpuWorker.objects.filter(provider=self.name, status__in=GpuWorker.LIVE_STATUSES)
+        live = self.served().filter(status__in=GpuWorker.LIVE_STATUSES)
         return [self.release(worker) for worker in live]
 
     # ------------------------------------------------------------------ shared machinery
+
+    def served(self) -> QuerySet[GpuWorker]:
+        """This backend's workers in the regions this instance serves (all of them without ``regions``)."""
+        workers = GpuWorker.objects.filter(provider=self.name)
+        if self.regions is None:
+            return workers
+        ids = [pk for pk in self.regions if pk is not None]
+        in_scope = Q(region__in=ids)
+        if None in self.regions:
+            in_scope |= Q(region__isnull=True)
+        return workers.filter(in_scope)
 
     def _lock_key(self) -> int:
         """A stable 32-bit key for pg_advisory_xact_lock, one per backend."""
@@ -551,6 +569,9 @@ class Provisioner(ABC):
             preset=worker.model_preset,
             capacity=worker.capacity,
             price_per_hour=worker.price_per_hour,
+            before_start=lambda workers: GpuWorker.objects.filter(pk__in=[w.pk for w in workers]).update(
+                region=worker.region_id
+            ),
         )
         result.replacements.append(replacement)
         logger.info(
@@ -567,12 +588,13 @@ class Provisioner(ABC):
         but not in the last ``LEFTOVER_GRACE_S`` (a worker that deregistered itself is still
         exiting)."""
         return list(
-            GpuWorker.objects.filter(
-                provider=self.name,
+            self.served()
+            .filter(
                 status__in=ENDED_STATUSES,
                 released_at__gte=now - timedelta(seconds=self.retry_window_s),
                 released_at__lte=now - timedelta(seconds=LEFTOVER_GRACE_S),
-            ).exclude(external_id="")
+            )
+            .exclude(external_id="")
         )
 
     def _stop_leftovers(

@@ -170,6 +170,7 @@ class LocalProvisioner(Provisioner):
     # ------------------------------------------------------------------ plan
 
     def _live_here(self):
+        """Live workers on this host in every region: the devices and CPU room are the machine's."""
         return GpuWorker.objects.filter(
             provider=self.name, host=self.host, status__in=GpuWorker.LIVE_STATUSES
         )
@@ -365,9 +366,10 @@ class LocalProvisioner(Provisioner):
         return f"process {pid} stopped on SIGTERM in {time.monotonic() - began:.1f}s"
 
     def release_all(self) -> list[ReleaseResult]:
-        """Release every live local worker of this host, stopping them in parallel (platform exit):
-        SIGTERM to all, one shared grace, SIGKILL to the stragglers, then release each row."""
-        workers = list(self._live_here())
+        """Release every live local worker of this host (in the regions served), stopping them in
+        parallel (platform exit): SIGTERM to all, one shared grace, SIGKILL to the stragglers, then
+        release each row."""
+        workers = list(self.served().filter(host=self.host, status__in=GpuWorker.LIVE_STATUSES))
         running = [(w, p) for w in workers if (p := self._process(w)) is not None]
         for _, process in running:
             self._signal_group(process.pid, signal.SIGTERM)

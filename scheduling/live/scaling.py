@@ -24,7 +24,7 @@ from django.utils import timezone
 from gpu import selectors as pool_selectors
 from gpu import services as gpu_services
 from gpu.models import GpuWorker, Region
-from gpu.provisioners.registry import get_provisioner
+from gpu.provisioners.registry import get_provisioner, provisioner_for
 from scheduling.core.scaleplan import Endpoint, Topology, plan_scale_out
 from scheduling.live.enqueue import worker_release_enqueue
 from scheduling.live.outbox import Outbox, redis_client
@@ -71,7 +71,7 @@ def scale_out(
 def provision(
     *, action_id: int, preset: str, gpu_type: str, count: int, region: Region | None = None
 ) -> None:
-    """Ask the provisioner for ``count`` workers; the action records what it answered.
+    """Ask ``region``'s provisioner for ``count`` workers; the action records what it answered.
 
     Before any new worker starts, the scale plan is made over the parameter pool's holders and
     written on the action and on each worker's row (``scale_plan_write``), and each worker is put in
@@ -87,7 +87,7 @@ def provision(
     try:
         spec = gpu_profiles()[gpu_type]
         multiplier = Decimal(str(region_price_multiplier(region)))
-        result = get_provisioner().request(
+        result = provisioner_for(region).request(
             count=count,
             gpu_type=gpu_type,
             preset=preset,

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
-from gpu.models import GpuWorker
+from gpu.models import GpuWorker, Region
 from gpu.provisioners import get_provisioner, provisioner_class
 from gpu.provisioners import local as local_module
 from gpu.provisioners.local import (
@@ -456,3 +456,46 @@ def test_release_accepts_a_worker_that_deregistered_itself_on_sigterm(make_local
     result = provisioner.release(worker)
 
     assert result.ok and result.status == Status.RELEASED and "SIGTERM" in result.detail
+
+
+def request_in(provisioner: LocalProvisioner, region: Region) -> GpuWorker:
+    """One CPU worker of ``provisioner`` put in ``region`` before it starts (as the scaler does)."""
+
+    def into_region(workers):
+        GpuWorker.objects.filter(pk__in=[w.pk for w in workers]).update(region=region)
+
+    result = provisioner.request(count=1, gpu_type="cpu", before_start=into_region)
+    return GpuWorker.objects.get(pk=result.worker_ids[0])
+
+
+def test_two_pools_side_by_side_each_reconcile_their_own_regions_workers_only(make_local):
+    # given two regions, each served by its own local provisioner, with one ready worker each
+    east, west = Region.objects.create(name="east"), Region.objects.create(name="west")
+    east_pool, west_pool = make_local(regions=[east.pk]), make_local(regions=[west.pk])
+    workers = {pool: request_in(pool, region) for pool, region in ((east_pool, east), (west_pool, west))}
+    for worker in workers.values():
+        worker_mark_ready(worker=worker)
+    # when both processes die and east's pool reconciles
+    for worker in workers.values():
+        os.kill(pid_of(worker), signal.SIGKILL)
+        wait_for(lambda w=worker: not running(pid_of(w)), "the kill")
+    result = east_pool.reconcile()
+    # then only east's worker is failed; west's is not even looked at
+    assert (result.checked, [f.worker.name for f in result.failed]) == (1, [workers[east_pool].name])
+    statuses = {w.region.name: GpuWorker.objects.get(pk=w.pk).status for w in workers.values()}
+    assert statuses == {"east": Status.FAILED, "west": Status.READY}
+    # and west's own reconcile fails west's, leaving east's row as it was
+    result = west_pool.reconcile()
+    assert [f.worker.name for f in result.failed] == [workers[west_pool].name]
+    assert GpuWorker.objects.get(pk=workers[east_pool].pk).status == Status.FAILED
+
+
+def test_a_replacement_joins_the_failed_workers_region(make_local):
+    # given a worker of east's pool that crashes while provisioning
+    east = Region.objects.create(name="east")
+    pool = make_local(CRASHER, regions=[east.pk], max_retries=1)
+    first = request_in(pool, east)
+    wait_for(lambda: not running(pid_of(first)), "the crash")
+    # when the pool reconciles, then its replacement is requested in east too
+    (replacement,) = pool.reconcile().replacements
+    assert GpuWorker.objects.get(pk=replacement.worker_ids[0]).region == east

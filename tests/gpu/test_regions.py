@@ -6,6 +6,7 @@ import pytest
 from django.core.exceptions import ValidationError
 
 from gpu.models import GpuWorker, Region
+from gpu.provisioners.registry import provisioner_for, provisioners_by_backend
 from tests.factories import GpuWorkerFactory
 
 
@@ -28,6 +29,7 @@ def test_the_local_region_needs_no_row(user_api):
         ("rtt_ms", {"nyc": -3}),
         ("rtt_ms", {"nyc": "fast"}),
         ("rtt_ms", {"": 3}),
+        ("provisioner", "gpu-cloud"),
     ],
 )
 def test_region_validation_names_the_field(field, value):
@@ -62,7 +64,29 @@ def test_regions_api_lists_regions_with_live_workers(user_api, api):
         "price_multiplier": 1.2,
         "gpu_limits": {"H100": 8},
         "rtt_ms": {"nyc": 3.0},
+        "provisioner": "",
         "workers": 1,
     }
     # and an anonymous client is refused
     assert api.get("/api/regions/").status_code in (401, 403)
+
+
+@pytest.mark.django_db
+def test_each_backend_in_use_serves_the_regions_that_name_it(settings):
+    # given the local backend by setting, one region naming no backend, one naming static and one
+    # naming local explicitly
+    settings.STREAMSERVE = {**settings.STREAMSERVE, "PROVISIONER": "local", "STATIC_WORKERS": ""}
+    plain = Region.objects.create(name="plain")
+    hand = Region.objects.create(name="hand", provisioner="static")
+    named = Region.objects.create(name="named", provisioner="local")
+    Region(name="ok", provisioner="static").full_clean()
+    # then scale-out asks each region's backend, the setting's for the local region (no row)
+    assert [provisioner_for(r).name for r in (None, plain, hand, named)] == [
+        "local",
+        "local",
+        "static",
+        "local",
+    ]
+    # and the tick gets one provisioner per backend, scoped to the regions that name it
+    scopes = {p.name: p.regions for p in provisioners_by_backend()}
+    assert scopes == {"local": {None, plain.pk, named.pk}, "static": {hand.pk}}

@@ -321,6 +321,34 @@ def test_a_scaled_out_worker_is_in_its_region_at_the_regions_price(coasts, setti
     assert (worker.region, worker.price_per_hour) == (east, Decimal("0.2"))
 
 
+def test_a_region_scales_out_through_its_own_provisioner(coasts, settings):
+    east, _west = coasts
+    # given the local backend by setting, and east naming the static one (a hand-started worker)
+    settings.STREAMSERVE = {
+        **settings.STREAMSERVE,
+        "PROVISIONER": "local",
+        "STATIC_WORKERS": "cpu-9@localhost:cpu",
+    }
+    Region.objects.filter(pk=east.pk).update(provisioner="static")
+    east.refresh_from_db()
+    decision = SchedulerDecision.objects.create(
+        trigger="tick", decided_at=timezone.now(), policy="turboserve", active_sessions=8, budget=3,
+        target_budget=5, duration_ms=0.0, rho_max=1.5, rho_hat=0.7,
+    )  # fmt: skip
+    # when east's decision scales out by one
+    outbox = Outbox()
+    action = scale_out(
+        decision=decision, preset="tiny", gpu_type="cpu", count=1, budget=3, outbox=outbox, region=east
+    )
+    for call in outbox.after:
+        call()
+    # then east's static backend granted its configured worker (no local process started)
+    action.refresh_from_db()
+    assert (action.outcome, action.provisioner_result["provider"]) == ("requested", "static")
+    worker = GpuWorker.objects.get(name="cpu-9")
+    assert (worker.provider, worker.region) == ("static", east)
+
+
 def parked_in(region: Region, origin: str, host: GpuWorker, minutes_idle: int) -> GenerationSession:
     return SessionFactory(
         origin=origin,
