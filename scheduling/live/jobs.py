@@ -50,8 +50,8 @@ class DispatchResult:
 
 
 @cache
-def _policy(path: str) -> JobPolicy:
-    return load_job_policy(path)
+def _policy(path: str, job_profiles: tuple[str, ...]) -> JobPolicy:
+    return load_job_policy(path, job_profiles=job_profiles)
 
 
 def jobs_dispatch() -> DispatchResult:
@@ -77,7 +77,8 @@ def jobs_dispatch() -> DispatchResult:
         queued = list(job_queue(models).select_for_update(no_key=True, skip_locked=True)[:QUEUE_WINDOW])
         by_id = {str(j.pk): j for j in [*held, *queued]}
         names, moving = {w.pk: name for name, w in workers.items()}, _moving(held)
-        plan = _policy(settings.STREAMSERVE["JOB_POLICY"]).plan(
+        conf = settings.STREAMSERVE
+        plan = _policy(conf["JOB_POLICY"], tuple(conf["JOB_PROFILES"])).plan(
             JobRound(
                 now=timezone.now().timestamp(),
                 jobs=[_view(j, names, moving=moving) for j in [*held, *queued]],
@@ -116,6 +117,10 @@ def _view(job: Job, names: dict[int, str], *, moving: set) -> JobView:
         steps=job.steps,
         steps_done=job.steps_done,
         worker=names.get(job.worker_id) if job.worker_id is not None else None,
+        kind=job.kind,
+        width=job.width,
+        height=job.height,
+        frames=job.frames,
         moving=job.pk in moving,
     )
 
