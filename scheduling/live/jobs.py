@@ -22,6 +22,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from gpu.models import GpuWorker
+from scheduling.live.jobs_genserve import JobCosts
 from scheduling.live.jobs_policy import JobPolicy, JobRound, JobView, WorkerView, load_job_policy
 from scheduling.live.outbox import Outbox, scheduler_lock
 from scheduling.models import WorkerCommand
@@ -52,6 +53,35 @@ class DispatchResult:
 @cache
 def _policy(path: str, job_profiles: tuple[str, ...]) -> JobPolicy:
     return load_job_policy(path, job_profiles=job_profiles)
+
+
+@cache
+def _costs(job_profiles: tuple[str, ...]) -> JobCosts:
+    return JobCosts(job_profiles)
+
+
+@dataclass
+class JobBacklog:
+    """One pool's jobs in flight for the autoscaler: ``(deadline, id, remaining s)`` per job, keyed by
+    the name of the worker holding it (``None``: queued), and the workers holding running or paused
+    jobs (never drained: ``scheduling.live.apply``)."""
+
+    open_jobs: dict[str | None, list[tuple[float, str, float]]]
+    holders: set[str]
+
+
+def jobs_backlog(preset: str) -> JobBacklog:
+    """The pool's open jobs costed like ``genserve`` does (``JobCosts``, ``JOB_PROFILES``)."""
+    costs = _costs(tuple(settings.STREAMSERVE["JOB_PROFILES"]))
+    backlog = JobBacklog({}, set())
+    jobs = Job.objects.filter(model_name=preset, state__in=Job.IN_FLIGHT).select_related("worker")
+    for job in jobs:
+        name = job.worker.name if job.worker is not None else None
+        if name is not None and job.state in (State.RUNNING, State.PAUSED):
+            backlog.holders.add(name)
+        remaining = costs.remaining_s(_view(job, {}, moving=set()))
+        backlog.open_jobs.setdefault(name, []).append((job.deadline.timestamp(), str(job.pk), remaining))
+    return backlog
 
 
 def jobs_dispatch() -> DispatchResult:

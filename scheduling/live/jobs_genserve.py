@@ -42,12 +42,12 @@ from scheduling.live.jobs_policy import JobPlan, JobPolicy, JobRound, JobView, r
 ROUND_STEPS = 5
 
 
-class GenServeJobPolicy(JobPolicy):
-    """See the module docstring."""
+class JobCosts:
+    """Job step costs from the simulator's job profiles plus ``job_profiles`` (module docstring);
+    also the live autoscaler's (``scheduling.live.jobs.jobs_backlog``)."""
 
-    def __init__(self, *, job_profiles: Sequence[str] = ()) -> None:
+    def __init__(self, job_profiles: Sequence[str] = ()) -> None:
         self.catalog: JobCatalog = load_job_catalog(job_profiles)
-        self.solver = job_policy("genserve")
 
     def profile(self, job: JobView) -> JobProfile:
         own = self.catalog.profiles.get(job.model)
@@ -62,8 +62,16 @@ class GenServeJobPolicy(JobPolicy):
         decode = profile.decode_ms(job.width, job.height, job.frames, job.steps) / 1000.0
         return (job.steps - job.steps_done) * self.step_s(job) + decode
 
+
+class GenServeJobPolicy(JobPolicy):
+    """See the module docstring."""
+
+    def __init__(self, *, job_profiles: Sequence[str] = ()) -> None:
+        self.costs = JobCosts(job_profiles)
+        self.solver = job_policy("genserve")
+
     def slack(self, job: JobView, now: float) -> float:
-        return job.deadline - now - self.remaining_s(job)
+        return job.deadline - now - self.costs.remaining_s(job)
 
     def plan(self, job_round: JobRound) -> JobPlan:
         plan = JobPlan()
@@ -113,17 +121,22 @@ class GenServeJobPolicy(JobPolicy):
         gpus = held + sum(max(room[w], 0) for w in workers)
         if gpus == 0 or not (videos or images or paused_images):
             return
-        longest = max((self.step_s(v) for v in videos), default=0.0)
+        longest = max((self.costs.step_s(v) for v in videos), default=0.0)
         round_input = RoundInput(
             now=now,
             gpus=gpus,
             round_s=ROUND_STEPS * longest,
             images=tuple(
-                ImageRequest(j.id, (j.id,), j.deadline, j.deadline, (self.remaining_s(j),)) for j in images
+                ImageRequest(j.id, (j.id,), j.deadline, j.deadline, (self.costs.remaining_s(j),))
+                for j in images
             ),
             videos=tuple(
                 VideoRequest(
-                    v.id, v.deadline, v.deadline, 1 if v.state == "running" else 0, {1: self.remaining_s(v)}
+                    v.id,
+                    v.deadline,
+                    v.deadline,
+                    1 if v.state == "running" else 0,
+                    {1: self.costs.remaining_s(v)},
                 )
                 for v in videos
             ),

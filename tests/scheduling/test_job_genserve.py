@@ -85,9 +85,9 @@ def test_genserve_costs_other_models_by_their_kinds_default_profile_and_names_a_
     assert isinstance(policy, GenServeJobPolicy)
     video = JobView(id="v", model="tiny", state="queued", priority=0, deadline=0.0, steps=10, steps_done=4,
                     kind="video", frames=16)  # fmt: skip
-    wan = policy.catalog.profile("video", None)
-    assert policy.profile(video) is wan
-    assert policy.remaining_s(video) == pytest.approx(
+    wan = policy.costs.catalog.profile("video", None)
+    assert policy.costs.profile(video) is wan
+    assert policy.costs.remaining_s(video) == pytest.approx(
         6 * wan.step_ms(64, 64, 16) / 1000 + wan.decode_ms(64, 64, 16, 10) / 1000
     )
     with pytest.raises(ValueError, match=r"JOB_PROFILES.*no-such-profile"):
