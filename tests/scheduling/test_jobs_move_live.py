@@ -32,7 +32,7 @@ from workers.channel import stream_key
 from workers.runtime.encoding import encode_mp4
 from workers.runtime.engine import ChunkEngine
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # two worker processes
 
 ROOT = Path(__file__).resolve().parents[2]
 VIDEO = {"kind": "video", "prompt": "a heron over a lake", "model": "tiny", "frames": 16, "steps": 100}
