@@ -374,8 +374,12 @@ STREAMSERVE = {
     "JOB_MAX_STEPS": _typed("JOB_MAX_STEPS", env.int, 100),
     "JOB_MAX_FRAMES": _typed("JOB_MAX_FRAMES", env.int, 129),
     "JOB_DEFAULT_SLO_S": _typed("JOB_DEFAULT_SLO_S", env.float, 300.0),
-    # The job dispatcher's policy (scheduling.live.jobs_policy): `edf` or package.module:ClassName.
+    # The job dispatcher's policy (scheduling.live.jobs_policy): `edf`, `genserve` or
+    # package.module:ClassName.
     "JOB_POLICY": env.str("JOB_POLICY", default="edf"),
+    # Job cost profiles `genserve` costs steps with, beside the built-in ones: names or JSON paths
+    # (e.g. what `profile_model --one-shot` wrote); docs/jobs.md.
+    "JOB_PROFILES": _typed("JOB_PROFILES", env.list, []),
     "PROVISIONER": env.str("PROVISIONER", default="local"),
     # Model presets this deployment runs workers for; sessions of other presets are refused. `demo`
     # is the trained model that follows its prompt (the test suite serves `tiny`: pyproject.toml).

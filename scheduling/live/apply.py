@@ -21,7 +21,7 @@ from scheduling.live.scaling import scale_in, scale_out
 from scheduling.live.state import checkpoint_file, delivered_index, prompt_history
 from scheduling.models import Migration, SchedulerConfig, SchedulerDecision
 from sessions import lifecycle
-from sessions.models import GenerationSession
+from sessions.models import GenerationSession, Job
 from sessions.services import session_terminate
 
 Status = GenerationSession.Status
@@ -124,16 +124,18 @@ def decision_apply(
         if session.status != Status.QUEUED or session.queue_position != position:
             queue_changes += lifecycle.session_queue(session=session, position=position)
     # 6. Drain, then release only empty workers (parked states are handed to another host first).
+    # A worker holding running or paused one-shot jobs is never drained nor released: their state
+    # lives in its memory (docs/jobs.md); it becomes a candidate again once they have left.
     for name in decision.drain:
         worker = workers.get(name)
-        if worker is not None and worker.status == GpuWorker.Status.READY:
+        if worker is not None and worker.status == GpuWorker.Status.READY and not _holds_jobs(worker):
             gpu_services.worker_drain(worker=worker)
             outbox.command(worker, "drain", decision=record)
     for name in decision.release:
         worker = workers.get(name)
         if worker is None:
             continue
-        if _hand_off_parked(worker, workers, record, outbox) or _has_residents(worker):
+        if _holds_jobs(worker) or _hand_off_parked(worker, workers, record, outbox) or _has_residents(worker):
             continue
         scale_in(decision=record, worker=worker, budget=budget, outbox=outbox)
         budget -= 1
@@ -143,6 +145,10 @@ def decision_apply(
 def _waiting(session: GenerationSession) -> bool:
     """Already admitted to the queue (it holds a position) rather than arriving at it."""
     return session.status == Status.QUEUED and session.queue_position is not None
+
+
+def _holds_jobs(worker: GpuWorker) -> bool:
+    return Job.objects.filter(worker=worker, state__in=[Job.State.RUNNING, Job.State.PAUSED]).exists()
 
 
 def _has_residents(worker: GpuWorker) -> bool:

@@ -22,6 +22,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from gpu.models import GpuWorker
+from scheduling.live.jobs_genserve import JobCosts
 from scheduling.live.jobs_policy import JobPolicy, JobRound, JobView, WorkerView, load_job_policy
 from scheduling.live.outbox import Outbox, scheduler_lock
 from scheduling.models import WorkerCommand
@@ -50,8 +51,37 @@ class DispatchResult:
 
 
 @cache
-def _policy(path: str) -> JobPolicy:
-    return load_job_policy(path)
+def _policy(path: str, job_profiles: tuple[str, ...]) -> JobPolicy:
+    return load_job_policy(path, job_profiles=job_profiles)
+
+
+@cache
+def _costs(job_profiles: tuple[str, ...]) -> JobCosts:
+    return JobCosts(job_profiles)
+
+
+@dataclass
+class JobBacklog:
+    """One pool's jobs in flight for the autoscaler: ``(deadline, id, remaining s)`` per job, keyed by
+    the name of the worker holding it (``None``: queued), and the workers holding running or paused
+    jobs (never drained: ``scheduling.live.apply``)."""
+
+    open_jobs: dict[str | None, list[tuple[float, str, float]]]
+    holders: set[str]
+
+
+def jobs_backlog(preset: str) -> JobBacklog:
+    """The pool's open jobs costed like ``genserve`` does (``JobCosts``, ``JOB_PROFILES``)."""
+    costs = _costs(tuple(settings.STREAMSERVE["JOB_PROFILES"]))
+    backlog = JobBacklog({}, set())
+    jobs = Job.objects.filter(model_name=preset, state__in=Job.IN_FLIGHT).select_related("worker")
+    for job in jobs:
+        name = job.worker.name if job.worker is not None else None
+        if name is not None and job.state in (State.RUNNING, State.PAUSED):
+            backlog.holders.add(name)
+        remaining = costs.remaining_s(_view(job, {}, moving=set()))
+        backlog.open_jobs.setdefault(name, []).append((job.deadline.timestamp(), str(job.pk), remaining))
+    return backlog
 
 
 def jobs_dispatch() -> DispatchResult:
@@ -77,7 +107,8 @@ def jobs_dispatch() -> DispatchResult:
         queued = list(job_queue(models).select_for_update(no_key=True, skip_locked=True)[:QUEUE_WINDOW])
         by_id = {str(j.pk): j for j in [*held, *queued]}
         names, moving = {w.pk: name for name, w in workers.items()}, _moving(held)
-        plan = _policy(settings.STREAMSERVE["JOB_POLICY"]).plan(
+        conf = settings.STREAMSERVE
+        plan = _policy(conf["JOB_POLICY"], tuple(conf["JOB_PROFILES"])).plan(
             JobRound(
                 now=timezone.now().timestamp(),
                 jobs=[_view(j, names, moving=moving) for j in [*held, *queued]],
@@ -116,6 +147,10 @@ def _view(job: Job, names: dict[int, str], *, moving: set) -> JobView:
         steps=job.steps,
         steps_done=job.steps_done,
         worker=names.get(job.worker_id) if job.worker_id is not None else None,
+        kind=job.kind,
+        width=job.width,
+        height=job.height,
+        frames=job.frames,
         moving=job.pk in moving,
     )
 

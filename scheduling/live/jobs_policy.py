@@ -9,13 +9,14 @@ and never plan more running jobs on a worker than its room. The dispatcher
 (``scheduling.live.jobs``) checks every entry against the rows before it applies it.
 
 Streams come first: a worker's room is its capacity K minus its resident sessions, and a pool whose
-streams wait for a GPU gets no new job. The ``JOB_POLICY`` setting names the policy: ``edf`` or a
-``package.module:ClassName`` path (GenServe's round solver plugs in here with the same contract).
+streams wait for a GPU gets no new job. The ``JOB_POLICY`` setting names the policy: ``edf``, ``genserve``
+(``scheduling.live.jobs_genserve``: GenServe's round solver) or a ``package.module:ClassName`` path.
 """
 
 from __future__ import annotations
 
 import pkgutil
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -29,6 +30,10 @@ class JobView:
     steps: int
     steps_done: int
     worker: str | None = None
+    kind: str = "image"  # image | video
+    width: int = 64
+    height: int = 64
+    frames: int = 1
     # A move of its state is under way: neither resumed nor moved again until it lands.
     moving: bool = False
 
@@ -60,7 +65,11 @@ class JobPlan:
 
 
 class JobPolicy:
-    """Base class: see the module's contract."""
+    """Base class: see the module's contract. ``job_profiles`` (the ``JOB_PROFILES`` setting): job cost
+    profiles, names or JSON paths, for the policies that cost steps (``genserve``)."""
+
+    def __init__(self, *, job_profiles: Sequence[str] = ()) -> None:
+        pass
 
     def plan(self, job_round: JobRound) -> JobPlan:
         raise NotImplementedError
@@ -107,7 +116,7 @@ class EdfJobPolicy(JobPolicy):
                 continue
             if job.state == "queued" and job_round.streams_waiting.get(job.model, 0) > 0:
                 continue
-            target = self._roomiest(pools.get(job.model, []), room, exclude=job.worker)
+            target = roomiest(pools.get(job.model, []), room, exclude=job.worker)
             if target is None:
                 continue
             room[target] -= 1
@@ -124,20 +133,24 @@ class EdfJobPolicy(JobPolicy):
             out.extend(mine[:-deficit])
         return out
 
-    @staticmethod
-    def _roomiest(workers: list[str], room: dict[str, int], exclude: str | None) -> str | None:
-        best = None
-        for worker in workers:  # sorted by name: ties go to the first
-            if worker != exclude and room[worker] >= 1 and (best is None or room[worker] > room[best]):
-                best = worker
-        return best
+
+def roomiest(workers: list[str], room: dict[str, int], exclude: str | None) -> str | None:
+    """The worker (of ``workers``, sorted by name: ties go to the first) with the most room ≥ 1."""
+    best = None
+    for worker in workers:
+        if worker != exclude and room[worker] >= 1 and (best is None or room[worker] > room[best]):
+            best = worker
+    return best
 
 
-BUILTIN_JOB_POLICIES = {"edf": "scheduling.live.jobs_policy:EdfJobPolicy"}
+BUILTIN_JOB_POLICIES = {
+    "edf": "scheduling.live.jobs_policy:EdfJobPolicy",
+    "genserve": "scheduling.live.jobs_genserve:GenServeJobPolicy",
+}
 
 
-def load_job_policy(name: str) -> JobPolicy:
-    """A built-in name (``edf``) or a ``package.module:ClassName`` path to a ``JobPolicy`` subclass
+def load_job_policy(name: str, *, job_profiles: Sequence[str] = ()) -> JobPolicy:
+    """A built-in name (``edf``, ``genserve``) or a ``package.module:ClassName`` path to a ``JobPolicy`` subclass
     (the syntax of every pluggable part) → an instance; ValueError naming ``JOB_POLICY`` otherwise."""
     path = BUILTIN_JOB_POLICIES.get(name, name)
     if ":" not in path:
@@ -150,4 +163,7 @@ def load_job_policy(name: str) -> JobPolicy:
         raise ValueError(f"JOB_POLICY={name!r} does not resolve: {exc}") from exc
     if not (isinstance(policy_class, type) and issubclass(policy_class, JobPolicy)):
         raise ValueError(f"JOB_POLICY={name!r} is not a JobPolicy subclass")
-    return policy_class()
+    try:
+        return policy_class(job_profiles=tuple(job_profiles))
+    except ValueError as exc:  # a job profile that does not load (JobProfileError)
+        raise ValueError(f"JOB_PROFILES={list(job_profiles)!r}: {exc}") from exc

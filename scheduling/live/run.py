@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 from django.conf import settings
@@ -20,6 +21,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from gpu.models import GpuWorker, Region
+from scheduling.core.jobs.cosim import backlog_gpus
 from scheduling.core.policy import make_policy
 from scheduling.core.regions.partition import decide_by_region, partition_snapshot
 from scheduling.core.turboserve import TurboServePolicy
@@ -34,6 +36,7 @@ from scheduling.core.types import (
     Snapshot,
 )
 from scheduling.live.apply import Pool, decision_apply
+from scheduling.live.jobs import JobBacklog, jobs_backlog
 from scheduling.live.liveness import sessions_recover
 from scheduling.live.outbox import Outbox, scheduler_lock
 from scheduling.live.profiles import default_gpu_type, gpu_profiles
@@ -188,6 +191,28 @@ def _snapshot(pool: Pool, config: SchedulerConfig, clock: float) -> Snapshot:
     )
 
 
+def _with_jobs(
+    snapshots: dict[str, Snapshot], backlog: JobBacklog, gpu_region: dict[str, str], clock: float
+) -> dict[str, Snapshot]:
+    """Each region's snapshot gains its one-shot jobs, as the simulator's does: ``job_demand_gpus``
+    = the backlog demand (``backlog_gpus``) of the jobs its workers hold — queued ones count in the
+    local region — in GPUs of K slots (a live job takes one slot, not a GPU), and ``job_gpus`` = its
+    workers holding running or paused jobs."""
+    capacity = gpu_profiles()[default_gpu_type()].capacity
+    by_region: dict[str, list[tuple[float, str, float]]] = {}
+    for name, open_jobs in backlog.open_jobs.items():
+        region = gpu_region.get(name, Region.DEFAULT_NAME) if name is not None else Region.DEFAULT_NAME
+        by_region.setdefault(region, []).extend(open_jobs)
+    return {
+        region: replace(
+            snap,
+            job_demand_gpus=backlog_gpus(by_region.get(region, []), clock) / capacity,
+            job_gpus=tuple(sorted(g for g in backlog.holders if g in snap.gpus)),
+        )
+        for region, snap in snapshots.items()
+    }
+
+
 def _state_key(policy: str, preset: str, region: str) -> str:
     """Where a region's policy state persists; the local region keeps the key it had before regions."""
     return f"{policy}@{preset}" if region == Region.DEFAULT_NAME else f"{policy}@{preset}@{region}"
@@ -232,6 +257,7 @@ def _run_pool(*, preset: str, trigger: EventKind, session_id: str | None, was_ac
             gpu_limits=layout.gpu_limits,
             default=Region.DEFAULT_NAME,
         )
+        snapshots = _with_jobs(snapshots, jobs_backlog(preset), layout.gpu_region, clock)
         state_rows = {
             region: SchedulerState.objects.select_for_update(no_key=True).get_or_create(
                 policy=_state_key(config.policy, preset, region)

@@ -26,7 +26,7 @@ module (:class:`JobSide`) on job events, on its own timers and after every strea
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,6 +113,18 @@ class _Allocation:
         self.steps_run = 0
         self.target: int | None = None  # a video's degree from the last plan, applied at a step end
         self.decoding = False
+
+
+def backlog_gpus(open_jobs: Iterable[tuple[float, str, float]], now: float) -> float:
+    """GPUs the open jobs' backlog needs to meet its deadlines (the autoscaler's job demand): over
+    the jobs ``(deadline, id, remaining seconds on one GPU)`` in deadline order, the largest ratio of
+    the work due by a deadline to the time left until it (at least the job's own remaining time)."""
+    work = 0.0
+    demand = 0.0
+    for deadline, _id, remaining in sorted(open_jobs):
+        work += remaining
+        demand = max(demand, work / max(deadline - now, remaining))
+    return demand
 
 
 def image_request(job: _Job, max_batch: int) -> ImageRequest:
@@ -363,18 +375,8 @@ class JobSide:
 
     # -- autoscaler input and results --------------------------------------------------------------
     def demand_gpus(self) -> float:
-        now = self.host.now
-        open_jobs = sorted(
-            (j for j in self.jobs.values() if j.state in ("waiting", "running")),
-            key=lambda j: (j.deadline, j.id),
-        )
-        work = 0.0
-        demand = 0.0
-        for job in open_jobs:
-            own = job.remaining_s(1)
-            work += own
-            demand = max(demand, work / max(job.deadline - now, own))
-        return demand
+        open_jobs = [j for j in self.jobs.values() if j.state in ("waiting", "running")]
+        return backlog_gpus(((j.deadline, j.id, j.remaining_s(1)) for j in open_jobs), self.host.now)
 
     def result(self, end: float) -> dict[str, Any]:
         jobs = [j for j in self.jobs.values() if j.arrival <= end and j.state != "cancelled"]
