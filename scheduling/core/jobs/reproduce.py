@@ -51,12 +51,13 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return round(float(np.mean(kept)), 4) if kept else None
 
 
-def _jobs_only(policy: str, jobs: list, duration_s: float) -> dict[str, Any]:
+def _jobs_only(policy: str, jobs: list, duration_s: float, gpus: int = GPUS) -> dict[str, Any]:
+    """The job metrics of ``jobs`` alone (no streams) on a fixed pool of ``gpus``."""
     config = SimConfig(
         profiles=load_profiles(STREAM_PROFILE),
-        initial_gpus=GPUS,
-        min_gpus=GPUS,
-        max_gpus=GPUS,
+        initial_gpus=gpus,
+        min_gpus=gpus,
+        max_gpus=gpus,
         duration_s=duration_s,
     )
     result = simulate([], make_policy("base"), config, job_events=jobs, jobs=job_config(policy))
@@ -213,7 +214,7 @@ def with_streams(
         assert shared.jobs is not None
         extra_usd = shared.gpu_cost_usd - alone.gpu_cost_usd
         dedicated_gpus = max(1, round(extra_usd / (profile.price_per_hour * duration / 3600.0)))
-        dedicated = _jobs_only_pool("genserve", jobs, duration, dedicated_gpus)
+        dedicated = _jobs_only("genserve", jobs, duration, dedicated_gpus)
         rows.append(
             {
                 "seed": seed,
@@ -243,19 +244,6 @@ def with_streams(
 
 def _autoscaled(profile: Any, duration_s: float) -> SimConfig:
     return SimConfig(profiles=[profile], initial_gpus=GPUS, min_gpus=1, max_gpus=32, duration_s=duration_s)
-
-
-def _jobs_only_pool(policy: str, jobs: list, duration_s: float, gpus: int) -> dict[str, Any]:
-    config = SimConfig(
-        profiles=load_profiles(STREAM_PROFILE),
-        initial_gpus=gpus,
-        min_gpus=gpus,
-        max_gpus=gpus,
-        duration_s=duration_s,
-    )
-    result = simulate([], make_policy("base"), config, job_events=jobs, jobs=job_config(policy))
-    assert result.jobs is not None
-    return result.jobs
 
 
 def run_reproduction(
