@@ -110,6 +110,14 @@ def _streams_columns(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _policy_columns(policy: str, mixes: list, session_rate: float, window_s: float) -> dict[str, Any]:
+    """One policy's row columns over the seeds' job mixes ``(seed, meta, jobs)``: the job metrics
+    alone on the fixed pool, averaged, then beside a session trace (`_streams_columns`)."""
+    runs = [_jobs_only(policy, jobs, meta["duration_s"]) for _, meta, jobs in mixes]
+    shared = [_beside_streams(policy, jobs, meta, seed, session_rate, window_s) for seed, meta, jobs in mixes]
+    return {**_averaged(runs), **_streams_columns(shared)}
+
+
 def ladder(
     rates: Sequence[float],
     seeds: Sequence[int],
@@ -130,18 +138,12 @@ def ladder(
         ]
         load = _mean([offered_load(jobs, GPUS, window_s) for _, _, jobs in mixes])
         for policy in LADDER + ABLATIONS:
-            runs = [_jobs_only(policy, jobs, meta["duration_s"]) for _, meta, jobs in mixes]
-            shared = [
-                _beside_streams(policy, jobs, meta, seed, session_rate, window_s)
-                for seed, meta, jobs in mixes
-            ]
             rows.append(
                 {
                     "rate_per_min": rate,
                     "offered_load": load,
                     "policy": policy,
-                    **_averaged(runs),
-                    **_streams_columns(shared),
+                    **_policy_columns(policy, mixes, session_rate, window_s),
                 }
             )
             log(f"ladder {rate}/min {policy}: {rows[-1]['slo_attainment']}")
@@ -164,18 +166,12 @@ def sigma_sweep(
                 for seed in seeds
             ]
             for policy in SIGMA_POLICIES:
-                runs = [_jobs_only(policy, jobs, meta["duration_s"]) for _, meta, jobs in mixes]
-                shared = [
-                    _beside_streams(policy, jobs, meta, seed, session_rate, window_s)
-                    for seed, meta, jobs in mixes
-                ]
                 rows.append(
                     {
                         "rate_per_min": rate,
                         "sigma": sigma,
                         "policy": policy,
-                        **_averaged(runs),
-                        **_streams_columns(shared),
+                        **_policy_columns(policy, mixes, session_rate, window_s),
                     }
                 )
                 log(f"sigma {rate}/min σ={sigma} {policy}: {rows[-1]['slo_attainment']}")
