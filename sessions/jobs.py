@@ -23,7 +23,6 @@ from datetime import datetime, timedelta
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.files.base import ContentFile
 from django.db import transaction
@@ -32,7 +31,7 @@ from django.utils import timezone
 from gpu.models import GpuWorker
 from sessions.models import Job
 from sessions.selectors import job_queue_positions, job_status_message
-from sessions.services import MAX_SEED, validate_prompt
+from sessions.services import MAX_SEED, owner_limit_check, validate_prompt
 from sessions.signals import job_changed
 from workers.catalog import PRESETS, ModelPreset, parse_resolution
 from workers.runtime.presets import PRESETS as RUNTIME_PRESETS
@@ -252,15 +251,14 @@ def _locked(job_id) -> Job | None:
 @transaction.atomic
 def job_submit(*, owner, spec: JobSpec) -> Job:
     """Queue a job. Raises ``JobLimit`` when the owner already has the maximum in flight."""
-    limit = settings.STREAMSERVE["MAX_JOBS_IN_FLIGHT_PER_USER"]
-    # The owner's row is the lock: two concurrent submissions cannot both count limit - 1.
-    get_user_model().objects.select_for_update().get(pk=owner.pk)
-    in_flight = Job.objects.filter(owner=owner, state__in=Job.IN_FLIGHT).count()
-    if in_flight >= limit:
-        raise JobLimit(
-            f"you already have {in_flight} jobs in flight (the limit is {limit}); "
-            "wait for one to finish or cancel one"
-        )
+    owner_limit_check(
+        owner,
+        Job.objects.filter(owner=owner, state__in=Job.IN_FLIGHT),
+        setting="MAX_JOBS_IN_FLIGHT_PER_USER",
+        error=JobLimit,
+        what="jobs in flight",
+        advice="wait for one to finish or cancel one",
+    )
     job = Job.objects.create(
         owner=owner,
         kind=spec.kind,

@@ -16,7 +16,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.postgres.fields import ArrayField
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Count, F, Func, IntegerField, Max, Min, Sum, Value
+from django.db.models import Count, F, Func, IntegerField, Max, Min, QuerySet, Sum, Value
 from django.db.models import FloatField as _Float
 from django.db.models.functions import Coalesce, Trunc
 from django.utils import timezone
@@ -135,6 +135,20 @@ class LiveSessionLimit(Exception):
     """The owner already holds ``MAX_LIVE_SESSIONS_PER_USER`` sessions that are not terminated."""
 
 
+def owner_limit_check(
+    owner, held: QuerySet, *, setting: str, error: type[Exception], what: str, advice: str
+) -> None:
+    """Raise ``error`` when ``owner`` already holds ``STREAMSERVE[setting]`` of ``held`` (their
+    ``what``, e.g. "live sessions"); the message ends with ``advice``. Call it in a transaction:
+    the owner's row is the lock, so two concurrent creations cannot both count limit - 1 (``held``
+    is lazy and counted after the lock)."""
+    limit = settings.STREAMSERVE[setting]
+    get_user_model().objects.select_for_update().get(pk=owner.pk)
+    count = held.count()
+    if count >= limit:
+        raise error(f"you already have {count} {what} (the limit is {limit}); {advice}")
+
+
 def origin_validate(origin: str | None) -> str:
     """A session's user origin: empty, or one some region has an RTT for (``Region.rtt_ms``)."""
     origin = (origin or "").strip()
@@ -155,14 +169,14 @@ def session_create(*, owner, spec: SessionSpec, origin: str = "") -> GenerationS
     sessions: one user must not fill the queue and the GPUs on their own.
     """
     origin = origin_validate(origin)
-    limit = settings.STREAMSERVE["MAX_LIVE_SESSIONS_PER_USER"]
-    # The owner's row is the lock: two concurrent creations cannot both count limit - 1.
-    get_user_model().objects.select_for_update().get(pk=owner.pk)
-    live = GenerationSession.objects.filter(owner=owner).exclude(status=Status.TERMINATED).count()
-    if live >= limit:
-        raise LiveSessionLimit(
-            f"you already have {live} live sessions (the limit is {limit}); terminate one to start another"
-        )
+    owner_limit_check(
+        owner,
+        GenerationSession.objects.filter(owner=owner).exclude(status=Status.TERMINATED),
+        setting="MAX_LIVE_SESSIONS_PER_USER",
+        error=LiveSessionLimit,
+        what="live sessions",
+        advice="terminate one to start another",
+    )
     now = timezone.now()
     session = GenerationSession.objects.create(
         owner=owner,

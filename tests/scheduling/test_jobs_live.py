@@ -7,60 +7,28 @@ progress and the PNG, which the API serves back from the default storage."""
 from __future__ import annotations
 
 import io
-import time
 import uuid
 
 import pytest
-import redis
-import torch
-from django.conf import settings
 from django.utils import timezone
 from PIL import Image
 
 from scheduling.live.jobs import jobs_dispatch
 from scheduling.models import WorkerCommand
 from sessions.models import GenerationSession, Job
+from tests.daemons import stepped_daemon, steps_until
 from tests.factories import GpuWorkerFactory, SessionFactory
-from workers.channel import stream_key
-from workers.daemon import WorkerDaemon
-from workers.reporting import DjangoReporter
-from workers.runtime.engine import ChunkEngine
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
 def daemon():
-    torch.set_num_threads(1)
     worker = GpuWorkerFactory(
         name=f"jobs-{uuid.uuid4().hex[:8]}", model_preset="tiny", gpu_type="cpu", capacity=1
     )
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    instance = WorkerDaemon(
-        name=worker.name,
-        engine=ChunkEngine.from_preset("tiny", max_batch=1),
-        redis_client=client,
-        reporter=DjangoReporter(worker.pk, worker.name),
-        capacity=1,
-        heartbeat_s=60.0,
-    )
-    instance.start()
-    instance.worker = worker
-    yield instance
-    instance.stopping.set()
-    instance.shutdown()
-    client.delete(stream_key(worker.name))
-
-
-def steps_until(daemon, predicate, timeout=60):
-    """Step the daemon until ``predicate`` holds (the bound only turns a hang into a failure)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        daemon.step()
-        value = predicate()
-        if value:
-            return value
-    raise AssertionError("condition not reached")
+    with stepped_daemon(worker, max_batch=1, capacity=1, heartbeat_s=60.0) as instance:
+        yield instance
 
 
 def answered(kind: str, job: Job) -> WorkerCommand | None:

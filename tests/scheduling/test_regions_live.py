@@ -294,6 +294,22 @@ def test_each_region_scales_on_its_own_load_within_its_limits(coasts):
     assert not ScalingAction.objects.filter(direction="out").exists()
 
 
+def scale_out_one(region: Region) -> ScalingAction:
+    """A tick's decision (budget 3 → 5) scales ``region`` out by one tiny CPU worker; the outbox's
+    after-commit calls (the provisioner's request) run at once."""
+    decision = SchedulerDecision.objects.create(
+        trigger="tick", decided_at=timezone.now(), policy="turboserve", active_sessions=8, budget=3,
+        target_budget=5, duration_ms=0.0, rho_max=1.5, rho_hat=0.7,
+    )  # fmt: skip
+    outbox = Outbox()
+    action = scale_out(
+        decision=decision, preset="tiny", gpu_type="cpu", count=1, budget=3, outbox=outbox, region=region
+    )
+    for call in outbox.after:
+        call()
+    return action
+
+
 def test_a_scaled_out_worker_is_in_its_region_at_the_regions_price(coasts, settings):
     east, _west = coasts
     settings.STREAMSERVE = {
@@ -304,17 +320,8 @@ def test_a_scaled_out_worker_is_in_its_region_at_the_regions_price(coasts, setti
     # given east twice as dear
     Region.objects.filter(pk=east.pk).update(price_multiplier=2.0)
     east.refresh_from_db()
-    decision = SchedulerDecision.objects.create(
-        trigger="tick", decided_at=timezone.now(), policy="turboserve", active_sessions=8, budget=3,
-        target_budget=5, duration_ms=0.0, rho_max=1.5, rho_hat=0.7,
-    )  # fmt: skip
     # when east's decision scales out by one and the provisioner is asked after it
-    outbox = Outbox()
-    action = scale_out(
-        decision=decision, preset="tiny", gpu_type="cpu", count=1, budget=3, outbox=outbox, region=east
-    )
-    for call in outbox.after:
-        call()
+    action = scale_out_one(east)
     # then the worker is requested in east, at the profile's $0.1/h × 2
     assert (action.from_budget, action.to_budget, action.reason.endswith("region east")) == (3, 4, True)
     worker = GpuWorker.objects.get(name="cpu-9")
@@ -331,17 +338,8 @@ def test_a_region_scales_out_through_its_own_provisioner(coasts, settings):
     }
     Region.objects.filter(pk=east.pk).update(provisioner="static")
     east.refresh_from_db()
-    decision = SchedulerDecision.objects.create(
-        trigger="tick", decided_at=timezone.now(), policy="turboserve", active_sessions=8, budget=3,
-        target_budget=5, duration_ms=0.0, rho_max=1.5, rho_hat=0.7,
-    )  # fmt: skip
     # when east's decision scales out by one
-    outbox = Outbox()
-    action = scale_out(
-        decision=decision, preset="tiny", gpu_type="cpu", count=1, budget=3, outbox=outbox, region=east
-    )
-    for call in outbox.after:
-        call()
+    action = scale_out_one(east)
     # then east's static backend granted its configured worker (no local process started)
     action.refresh_from_db()
     assert (action.outcome, action.provisioner_result["provider"]) == ("requested", "static")

@@ -5,42 +5,29 @@ from __future__ import annotations
 import json
 
 import pytest
-import pytest_asyncio
 import redis
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
-from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
-from django.db import connections
 
 from sessions import consumers
 from sessions.ingest import chunk_records_drain
 from sessions.models import ChunkRecord
-from sessions.routing import websocket_urlpatterns
 from tests.factories import SessionFactory, UserFactory
+from tests.sessions.sockets import communicator_as, connect_as
 from workers.records import INGEST_LOCK, STREAM
 from workers.streaming import chunk_message, decode_chunk_frame, group_name
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
-
-application = URLRouter(websocket_urlpatterns)
-
-
-@pytest_asyncio.fixture(autouse=True)
-async def _close_thread_connections():
-    # The ORM calls below run in asgiref's sync thread, which keeps its own connection open;
-    # close it so the test database can be dropped at the end of the run.
-    yield
-    await sync_to_async(connections.close_all)()
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.asyncio,
+    pytest.mark.usefixtures("close_thread_connections"),
+]
 
 
-async def connect(session, user):
-    communicator = WebsocketCommunicator(application, f"/ws/sessions/{session.pk}/")
-    communicator.scope["user"] = user
-    connected, _ = await communicator.connect()
-    assert connected
-    return communicator
+async def connect(session, user) -> WebsocketCommunicator:
+    return await connect_as(user, f"/ws/sessions/{session.pk}/")
 
 
 def a_chunk(session, index: int, epoch: int = 1, worker: str = "w1") -> dict:
@@ -132,8 +119,7 @@ async def test_other_users_and_anonymous_are_refused_with_a_reason():
     from django.contrib.auth.models import AnonymousUser
 
     for user, code in [(other, "not_found"), (AnonymousUser(), "not_authenticated")]:
-        communicator = WebsocketCommunicator(application, f"/ws/sessions/{session.pk}/")
-        communicator.scope["user"] = user
+        communicator = communicator_as(user, f"/ws/sessions/{session.pk}/")
         await communicator.connect()
         assert json.loads(await communicator.receive_from())["code"] == code
         closed = await communicator.receive_output()

@@ -7,35 +7,25 @@ from __future__ import annotations
 import json
 
 import pytest
-import pytest_asyncio
 from asgiref.sync import sync_to_async
-from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
-from django.db import connections, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from sessions import jobs
 from sessions.models import Job
-from sessions.routing import websocket_urlpatterns
 from tests.factories import GpuWorkerFactory, JobFactory, UserFactory
+from tests.sessions.sockets import communicator_as, connect_as
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
-
-application = URLRouter(websocket_urlpatterns)
-
-
-@pytest_asyncio.fixture(autouse=True)
-async def _close_thread_connections():
-    yield
-    await sync_to_async(connections.close_all)()
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.asyncio,
+    pytest.mark.usefixtures("close_thread_connections"),
+]
 
 
 async def connect(user) -> WebsocketCommunicator:
-    communicator = WebsocketCommunicator(application, "/ws/jobs/")
-    communicator.scope["user"] = user
-    connected, _ = await communicator.connect()
-    assert connected
-    return communicator
+    return await connect_as(user, "/ws/jobs/")
 
 
 async def receive(communicator) -> dict:
@@ -159,8 +149,7 @@ async def test_bad_frames_get_error_frames_and_the_socket_stays_open():
 async def test_anonymous_sockets_are_refused_with_a_reason():
     from django.contrib.auth.models import AnonymousUser
 
-    communicator = WebsocketCommunicator(application, "/ws/jobs/")
-    communicator.scope["user"] = AnonymousUser()
+    communicator = communicator_as(AnonymousUser(), "/ws/jobs/")
     await communicator.connect()
     assert (await receive(communicator))["code"] == "not_authenticated"
     assert (await communicator.receive_output(timeout=5))["code"] == 4401

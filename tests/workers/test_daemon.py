@@ -4,51 +4,30 @@ transactional: threads commit)."""
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import pytest
 import redis
-import torch
 from django.conf import settings
 
 from scheduling.live.outbox import Outbox
 from scheduling.models import WorkerCommand
 from sessions.ingest import chunk_records_drain
 from sessions.models import ChunkRecord
+from tests.daemons import stepped_daemon, steps_until
 from tests.e2e.conftest import wait_for
 from tests.factories import GpuWorkerFactory, SessionFactory
 from workers.channel import PublishFence, delivered_key, stream_key
-from workers.daemon import WorkerDaemon
-from workers.reporting import DjangoReporter
-from workers.runtime.engine import ChunkEngine
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
 def daemon(tmp_path):
-    torch.set_num_threads(1)
     worker = GpuWorkerFactory(name=f"test-{uuid.uuid4().hex[:8]}", model_preset="tiny", gpu_type="cpu")
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    reporter = DjangoReporter(worker.pk, worker.name)
-    engine = ChunkEngine.from_preset("tiny", max_batch=2)
-    instance = WorkerDaemon(
-        name=worker.name,
-        engine=engine,
-        redis_client=client,
-        reporter=reporter,
-        capacity=2,
-        checkpoint_dir=tmp_path,
-        checkpoint_every=2,
-        heartbeat_s=0.2,
-    )
-    instance.start()
-    instance.worker = worker
-    yield instance
-    instance.stopping.set()
-    instance.shutdown()
-    client.delete(stream_key(worker.name))
+    options = {"capacity": 2, "checkpoint_dir": tmp_path, "checkpoint_every": 2, "heartbeat_s": 0.2}
+    with stepped_daemon(worker, max_batch=2, **options) as instance:
+        yield instance
 
 
 def send(daemon, kind, session=None, **payload):
@@ -65,16 +44,6 @@ def answered(body):
 
 def recorded(session) -> int:
     return ChunkRecord.objects.filter(session=session).count()
-
-
-def steps_until(daemon, predicate, timeout=30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        daemon.step()
-        value = predicate()
-        if value:
-            return value
-    raise AssertionError("condition not reached")
 
 
 def test_start_generates_publishes_and_records_chunks(daemon):

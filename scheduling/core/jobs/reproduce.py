@@ -51,12 +51,13 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return round(float(np.mean(kept)), 4) if kept else None
 
 
-def _jobs_only(policy: str, jobs: list, duration_s: float) -> dict[str, Any]:
+def _jobs_only(policy: str, jobs: list, duration_s: float, gpus: int = GPUS) -> dict[str, Any]:
+    """The job metrics of ``jobs`` alone (no streams) on a fixed pool of ``gpus``."""
     config = SimConfig(
         profiles=load_profiles(STREAM_PROFILE),
-        initial_gpus=GPUS,
-        min_gpus=GPUS,
-        max_gpus=GPUS,
+        initial_gpus=gpus,
+        min_gpus=gpus,
+        max_gpus=gpus,
         duration_s=duration_s,
     )
     result = simulate([], make_policy("base"), config, job_events=jobs, jobs=job_config(policy))
@@ -109,6 +110,14 @@ def _streams_columns(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _policy_columns(policy: str, mixes: list, session_rate: float, window_s: float) -> dict[str, Any]:
+    """One policy's row columns over the seeds' job mixes ``(seed, meta, jobs)``: the job metrics
+    alone on the fixed pool, averaged, then beside a session trace (`_streams_columns`)."""
+    runs = [_jobs_only(policy, jobs, meta["duration_s"]) for _, meta, jobs in mixes]
+    shared = [_beside_streams(policy, jobs, meta, seed, session_rate, window_s) for seed, meta, jobs in mixes]
+    return {**_averaged(runs), **_streams_columns(shared)}
+
+
 def ladder(
     rates: Sequence[float],
     seeds: Sequence[int],
@@ -129,18 +138,12 @@ def ladder(
         ]
         load = _mean([offered_load(jobs, GPUS, window_s) for _, _, jobs in mixes])
         for policy in LADDER + ABLATIONS:
-            runs = [_jobs_only(policy, jobs, meta["duration_s"]) for _, meta, jobs in mixes]
-            shared = [
-                _beside_streams(policy, jobs, meta, seed, session_rate, window_s)
-                for seed, meta, jobs in mixes
-            ]
             rows.append(
                 {
                     "rate_per_min": rate,
                     "offered_load": load,
                     "policy": policy,
-                    **_averaged(runs),
-                    **_streams_columns(shared),
+                    **_policy_columns(policy, mixes, session_rate, window_s),
                 }
             )
             log(f"ladder {rate}/min {policy}: {rows[-1]['slo_attainment']}")
@@ -163,18 +166,12 @@ def sigma_sweep(
                 for seed in seeds
             ]
             for policy in SIGMA_POLICIES:
-                runs = [_jobs_only(policy, jobs, meta["duration_s"]) for _, meta, jobs in mixes]
-                shared = [
-                    _beside_streams(policy, jobs, meta, seed, session_rate, window_s)
-                    for seed, meta, jobs in mixes
-                ]
                 rows.append(
                     {
                         "rate_per_min": rate,
                         "sigma": sigma,
                         "policy": policy,
-                        **_averaged(runs),
-                        **_streams_columns(shared),
+                        **_policy_columns(policy, mixes, session_rate, window_s),
                     }
                 )
                 log(f"sigma {rate}/min σ={sigma} {policy}: {rows[-1]['slo_attainment']}")
@@ -213,7 +210,7 @@ def with_streams(
         assert shared.jobs is not None
         extra_usd = shared.gpu_cost_usd - alone.gpu_cost_usd
         dedicated_gpus = max(1, round(extra_usd / (profile.price_per_hour * duration / 3600.0)))
-        dedicated = _jobs_only_pool("genserve", jobs, duration, dedicated_gpus)
+        dedicated = _jobs_only("genserve", jobs, duration, dedicated_gpus)
         rows.append(
             {
                 "seed": seed,
@@ -243,19 +240,6 @@ def with_streams(
 
 def _autoscaled(profile: Any, duration_s: float) -> SimConfig:
     return SimConfig(profiles=[profile], initial_gpus=GPUS, min_gpus=1, max_gpus=32, duration_s=duration_s)
-
-
-def _jobs_only_pool(policy: str, jobs: list, duration_s: float, gpus: int) -> dict[str, Any]:
-    config = SimConfig(
-        profiles=load_profiles(STREAM_PROFILE),
-        initial_gpus=gpus,
-        min_gpus=gpus,
-        max_gpus=gpus,
-        duration_s=duration_s,
-    )
-    result = simulate([], make_policy("base"), config, job_events=jobs, jobs=job_config(policy))
-    assert result.jobs is not None
-    return result.jobs
 
 
 def run_reproduction(

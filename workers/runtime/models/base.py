@@ -535,6 +535,26 @@ class StagewiseModel(StreamingVideoModel):
         """The session's decoder cache: views of its state tensors named in `DECODER_CACHE`."""
         return {name: state.tensors[name] for name in self.DECODER_CACHE}
 
+    def create_job(
+        self, *, kind: str, prompt: str, seed: int, width: int, height: int, frames: int, steps: int
+    ) -> SessionState:
+        """A new job: its region (`job_layout`) with counter-based noise as latents (step 0) and
+        the prompt encoded once, stored by `init_job`. `check_job` refuses models with no one-shot
+        mode before anything is allocated."""
+        self.check_job(kind=kind, width=width, height=height, frames=frames, steps=steps)
+        meta = self.job_meta(
+            kind=kind, prompt=prompt, seed=seed, width=width, height=height, frames=frames, steps=steps
+        )
+        region, tensors = allocate_region(self.job_layout(meta), self.device)
+        latents = tensors["latents"]
+        latents.copy_(job_noise(seed, 0, tuple(latents.shape)))
+        self.init_job(tensors, seed, self.encode_prompt(prompt))
+        return SessionState(tensors=tensors, meta=meta, region=region)
+
+    def init_job(self, tensors: dict[str, torch.Tensor], seed: int, embeddings: torch.Tensor) -> None:
+        """Fill a new job's tensors other than its latents from its seed and prompt encoding."""
+        raise OneShotUnsupported(f"{type(self).__name__} ({self.preset}) has no one-shot mode")
+
     @torch.inference_mode()
     def generate(self, states: list[SessionState]) -> list[GeneratedChunk]:
         if not states:

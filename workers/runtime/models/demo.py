@@ -43,7 +43,6 @@ from workers.runtime.models.base import (
     SessionState,
     StagewiseModel,
     allocate_region,
-    job_noise,
     region_offsets,
     splitmix64,
 )
@@ -347,19 +346,8 @@ class DemoModel(StagewiseModel):
             ("position", (2,), torch.float32),
         ]
 
-    def create_job(
-        self, *, kind: str, prompt: str, seed: int, width: int, height: int, frames: int, steps: int
-    ) -> SessionState:
-        self.check_job(kind=kind, width=width, height=height, frames=frames, steps=steps)
-        meta = self.job_meta(
-            kind=kind, prompt=prompt, seed=seed, width=width, height=height, frames=frames, steps=steps
-        )
-        region, tensors = allocate_region(self.job_layout(meta), self.device)
-        latents = tensors["latents"]
-        latents.copy_(job_noise(seed, 0, tuple(latents.shape)))
-        tensors["text_features"].copy_(self.encode_prompt(prompt))
-        tensors["position"].copy_(_start_position(seed))
-        return SessionState(tensors=tensors, meta=meta, region=region)
+    def init_job(self, tensors: dict[str, torch.Tensor], seed: int, embeddings: torch.Tensor) -> None:
+        self.init_state(tensors, seed, embeddings)
 
     @torch.inference_mode()
     def job_step(self, states: list[SessionState]) -> None:

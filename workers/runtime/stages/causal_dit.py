@@ -43,7 +43,7 @@ class CausalDiTStages(StagedModel):
         weights_path: str | None = None,
         weights: Mapping[str, torch.Tensor] | None = None,
     ) -> CausalDiTStages:
-        keep = [name for stage in stages for name in cls.COMPONENTS[stage]]
+        keep = cls.components_for(stages)
         model = CausalDiTModel(
             _config(preset),
             preset=preset,

@@ -94,6 +94,11 @@ class StagedModel(abc.ABC):
         self.device = model.device
         self.stages = frozenset(stages)
 
+    @classmethod
+    def components_for(cls, stages: tuple[Stage, ...]) -> list[str]:
+        """The network submodules a worker hosting ``stages`` loads, in stage order."""
+        return [name for stage in stages for name in cls.COMPONENTS[stage]]
+
     @abc.abstractmethod
     def state_layout(self) -> Layout:
         """(name, shape, dtype) of the monolithic model's state region: diffusion state and decoder

@@ -44,7 +44,7 @@ class DemoStages(StagedModel):
         weights: Mapping[str, torch.Tensor] | None = None,
     ) -> DemoStages:
         cfg = _config(preset)
-        keep = [name for stage in stages for name in cls.COMPONENTS[stage]]
+        keep = cls.components_for(stages)
         # Built on the CPU and moved by DemoModel, as the monolithic model's weights are.
         net = partial_network(lambda: DemoNetwork(cfg), keep, torch.device("cpu"))
         if weights is None:

@@ -39,7 +39,7 @@ class WanCausalStages(StagedModel):
         device: str | torch.device = "cpu",
         dtype: str | None = None,
     ) -> WanCausalStages:
-        components = [name for stage in stages for name in cls.COMPONENTS[stage]]
+        components = cls.components_for(stages)
         return cls(
             WanCausalModel(arch, preset=preset, device=device, dtype=dtype, components=components), stages
         )
