@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +73,23 @@ def job_noise(seed: int, step: int, shape: tuple[int, ...]) -> torch.Tensor:
     drawn on the CPU so it is the same on every device, batch and worker."""
     generator = torch.Generator(device="cpu").manual_seed(splitmix64(int(seed), JOB_NOISE_STREAM, step))
     return torch.randn(shape, generator=generator, dtype=torch.float32)
+
+
+def few_step_sample(
+    denoise: Callable[[torch.Tensor, float], torch.Tensor], sigmas: Sequence[float], noise: torch.Tensor
+) -> torch.Tensor:
+    """The few-step flow-matching sampler of the causal video models: at each sigma predict the
+    velocity (``denoise(x, sigma)``), take the clean estimate x0 = x − σ·v and re-noise it to the next
+    sigma with that step's draw (``noise[step]``); the last step returns x0."""
+    x = noise[0]
+    for step, sigma in enumerate(sigmas):
+        x0 = x - sigma * denoise(x, sigma)
+        if step + 1 < len(sigmas):
+            nxt = sigmas[step + 1]
+            x = (1.0 - nxt) * x0 + nxt * noise[step + 1]
+        else:
+            x = x0
+    return x
 
 
 def is_job_meta(meta: Mapping[str, Any]) -> bool:

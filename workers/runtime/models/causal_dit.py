@@ -46,6 +46,7 @@ from workers.runtime.models.base import (
     SessionState,
     StagewiseModel,
     allocate_region,
+    few_step_sample,
     region_offsets,
     splitmix64,
 )
@@ -498,15 +499,11 @@ class CausalDiTModel(StagewiseModel):
         rope = rope_tables(cfg, positions, self.device)
         cache = self._gather_cache_plan(states, frames_written)
 
-        x = noise_all[0]
-        for step, sigma in enumerate(self.sigmas):
-            velocity = self._forward(x, sigma, context, rope, states, cache, write_slots=None)
-            x0 = x - sigma * velocity
-            if step + 1 < len(self.sigmas):
-                nxt = self.sigmas[step + 1]
-                x = (1.0 - nxt) * x0 + nxt * noise_all[step + 1]
-            else:
-                x = x0
+        x = few_step_sample(
+            lambda x, sigma: self._forward(x, sigma, context, rope, states, cache, write_slots=None),
+            self.sigmas,
+            noise_all,
+        )
         # Cache pass: the clean chunk at t=0 writes its keys/values into each session's ring.
         slots = torch.tensor([self._ring_slots(fw) for fw in frames_written]).to(self.device)
         self._forward(x, 0.0, context, rope, states, cache, write_slots=slots)

@@ -57,6 +57,7 @@ from workers.runtime.models.base import (
     SessionState,
     StagewiseModel,
     allocate_region,
+    few_step_sample,
     region_offsets,
 )
 from workers.runtime.models.causal_dit import apply_rope, rope_tables, splitmix64
@@ -729,15 +730,11 @@ class WanCausalModel(StagewiseModel):
         valid = [self._valid_slots(fw) for fw in frames_written]
         cache = self._cache_plan(valid)
 
-        x = noise_all[0]
-        for step, sigma in enumerate(self.sigmas):
-            velocity = self._forward(x, sigma, context, rope, states, cache, write_slots=None)
-            x0 = x - sigma * velocity
-            if step + 1 < len(self.sigmas):
-                nxt = self.sigmas[step + 1]
-                x = (1.0 - nxt) * x0 + nxt * noise_all[step + 1]
-            else:
-                x = x0
+        x = few_step_sample(
+            lambda x, sigma: self._forward(x, sigma, context, rope, states, cache, write_slots=None),
+            self.sigmas,
+            noise_all,
+        )
         slots = torch.tensor([self._ring_slots(fw) for fw in frames_written], device=self.device)
         self._forward(x, 0.0, context, rope, states, cache, write_slots=slots)
         for i, state in enumerate(states):
