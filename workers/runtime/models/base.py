@@ -258,6 +258,12 @@ class StreamingVideoModel(abc.ABC):
     @abc.abstractmethod
     def state_bytes_for(self, options: dict[str, Any] | None = None) -> int: ...
 
+    def step_ready(self, state: SessionState) -> bool:
+        """Whether `generate` can run this state now. Always, for a model that holds every stage; a
+        stage worker waiting for the embeddings of the prompt due at the state's next chunk (issue
+        15, ``workers.runtime.stages.serving``) says no until they arrive."""
+        return True
+
     # -- one-shot jobs (issue 14) ---------------------------------------------------------------
 
     def check_job(self, *, kind: str, width: int, height: int, frames: int, steps: int) -> None:
