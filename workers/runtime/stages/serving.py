@@ -196,7 +196,8 @@ def _result(future: Future[torch.Tensor], timeout_s: float, who: str) -> torch.T
 
 class PromptEncodings:
     """The embeddings a diffusion worker has or has asked for, by prompt text (an LRU of
-    ``cache_size`` answers), fetched from the encoder worker in use (`use`)."""
+    ``cache_size`` answers), fetched from the encoder worker in use (`use`: connecting waits up to
+    ``connect_timeout_s``, an answer up to ``timeout_s``)."""
 
     def __init__(
         self,
@@ -204,16 +205,12 @@ class PromptEncodings:
         device: torch.device | str = "cpu",
         cache_size: int = 64,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        connect: Callable[[str, str], EncoderClient] | None = None,
+        connect_timeout_s: float = 10.0,
     ) -> None:
         self.device = torch.device(device)
         self.cache_size = max(1, cache_size)
         self.timeout_s = timeout_s
-        self._connect = connect or (
-            lambda address, worker: EncoderClient(
-                address, device=self.device, worker=worker, timeout_s=timeout_s
-            )
-        )
+        self.connect_timeout_s = connect_timeout_s
         self._clients: dict[str, EncoderClient] = {}
         self.client: EncoderClient | None = None
         self._cache: OrderedDict[str, Future[torch.Tensor]] = OrderedDict()
@@ -231,7 +228,9 @@ class PromptEncodings:
             if client is not None:
                 client.close()
             try:
-                client = self._connect(address, worker)
+                client = EncoderClient(
+                    address, device=self.device, worker=worker, timeout_s=self.connect_timeout_s
+                )
             except Exception as exc:  # store or pair-group set-up failed
                 raise EncoderUnavailable(
                     f"cannot reach encoder {worker or address} at {address}: {exc}"
@@ -244,12 +243,15 @@ class PromptEncodings:
         if future is not None and not (future.done() and future.exception() is not None):
             self._cache.move_to_end(prompt)
             return future
-        if self.client is None:
+        if self.client is None or self.client.broken is not None:
+            # Not cached: asked again once a command names an encoder (`use` reconnects). Never a
+            # reconnect here: this runs in the daemon's hot loop, which must not wait on a dead peer.
+            lost = (
+                "no encoder worker is known" if self.client is None else f"encoder lost: {self.client.broken}"
+            )
             future = Future()
-            future.set_exception(EncoderUnavailable("no encoder worker is known to this worker"))
-            return future  # not cached: the next call asks again
-        if self.client.broken is not None:
-            self.use(self.client.address, self.client.worker)  # reconnect once
+            future.set_exception(EncoderUnavailable(lost))
+            return future
         started = time.perf_counter()
         future = self.client.request(prompt)
         future.add_done_callback(
