@@ -3,8 +3,12 @@ with lazy loads, their refusals, and a DC engine fed by an encoder service over 
 
 from __future__ import annotations
 
+import json
+from io import StringIO
+
 import pytest
 import torch
+from django.core.management import CommandError, call_command
 
 from workers.runtime.engine import ChunkEngine
 from workers.runtime.stages.contract import stage_weight_bytes
@@ -102,3 +106,20 @@ def test_a_dc_session_region_restores_on_a_monolithic_engine(listener):
     assert encoder.report()["encoder"]["served"] == 1
     host.close()
     encoder.close()
+
+
+def test_bench_stage_roles_reports_both_roles_and_the_round_trip():
+    out = StringIO()
+    call_command(
+        "bench_stage_roles", "--preset", "demo", "--repeats", "2", "--warmup", "0", "--json", stdout=out
+    )
+    report = json.loads(out.getvalue())
+    assert set(report["chunk_ms"]) == set(report["switch_chunk_ms"]) == {"DC", "EDC"}
+    assert report["chunk_ms"]["DC"]["count"] == report["encode_round_trip_ms"]["count"] == 2
+    weights = stage_weight_bytes("demo")
+    assert report["weights_bytes"]["DC"] == weights["D"] + weights["C"]
+    # the encoder process answered the first prompt once (the second session's is the DC worker's
+    # cached copy), then per round one switch (shared by both sessions) and one fresh prompt
+    assert report["encoder"]["served"] == 1 + 2 * 2
+    with pytest.raises(CommandError, match="--sessions"):
+        call_command("bench_stage_roles", "--sessions", "0")
