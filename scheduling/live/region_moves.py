@@ -177,8 +177,17 @@ def _move_pool(preset: str, config: MoveSettings, limit: int) -> list[StartedMov
             .filter(model_name=preset, status__in=(Status.EXECUTING, Status.MIGRATING), worker__in=workers)
             .order_by("pk")
         )
+        # A migrating session runs on its source until the flip, but its load is bound for the target:
+        # counted there, so the next slot does not move another session for load that already left.
+        bound_for = dict(
+            Migration.objects.filter(
+                outcome=Migration.Outcome.PENDING,
+                session__in=[s for s in running if s.status == Status.MIGRATING],
+                target__in=workers,
+            ).values_list("session_id", "target_id")
+        )
         for s in running:
-            residents.setdefault(s.worker_id, []).append(s)
+            residents.setdefault(bound_for.get(s.pk, s.worker_id), []).append(s)
         regions = _regions_now(rows, workers, residents)
         candidates = [
             RunningSession(
