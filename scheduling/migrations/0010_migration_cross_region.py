@@ -5,36 +5,47 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('gpu', '0004_region_provisioner'),
-        ('scheduling', '0009_job_commands'),
+        ("gpu", "0004_region_provisioner"),
+        ("scheduling", "0009_job_commands"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='migration',
-            name='cross_region',
+            model_name="migration",
+            name="cross_region",
             field=models.BooleanField(db_index=True, default=False),
         ),
         migrations.AddField(
-            model_name='migration',
-            name='estimated_saving_ms',
+            model_name="migration",
+            name="estimated_saving_ms",
             field=models.FloatField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='migration',
-            name='source_region',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='gpu.region'),
+            model_name="migration",
+            name="source_region",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="+",
+                to="gpu.region",
+            ),
         ),
         migrations.AddField(
-            model_name='migration',
-            name='switch_cost_ms',
+            model_name="migration",
+            name="switch_cost_ms",
             field=models.FloatField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='migration',
-            name='target_region',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='gpu.region'),
+            model_name="migration",
+            name="target_region",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="+",
+                to="gpu.region",
+            ),
         ),
     ]

@@ -12,8 +12,17 @@ from django.utils import timezone
 from gpu.models import GpuWorker, Region
 from scheduling.live.outbox import redis_client
 from scheduling.live.region_moves import running_sessions_move
-from scheduling.live.regions import FORECAST_KEY, HISTORY_KEY, PLAN_KEY
-from scheduling.models import Migration, WorkerCommand
+from scheduling.live.regions import (
+    FORECAST_KEY,
+    HISTORY_KEY,
+    PLAN_KEY,
+    region_forecast_step,
+    region_plan,
+    session_region_route,
+)
+from scheduling.live.run import scheduler_run
+from scheduling.live.scaling import release
+from scheduling.models import Migration, ScalingAction, SchedulerConfig, WorkerCommand
 from sessions.models import GenerationSession
 from tests.factories import GpuWorkerFactory, SessionFactory
 
@@ -109,3 +118,53 @@ def test_the_plan_moves_a_running_session_to_a_cheaper_region_when_the_price_pay
     assert (started.move.session, started.move.why, started.move.target) == (str(session.pk), "plan", "west")
     migration = Migration.objects.get(session=session)
     assert (migration.source_region, migration.target_region) == (east, west)
+
+
+def test_an_idle_region_scales_to_zero_through_its_provisioner_and_back_for_a_session(
+    coasts, settings, django_capture_on_commit_callbacks
+):
+    _east, west, east_worker, west_worker = coasts
+    settings.STREAMSERVE = {
+        **settings.STREAMSERVE,
+        "REGION_FORECAST": "last-value",
+        "PROVISIONER": "local",
+        "STATIC_WORKERS": "cpu-9@localhost:cpu",
+    }
+    SchedulerConfig.objects.update_or_create(pk=1, defaults={"scale_in_cooldown_s": 0.0, "min_gpus": 0})
+    # given west served by the static backend (its worker hand-started there), one nyc session running
+    # in east, and a slot whose forecast expects nobody from sfo or chi: the plan sends west nothing
+    Region.objects.filter(pk=west.pk).update(provisioner="static")
+    GpuWorker.objects.filter(pk=west_worker.pk).update(provider="static")
+    running_on(east_worker, origin="nyc")
+    region_forecast_step()
+    region_plan()
+    # when the scheduler ticks with a per-region minimum of one GPU, then west keeps its worker
+    settings.STREAMSERVE = {**settings.STREAMSERVE, "REGION_MIN_GPUS": {"west": 1}}
+    scheduler_run(trigger="tick")
+    assert not ScalingAction.objects.filter(direction="in").exists()
+    # and with the default minimum (0) west gives its last worker back (east keeps its own)
+    settings.STREAMSERVE = {**settings.STREAMSERVE, "REGION_MIN_GPUS": {}}
+    scheduler_run(trigger="tick")
+    (action,) = ScalingAction.objects.filter(direction="in")
+    assert list(action.workers.all()) == [west_worker]
+    assert GpuWorker.objects.get(pk=west_worker.pk).status == GpuWorker.Status.DRAINING
+    assert GpuWorker.objects.get(pk=east_worker.pk).status == GpuWorker.Status.READY
+    # and the release (the task's body) stops it through west's static backend
+    release(worker_id=west_worker.pk, action_id=action.pk)
+    action.refresh_from_db()
+    assert (action.outcome, action.provisioner_result["provider"]) == ("succeeded", "static")
+    GpuWorker.objects.filter(pk=west_worker.pk).update(status=GpuWorker.Status.RELEASED)
+
+    # when an sfo user arrives (west is its only region within budget) and becomes active
+    session = SessionFactory(origin="sfo")
+    assert session_region_route(session_id=str(session.pk)) == west
+    GenerationSession.objects.filter(pk=session.pk).update(activity="active", last_active_at=timezone.now())
+    with django_capture_on_commit_callbacks(execute=True):
+        scheduler_run(trigger="active", session_id=str(session.pk))
+    # then it waits in west, which scales out again through its own backend
+    session.refresh_from_db()
+    assert (session.status, session.region) == (GenerationSession.Status.QUEUED, west)
+    (back,) = ScalingAction.objects.filter(direction="out")
+    assert back.reason.endswith("region west")
+    assert (back.outcome, back.provisioner_result["provider"]) == ("requested", "static")
+    assert GpuWorker.objects.get(name="cpu-9").region == west

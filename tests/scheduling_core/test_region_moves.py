@@ -15,7 +15,9 @@ from scheduling.core.regions.moves import (
     running_moves,
     switch_cost_ms,
 )
+from scheduling.core.regions.partition import regions_to_zero
 from scheduling.core.regions.simulator import RegionSimConfig
+from scheduling.core.types import Decision, GpuTypeSpec, GpuView, SessionView, Snapshot
 
 MB = 1e6
 
@@ -119,3 +121,40 @@ def test_the_plan_sheds_an_origins_excess_when_the_price_pays_for_the_move():
     # and without the price difference, 5 ms more RTT never pays
     regions["east"] = region(4, 2, 2, rtt={"chi": 20.0}, price_ms=50.0)
     assert running_moves(regions, chi_sessions(2), settings(), excess=excess) == []
+
+
+# -- an idle region to zero ------------------------------------------------------------------------
+
+
+def zero_case(sessions=(), gpus=("w1", "w2"), decision: Decision | None = None):
+    spec = GpuTypeSpec(
+        name="t", gpu_type="t", capacity=4.0, latency_points=((0.0, 100.0), (8.0, 300.0)),
+        price_per_hour=1.0, provisioning_delay_s=30.0, memory_limit_sessions=2,
+    )  # fmt: skip
+    snap = Snapshot.build(
+        time=100.0,
+        sessions=sessions,
+        gpus=[GpuView(id=g, gpu_type="t", status="ready", ready_at=0.0) for g in gpus],
+        gpu_types={"t": spec},
+        min_gpus=0,
+        max_gpus=10,
+    )
+    return {"west": snap}, {"west": decision or Decision(time=100.0, target_budget=len(gpus))}
+
+
+def test_an_idle_region_with_a_forecast_of_none_releases_every_gpu_down_to_its_minimum():
+    snaps, decisions = zero_case()
+    out = regions_to_zero(snaps, decisions, idle={"west"}, minimum={})
+    assert (out["west"].release, out["west"].target_budget) == (("w1", "w2"), 0)
+    # a per-region minimum keeps that many
+    assert regions_to_zero(snaps, decisions, idle={"west"}, minimum={"west": 1})["west"].release == ("w1",)
+    # and a region not idle by the forecast keeps its GPUs
+    assert regions_to_zero(snaps, decisions, idle=set(), minimum={})["west"].release == ()
+
+
+def test_a_region_holding_a_session_or_scaling_out_is_not_scaled_to_zero():
+    parked = SessionView(id="s", alpha=0, state="suspended", gpu=None, load=1.0, since=1.0)
+    snaps, decisions = zero_case(sessions=[parked])
+    assert regions_to_zero(snaps, decisions, idle={"west"}, minimum={})["west"].release == ()
+    snaps, decisions = zero_case(decision=Decision(time=100.0, add_gpus=(("t", 1),)))
+    assert regions_to_zero(snaps, decisions, idle={"west"}, minimum={})["west"].release == ()
