@@ -87,6 +87,37 @@ def test_an_overloaded_region_moves_running_sessions_to_a_region_within_budget(c
     assert len(sessions) - moved.count() == 4
 
 
+def test_the_region_moves_audit_counts_moves_by_region_with_saving_and_cost(coasts, staff_api):
+    _east, _west, east_worker, _west_worker = coasts
+    for _ in range(6):
+        running_on(east_worker)
+    running_sessions_move()
+    saving = sum(Migration.objects.values_list("estimated_saving_ms", flat=True))
+    cost = sum(Migration.objects.values_list("switch_cost_ms", flat=True))
+    # when the audit is read, then east has two moves out, west two in, with their estimates
+    report = staff_api.get("/api/audit/region-moves/").json()
+    assert report["totals"]["cross_region_moves"] == 2
+    by_region = report["totals"]["by_region"]
+    assert (by_region["east"]["moves_out"], by_region["east"]["moves_in"]) == (2, 0)
+    assert (by_region["west"]["moves_out"], by_region["west"]["moves_in"]) == (0, 2)
+    assert by_region["east"]["estimated_saving_ms"] == pytest.approx(saving)
+    assert by_region["east"]["switch_cost_ms"] == pytest.approx(cost)
+    assert by_region["east"]["succeeded_out"] == 0  # still pending: no worker answered
+    # and the CSV has one row per bucket and region, summing to the same
+    lines = staff_api.get("/api/audit/region-moves/?format=csv").content.decode().splitlines()
+    assert (
+        lines[0] == "bucket_start,region,moves_out,moves_in,succeeded_out,estimated_saving_ms,switch_cost_ms"
+    )
+    rows = [line.split(",") for line in lines[1:]]
+    assert sorted((r[1], int(r[2]), int(r[3])) for r in rows) == [("east", 2, 0), ("west", 0, 2)]
+    # and the migrations API names both regions
+    listed = staff_api.get("/api/migrations/?cross_region=true").json()["results"]
+    assert {(m["source_region"], m["target_region"], m["reason"]) for m in listed} == {
+        ("east", "west", "cross-region")
+    }
+    assert staff_api.get("/api/audit/region-moves/?format=xml").status_code == 400
+
+
 def test_no_running_session_moves_when_the_switch_costs_more_or_beyond_the_budget(coasts, settings):
     _east, _west, east_worker, _west_worker = coasts
     for _ in range(6):
