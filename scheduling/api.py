@@ -55,8 +55,9 @@ class SchedulerDecisionSerializer(serializers.ModelSerializer):
 class MigrationSerializer(serializers.ModelSerializer):
     source = serializers.CharField(source="source.name", read_only=True)
     target = serializers.CharField(source="target.name", read_only=True)
-    source_region = serializers.CharField(source="source_region.name", read_only=True, default=None)
-    target_region = serializers.CharField(source="target_region.name", read_only=True, default=None)
+    # A cross-region move's regions (null: not a cross-region move, or the local region).
+    source_region = serializers.CharField(source="source_region.name", read_only=True, allow_null=True)
+    target_region = serializers.CharField(source="target_region.name", read_only=True, allow_null=True)
 
     class Meta:
         model = Migration
@@ -169,7 +170,7 @@ class MigrationFilter(TimeWindowFilter):
 
     class Meta:
         model = Migration
-        fields = ["outcome", "reason", "session", "cross_region"]
+        fields = ["outcome", "reason", "session"]
 
 
 class ScalingActionFilter(TimeWindowFilter):
