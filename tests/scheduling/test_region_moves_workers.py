@@ -133,6 +133,11 @@ def test_a_running_session_moves_to_another_regions_worker_without_a_gap_or_a_du
         west,
     ), migration.error
     assert migration.estimated_saving_ms > migration.switch_cost_ms > 0
+    # A figure for the docs (shown with -s), not an assertion: the move's measured duration.
+    print(
+        f"cross-region move: {migration.state_bytes} B in {migration.duration_ms:.0f} ms; estimated "
+        f"switching cost {migration.switch_cost_ms:.1f} ms, saving {migration.estimated_saving_ms:.0f} ms"
+    )
     row = GenerationSession.objects.get(pk=moved)
     assert (row.status, row.worker, row.region) == ("executing", west_worker, west)
 
