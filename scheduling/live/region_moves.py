@@ -147,8 +147,8 @@ def running_sessions_move() -> list[StartedMove]:
     scheduler places or migrates these sessions at the same time, and locks workers then sessions
     in primary-key order as a scheduler run does."""
     config = move_settings()
-    if config.limit == 0:
-        return []
+    if config.limit == 0 or Region.objects.count() < 2:
+        return []  # nothing can move: no lock taken
     started: list[StartedMove] = []
     with scheduler_lock():
         for preset in settings.STREAMSERVE["SERVED_MODELS"]:
