@@ -450,6 +450,15 @@ STREAMSERVE = {
     "REGION_FORECAST_FLOOR": _strict_bool("REGION_FORECAST_FLOOR", False),
     # Parked (idle, suspended) sessions the plan may move to another region per slot (0: none).
     "REGION_MOVES_PER_SLOT": _typed("REGION_MOVES_PER_SLOT", env.int, 4),
+    # Moves of running sessions across regions (same per-slot limit): the WAN bandwidth their state
+    # crosses (Gbit/s; per pair of regions in REGION_WAN_GBPS_PAIRS, {"east:west": 0.5}, either
+    # direction) and how long a moved session is expected to go on (the saving's horizon).
+    "REGION_WAN_GBPS": _typed("REGION_WAN_GBPS", env.float, 1.0),
+    "REGION_WAN_GBPS_PAIRS": _typed("REGION_WAN_GBPS_PAIRS", env.json, {}),
+    "REGION_MOVE_HORIZON_S": _typed("REGION_MOVE_HORIZON_S", env.float, 300.0),
+    # The fewest GPUs a region keeps when it has no demand and a forecast of none ({"east": 1};
+    # 0 for a region not named: an idle region scales to zero).
+    "REGION_MIN_GPUS": _typed("REGION_MIN_GPUS", env.json, {}),
     "DEMO_PASSWORD": env.str("DEMO_PASSWORD", default="demo-streamserve"),
     "OPERATOR_PASSWORD": env.str("OPERATOR_PASSWORD", default="operator-streamserve"),
 }
@@ -462,6 +471,8 @@ for _name in (
     "JOB_DEFAULT_SLO_S",
     "REGION_RTT_BUDGET_MS",
     "REGION_FORECAST_SEASON_SLOTS",
+    "REGION_WAN_GBPS",
+    "REGION_MOVE_HORIZON_S",
 ):
     if STREAMSERVE[_name] <= 0:
         raise ImproperlyConfigured(f"Environment variable {_name} must be positive")
@@ -471,6 +482,26 @@ if STREAMSERVE["REGION_FORECAST"] not in ("ets", "seasonal-naive", "last-value")
     )
 if STREAMSERVE["REGION_MOVES_PER_SLOT"] < 0:
     raise ImproperlyConfigured("Environment variable REGION_MOVES_PER_SLOT must be 0 or more")
+_pairs = STREAMSERVE["REGION_WAN_GBPS_PAIRS"]
+if not isinstance(_pairs, dict) or not all(
+    isinstance(k, str)
+    and len(k.split(":")) == 2
+    and all(k.split(":"))
+    and isinstance(v, int | float)
+    and not isinstance(v, bool)
+    and v > 0
+    for k, v in _pairs.items()
+):
+    raise ImproperlyConfigured(
+        'Environment variable REGION_WAN_GBPS_PAIRS must be a JSON object {"source:target": Gbit/s > 0}'
+    )
+_minimum = STREAMSERVE["REGION_MIN_GPUS"]
+if not isinstance(_minimum, dict) or not all(
+    isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in _minimum.values()
+):
+    raise ImproperlyConfigured(
+        'Environment variable REGION_MIN_GPUS must be a JSON object {"region": whole number >= 0}'
+    )
 if not 0.0 < STREAMSERVE["REGION_PLAN_BETA"] <= 1.0:
     raise ImproperlyConfigured("Environment variable REGION_PLAN_BETA must be in (0, 1]")
 if STREAMSERVE["WORKER_WEIGHTS_FROM"] not in ("auto", "pool", "disk"):
