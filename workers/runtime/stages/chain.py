@@ -24,6 +24,8 @@ from collections.abc import Sequence
 import torch
 from torch._C._distributed_c10d import TCPStore
 
+from workers.runtime.local_models import WanCausalArchitecture
+from workers.runtime.presets import PRESETS
 from workers.runtime.stages import worker
 from workers.runtime.stages.contract import parse_role
 from workers.runtime.stages.link import DEFAULT_TIMEOUT_S, LinkReceiver, LinkSender, connect_store, open_pair
@@ -72,6 +74,7 @@ class StageChain:
             "device": device,
             "timeout_s": timeout_s,
             "max_in_flight_mb": None if max_in_flight_bytes is None else max_in_flight_bytes / 2**20,
+            "model_path": model_path(preset),
         }
         plan = _plan(roles, branches)
         self.processes = [
@@ -138,6 +141,15 @@ class StageChain:
         )
         # The driver waits for answers, not for new work: a silent tail is a failure after timeout_s.
         self.tails[branch] = LinkReceiver(group, timeout_s=timeout_s, idle_timeout_s=timeout_s)
+
+
+def model_path(preset: str) -> str | None:
+    """The checkpoint directory a worker process registers ``preset`` from (a ``MODEL_PATHS``
+    preset: registered in this process only), or None for a built-in preset."""
+    entry = PRESETS.get(preset)
+    if entry is not None and isinstance(entry.architecture, WanCausalArchitecture):
+        return entry.architecture.path
+    return None
 
 
 def _plan(roles: Sequence[str], branches: int) -> list[tuple[str, str, list[str]]]:

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from workers.runtime.local_models import WAN_CAUSAL
 from workers.runtime.models import UnknownPresetError
 from workers.runtime.models.base import Layout, SessionState, StagewiseModel, allocate_region
 from workers.runtime.presets import CAUSAL_DIT, DEMO, PRESETS
@@ -165,10 +166,12 @@ class StagedModel(abc.ABC):
         return [self.net]
 
 
-# Adapter of each model class of the preset table (``Preset.model``).
+# Adapter of each model class of the preset table (``Preset.model``); Wan presets are added to the
+# table at run time from checkpoint directories (``MODEL_PATHS``, `register_model_path`).
 STAGE_ADAPTERS: dict[str, str] = {
     DEMO: "workers.runtime.stages.demo:DemoStages",
     CAUSAL_DIT: "workers.runtime.stages.causal_dit:CausalDiTStages",
+    WAN_CAUSAL: "workers.runtime.stages.wan_causal:WanCausalStages",
 }
 
 
@@ -191,5 +194,7 @@ def build_staged(preset: str, role: str, **kwargs: Any) -> StagedModel:
 
 def stage_weight_bytes(preset: str) -> dict[str, int]:
     """Bytes of weights of each stage of ``preset`` (``{"E": ..., "D": ..., "C": ...}``), computed
-    on the meta device: exact for any preset, ``wan-1.3b`` included, and allocates nothing."""
+    on the meta device: exact for any preset, ``wan-1.3b`` included, and allocates nothing (a Wan
+    preset: in bfloat16, its serving dtype on a GPU; `WanCausalStages.stage_weight_bytes` takes
+    another)."""
     return staged_class(preset).stage_weight_bytes(preset)
