@@ -15,9 +15,9 @@ a stage worker process registers the directory under the preset's name first (``
 
 from __future__ import annotations
 
-import torch
-
 from typing import Any
+
+import torch
 
 from workers.runtime.local_models import WanCausalArchitecture
 from workers.runtime.models import UnknownPresetError
@@ -62,7 +62,9 @@ class WanCausalStages(StagedModel):
     ) -> WanCausalStages:
         """``build_staged``'s entry: the stages of the registered Wan preset ``preset``."""
         if weights is not None:
-            raise ValueError("the Wan adapter loads from its checkpoint directory, not from transferred weights")
+            raise ValueError(
+                "the Wan adapter loads from its checkpoint directory, not from transferred weights"
+            )
         return cls.build(architecture(preset), preset=preset, stages=stages, device=device, dtype=dtype)
 
     @classmethod
