@@ -87,6 +87,9 @@ class StagedModel(abc.ABC):
 
     # Network submodule (attribute name) of each stage: what a worker loads for that stage.
     COMPONENTS: dict[Stage, tuple[str, ...]]
+    # The stages whose weights a one-shot job's denoising step uses: a worker running jobs' steps
+    # hosts them all.
+    JOB_STEP_STAGES: tuple[Stage, ...] = (Stage.DIFFUSE,)
 
     def __init__(self, model: StagewiseModel, stages: tuple[Stage, ...]) -> None:
         self.model = model
@@ -149,6 +152,45 @@ class StagedModel(abc.ABC):
         )
         self.init_diffusion_state(state, seed, embeddings.to(self.device))
         return state
+
+    # -- one-shot jobs through the stages (the model's own `create_job` split at its encode) ------
+
+    def create_job(
+        self,
+        embeddings: torch.Tensor,
+        *,
+        kind: str,
+        prompt: str,
+        seed: int,
+        width: int,
+        height: int,
+        frames: int,
+        steps: int,
+    ) -> SessionState:
+        """A job's region at step 0 from its prompt's encoding: the model's `create_job` after its
+        encode, with the same checks (`JobSpecError` naming the field) and the same meta."""
+        self.require_job_step()
+        self.model.check_job(kind=kind, width=width, height=height, frames=frames, steps=steps)
+        meta = self.model.job_meta(
+            kind=kind, prompt=prompt, seed=seed, width=width, height=height, frames=frames, steps=steps
+        )
+        return self.model.create_job_region(meta, embeddings.to(self.device))
+
+    def job_step(self, states: list[SessionState]) -> None:
+        self.require_job_step()
+        self.model.job_step(states)
+
+    def require_job_step(self) -> None:
+        missing = [stage for stage in self.JOB_STEP_STAGES if stage not in self.stages]
+        if missing:
+            raise StageNotHosted(
+                f"one-shot jobs of {self.preset!r} step with the weights of {role_name(self.JOB_STEP_STAGES)}; "
+                f"this {role_name(self.stages)} worker lacks {role_name(tuple(missing))}"
+            )
+
+    def decode_job(self, latents: torch.Tensor, meta: dict[str, Any]) -> torch.Tensor:
+        self.require(Stage.DECODE)
+        return self.model.decode_job(latents.to(self.device), meta)
 
     def create_decoder_cache(self) -> DecoderCache:
         self.require(Stage.DECODE)

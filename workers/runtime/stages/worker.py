@@ -73,8 +73,8 @@ class StageWorker:
         return True
 
     def _relay(self, message: StageMessage) -> None:
-        if message.kind == "open":
-            self._routes[str(message.meta["session"])] = self._route_name(message.meta.get("route"))
+        if message.kind in ("open", "job"):
+            self._routes[_subjects(message.meta)[0]] = self._route_name(message.meta.get("route"))
         for out in self.runner.handle(message):
             if out.kind == "stop":
                 for sender in self.downstream.values():
@@ -109,11 +109,9 @@ class StageWorker:
             return next(iter(self.downstream))
         if message.kind == "error":
             # The route of the session it concerns when known, else the first link.
-            about = message.meta["meta"]
-            names = about.get("sessions") or [about.get("session")]
-            return self._routes.get(str(names[0]), next(iter(self.downstream)))
-        sessions = message.meta.get("sessions") or [message.meta.get("session")]
-        routes = {self._routes.get(str(s)) for s in sessions}
+            return self._routes.get(_subjects(message.meta["meta"])[0], next(iter(self.downstream)))
+        sessions = _subjects(message.meta)
+        routes = {self._routes.get(s) for s in sessions}
         if None in routes:
             raise StageProtocolError(
                 f"{message.kind} names session(s) {sessions} never opened on this worker"
@@ -121,6 +119,13 @@ class StageWorker:
         if len(routes) != 1:
             raise StageProtocolError(f"a {message.kind} spans sessions on different routes: {sorted(routes)}")
         return routes.pop()  # type: ignore[return-value]
+
+
+def _subjects(meta: dict[str, Any]) -> list[str]:
+    """The sessions (names) or one-shot jobs (``job:ID``) a message is about, for routing."""
+    if "jobs" in meta or "job" in meta:
+        return [f"job:{job}" for job in meta.get("jobs") or [meta.get("job")]]
+    return [str(name) for name in meta.get("sessions") or [meta.get("session")]]
 
 
 def parse_downstream(values: list[str]) -> dict[str, str]:
