@@ -8,7 +8,7 @@ import torch
 
 from workers.runtime.encoding import encode_png
 from workers.runtime.models import build_model
-from workers.runtime.stages.chain import StageChain
+from workers.runtime.stages.chain import StageChain, route
 from workers.runtime.stages.contract import build_staged
 from workers.runtime.stages.pipeline import StageMessage, StageProtocolError, StageRunner
 
@@ -33,10 +33,10 @@ JOBS = {
 BATCHES = [["i1", "i2"], ["v"], ["i1", "i2"], ["v"], ["i1", "i2"]]  # the video finishes first
 
 
-def monolithic_jobs(model, jobs) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def monolithic_jobs(model, jobs, batches=BATCHES) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(final latents, frames) of each job run by the model itself, in the same batches."""
     states = {name: model.create_job(**spec) for name, spec in jobs.items()}
-    for batch in BATCHES:
+    for batch in batches:
         model.job_step([states[name] for name in batch])
     return (
         {name: state.tensors["latents"].clone() for name, state in states.items()},
@@ -138,4 +138,25 @@ def test_one_shot_jobs_through_three_worker_processes_are_bit_identical():
         assert message.kind == "job_frames" and torch.equal(message.tensor, want)
         if message.meta["meta"]["kind"] == "image":
             assert encode_png(message.tensor[0].numpy()) == encode_png(want[0].numpy())
+    assert codes == [0, 0, 0]
+
+
+def test_a_shared_encoder_routes_each_job_to_the_diffusion_worker_its_job_names():
+    jobs = JOBS["tiny"]
+    _, want_frames = monolithic_jobs(build_model("tiny", device="cpu"), {"v": jobs["v"]}, [["v"], ["v"]])
+    # Given one E process routing to two DC processes, a job sent down each route,
+    chain = StageChain("tiny", ["E", "DC"], branches=2, timeout_s=30)
+    try:
+        for branch in (0, 1):
+            chain.send(StageMessage("job", {"job": f"v{branch}", **jobs["v"], "route": route(branch)}))
+        for _ in range(jobs["v"]["steps"]):
+            for branch in (0, 1):
+                chain.send(StageMessage("jobstep", {"jobs": [f"v{branch}"]}))
+        # then each branch returns its own job, equal to the model's one-shot run.
+        received = {branch: chain.recv(branch) for branch in (0, 1)}
+    finally:
+        codes = chain.close()
+    for branch, message in received.items():
+        assert message.kind == "job_frames" and message.meta["job"] == f"v{branch}"
+        assert torch.equal(message.tensor, want_frames["v"])
     assert codes == [0, 0, 0]
