@@ -68,3 +68,13 @@ def test_wan_worker_processes_stream_frames_bit_identical_to_generate(wan_preset
         assert torch.equal(got.tensor, expected)
     assert closed.kind == "close"
     assert codes == [0, 0, 0]
+
+
+@pytest.mark.django_db
+def test_the_daemon_stage_roles_refuse_a_wan_preset_by_name(wan_preset):
+    from django.core.management import CommandError, call_command  # Django only for this command test
+
+    with pytest.raises(
+        CommandError, match=r"--stages DC: preset 'wan-stages-test' loads from its checkpoint"
+    ):
+        call_command("gpuworker", name="wan-dc", preset=wan_preset, device="cpu", stages="DC")

@@ -22,7 +22,7 @@ from scheduling.live.profiles import default_gpu_type, gpu_profiles
 from workers.daemon import WorkerDaemon
 from workers.reporting import DjangoPoolLink, DjangoReporter, phase_report
 from workers.runtime.engine import ChunkEngine
-from workers.runtime.models import UnknownPresetError
+from workers.runtime.models import UnknownPresetError, model_class
 from workers.runtime.presets import DEFAULT_PRESET, PRESETS
 from workers.runtime.stages.contract import RoleError, staged_class
 from workers.runtime.stages.serving import StageHost, daemon_role, staged_engine_model
@@ -222,6 +222,14 @@ class Command(BaseCommand):
                 staged_class(preset)
             except UnknownPresetError as exc:
                 raise CommandError(f"--stages {role}: {exc}") from exc
+            if not model_class(preset).transferable_weights:
+                # The daemon's roles build stages from a weights file and re-cut the model in place
+                # (`restage`); a checkpoint-directory model (Wan) is served by the stage worker process.
+                raise CommandError(
+                    f"--stages {role}: preset {preset!r} loads from its checkpoint directory, which the "
+                    "daemon's stage roles do not; run its stages with python -m "
+                    "workers.runtime.stages.worker --model-path DIR"
+                )
         return role
 
     @staticmethod
