@@ -406,6 +406,10 @@ class WorkerDaemon:
             self._job_stepped = self.jobs.run_step(now=now, free_s=free_s, probe_s=self.chunk_generation_s)
             return self._job_stepped or did
         results = self.engine.step(max_batch=self.capacity, due=due)
+        if self.stage.needs_encoder:
+            # Who waits for a prompt's embeddings, and why: the heartbeat reports it.
+            produced = {r.session_id for r in results}
+            self.stage.note_waiting({sid: self.engine.meta(sid) for sid in due if sid not in produced})
         if results:
             self.chunk_generation_s = results[0].generation_ms / 1000.0
         else:
@@ -615,9 +619,17 @@ class WorkerDaemon:
     def _cmd_job_run(self, command: dict) -> dict:
         if self.draining:
             raise CommandRefused(f"worker {self.name} is draining")
-        if self.stage.role != "EDC":
-            raise CommandRefused(f"one-shot jobs run on EDC workers; {self.name} is {self.stage.role}")
-        return self.jobs.run(command)
+        if not self.stage.holds_sessions:
+            raise CommandRefused(
+                f"one-shot jobs run on diffusion workers (EDC, DC); {self.name} is {self.stage.role}"
+            )
+        if self.stage.needs_encoder and command.get("job") not in self.jobs.jobs:
+            # A DC worker gets the job's prompt embeddings from the encoder worker the command names.
+            self._use_encoder(command)
+        try:
+            return self.jobs.run(command)
+        except EncoderUnavailable as exc:
+            raise CommandRefused(str(exc)) from exc
 
     def _cmd_job_pause(self, command: dict) -> dict:
         if command.get("job") in self.migrations:
@@ -657,10 +669,26 @@ class WorkerDaemon:
             )
         if not self.stage.needs_encoder:
             return
+        self._use_encoder(command)
+
+    def _use_encoder(self, command: dict) -> None:
         try:
             self.stage.use_encoder(command.get("encoder"))
         except (ValueError, EncoderUnavailable) as exc:
             raise CommandRefused(str(exc)) from exc
+
+    def _cmd_set_encoder(self, command: dict) -> dict:
+        """``{"kind": "set_encoder", "encoder": {worker, address}}``: take prompt embeddings from this
+        encoder worker from now on (the one in use was lost, or the control plane moves the load).
+        Sessions waiting for an encoding ask the new encoder at once."""
+        if not self.stage.needs_encoder:
+            raise CommandRefused(f"role {self.stage.role} encodes its own prompts")
+        self._use_encoder(command)
+        for owned in self.sessions.values():
+            if owned.parked is None:
+                self._apply_prompts(owned)
+        waiting = sorted(self.stage.waiting)
+        return {"encoder": str(command["encoder"].get("worker", "")), "waiting": waiting}
 
     def _cmd_set_role(self, command: dict) -> dict:
         """Change the stages this worker hosts at a chunk boundary: load the missing stages'
@@ -668,8 +696,11 @@ class WorkerDaemon:
         the role is not EDC, or when a session needs a stage the role drops (``StageHost``)."""
         if self.migrations or self.receiving:
             raise CommandRefused(f"{len(self.migrations) + len(self.receiving)} migration(s) in flight")
-        if self.jobs.jobs and command.get("role") != "EDC":
-            raise CommandRefused(f"{len(self.jobs.jobs)} job(s) on {self.name} run on EDC workers only")
+        if self.jobs.jobs and command.get("role") not in ("EDC", "DC"):
+            raise CommandRefused(
+                f"{len(self.jobs.jobs)} job(s) on {self.name} need diffuse and decode, which role "
+                f"{command.get('role')} drops"
+            )
         if command.get("encoder") is not None:
             try:
                 self.stage.use_encoder(command["encoder"])

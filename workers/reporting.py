@@ -20,7 +20,13 @@ from django.db.models import Q
 
 from gpu.models import GpuWorker, WeightHolding
 from gpu.selectors import weight_sources
-from gpu.services import holding_complete, worker_heartbeat, worker_holding_register, worker_weights_complete
+from gpu.services import (
+    holding_complete,
+    holdings_of_worker_drop,
+    worker_heartbeat,
+    worker_holding_register,
+    worker_weights_complete,
+)
 from scheduling.live.answers import command_answered, migration_completed, migration_failed
 from scheduling.live.scaling import scaling_phase_record
 from sessions import jobs
@@ -164,6 +170,10 @@ class DjangoPoolLink(PoolLink):
         if self.holding_id is None:
             self.loading(address=address, weights_bytes=weights_bytes)
         holding_complete(holding_id=self.holding_id, digest=digest, address=address)
+
+    def withdraw(self) -> None:
+        holdings_of_worker_drop(worker_id=self.worker_id)
+        self.holding_id = None
 
 
 def phase_report(*, worker_id: int, phase: str, source: str = "", detail: str = "") -> None:

@@ -50,6 +50,8 @@ logger = logging.getLogger("workers.weights")
 WEIGHTS_FROM = ("auto", "pool", "disk")
 # Recorded sources (``gpu.models.WeightsSource``).
 DISK, INIT, PEER, HOST_CACHE = "disk", "init", "peer", "host_cache"
+# Where a stage loaded at run time came from (``set_role``'s answer, issue 15).
+STAGE_SOURCES = {PEER: "peer", HOST_CACHE: "host-cache", DISK: "local", INIT: "seed"}
 
 
 class PoolLink:
@@ -74,6 +76,9 @@ class PoolLink:
     def complete(self, *, digest: str, address: str, weights_bytes: int) -> None:
         """Every block is in place and verified: this worker is a source for later scale-outs."""
 
+    def withdraw(self) -> None:
+        """This worker no longer holds a complete copy (it dropped a stage, issue 15): out of the pool."""
+
 
 @dataclass
 class LoadedWeights:
@@ -89,6 +94,22 @@ class LoadedWeights:
     def close(self) -> None:
         if self.closer is not None:
             self.closer.close()
+
+    # -- the worker's copy in the parameter pool (``workers.runtime.stages.serving.PoolCopy``) ----
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The packed buffers this worker holds for the pool (the model's weights are views of them)."""
+        return [] if self.packed is None else list(self.packed.buffers)
+
+    def release(self, pool: PoolLink) -> None:
+        """Leave the parameter pool and let go of the packed copy: once the model drops a stage, the
+        copy is no longer complete (no source for anyone) and its buffers of the dropped stage's
+        blocks are freed once the model stops viewing them."""
+        pool.withdraw()
+        self.close()
+        self.closer = None
+        self.packed = None
+        self.address = ""
 
 
 def weights_file(weights_dir: str | os.PathLike[str], preset: str) -> Path:
@@ -259,6 +280,82 @@ class WeightsLoader:
                 kinds[address] = (PEER if holder["kind"] == "gpu" else HOST_CACHE, holder["name"])
                 addresses.append(address)
         return addresses
+
+
+class PooledCopy:
+    """A worker's loaded weights as its copy in the parameter pool (``stages.serving.PoolCopy``)."""
+
+    def __init__(self, weights: LoadedWeights, pool: PoolLink) -> None:
+        self.weights = weights
+        self.pool = pool
+
+    def tensors(self) -> list[torch.Tensor]:
+        return self.weights.tensors()
+
+    def release(self) -> None:
+        self.weights.release(self.pool)
+
+
+class StageWeightsFetcher:
+    """The weights of some components of the preset (a stage a worker loads at run time, issue 15):
+    pulled from the parameter pool's complete copies (GPU peers, host caches; `PoolLink.sources_now`)
+    block by block — only the components' blocks, verified against the local file's manifest —
+    else read from the local file (written from the seeded weights first when missing).
+
+    ``fetch(components)`` returns ``(tensors, source, detail)``: ``source`` is ``peer``,
+    ``host-cache``, ``local`` or ``seed`` (where most of the bytes came from)."""
+
+    def __init__(
+        self,
+        *,
+        preset: str,
+        device: str,
+        host: str,
+        weights_dir: str | os.PathLike[str],
+        pool: PoolLink,
+        link_mbps: float | None = None,
+        timeout_s: float = 120.0,
+    ) -> None:
+        self.preset = preset
+        self.device = device
+        self.host = host
+        self.path = weights_file(weights_dir, preset)
+        self.pool = pool
+        self.link_mbps = link_mbps
+        self.timeout_s = timeout_s
+
+    def fetch(self, components: list[str]) -> tuple[dict[str, torch.Tensor], str, str]:
+        created = weights_file_ensure(self.path, self.preset)
+        manifest = read_manifest(self.path)  # the manifest this worker trusts
+        wanted = set(components)
+        blocks = [block.index for block in manifest.blocks if block.tensors[0].name.split(".")[0] in wanted]
+        kinds: dict[str, tuple[str, str]] = {}
+        for holder in self.pool.sources_now():
+            address = holder.get("address")
+            if (
+                not address
+                or address in kinds
+                or (holder.get("digest") and holder["digest"] != manifest.weights_id)
+            ):
+                continue
+            kinds[address] = (PEER if holder["kind"] == "gpu" else HOST_CACHE, holder["name"])
+        receiver = WeightsReceiver(
+            manifest, device=self.device, host=self.host, link_mbps=self.link_mbps, serve=False, blocks=blocks
+        )
+        try:
+            result = receiver.receive(list(kinds), disk_path=self.path, timeout_s=self.timeout_s)
+        finally:
+            receiver.close()
+        if result.source in kinds:
+            kind, holder_name = kinds[result.source]
+        else:
+            kind, holder_name = (INIT if created else DISK), str(self.path)
+        by_holder = {kinds.get(a, ("", a))[1]: n for a, n in result.bytes_by_source.items()}
+        detail = f"{holder_name} ({', '.join(f'{h}: {n} B' for h, n in by_holder.items())})"
+        logger.info(
+            "weights.stage_fetch preset=%s components=%s source=%s %s", self.preset, components, kind, detail
+        )
+        return receiver.block_tensors(), STAGE_SOURCES[kind], detail
 
 
 def pinned(packed: PackedWeights) -> PackedWeights:

@@ -33,6 +33,8 @@ from workers.weights_loading import (
     INIT,
     WEIGHTS_FROM,
     LoadedWeights,
+    PooledCopy,
+    StageWeightsFetcher,
     WeightsLoader,
     weights_file,
     weights_file_ensure,
@@ -168,8 +170,22 @@ class Command(BaseCommand):
             weights.address,
         )
         engine = ChunkEngine(weights.model, max_batch=capacity)
-        weights_path = None if role == "EDC" else str(weights_file(conf["WEIGHTS_DIR"], preset))
-        stage_host = StageHost(engine, store_address=listener.address, weights_path=weights_path)
+        # Stage roles (issue 15): a stage added by set_role loads from the parameter pool (a peer or
+        # a host cache holding the preset) or the local file; dropping one leaves the pool.
+        pool_link = loader.pool
+        stage_host = StageHost(
+            engine,
+            store_address=listener.address,
+            pool_copy=PooledCopy(weights, pool_link) if weights.packed is not None else None,
+            loader=StageWeightsFetcher(
+                preset=preset,
+                device=device,
+                host=options["listen_host"],
+                weights_dir=conf["WEIGHTS_DIR"],
+                pool=pool_link,
+                link_mbps=options["link_mbps"],
+            ).fetch,
+        )
         try:
             worker = worker_register(**identity)
         except TransitionError as exc:

@@ -33,6 +33,7 @@ tensor (the encoder's `StageRunner`, so its LRU cache of encodings serves every 
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import logging
@@ -270,6 +271,18 @@ class PromptEncodings:
             return False
         return future.done() and future.exception() is None
 
+    def wait_reason(self, prompt: str) -> str:
+        """Why the embeddings of ``prompt`` are not at hand (for the heartbeat)."""
+        if self.client is None:
+            return "no encoder worker is known"
+        who = self.client.worker or self.client.address
+        if self.client.broken is not None:
+            return f"encoder {who} lost: {self.client.broken}"
+        future = self._cache.get(prompt)
+        if future is not None and future.done() and future.exception() is not None:
+            return f"encoder {who}: {future.exception()}"
+        return f"waiting for encoder {who}'s answer"
+
     def get(self, prompt: str) -> torch.Tensor:
         future = self.prefetch(prompt)
         return _result(future, self.timeout_s, "in use").to(self.device)
@@ -343,6 +356,41 @@ class StagedStreamingModel(StagewiseModel):
 
     def expected_layout(self, meta: dict[str, Any]) -> Layout:
         return self.inner.expected_layout(meta)
+
+    # -- one-shot jobs: the model's own split at its encode (`StagedModel.create_job`) ------------
+
+    def check_job(self, *, kind: str, width: int, height: int, frames: int, steps: int) -> None:
+        self.staged.require_job_step()
+        self.staged.require(Stage.DECODE)
+        self.inner.check_job(kind=kind, width=width, height=height, frames=frames, steps=steps)
+
+    def create_job(
+        self, *, kind: str, prompt: str, seed: int, width: int, height: int, frames: int, steps: int
+    ) -> SessionState:
+        """The job's region at step 0 from its prompt's embeddings, fetched from the encoder worker
+        (one round trip; `EncoderUnavailable` when none answers). Checked before anything is asked."""
+        self.check_job(kind=kind, width=width, height=height, frames=frames, steps=steps)
+        embeddings = self.encodings.get(prompt)
+        return self.staged.create_job(
+            embeddings,
+            kind=kind,
+            prompt=prompt,
+            seed=seed,
+            width=width,
+            height=height,
+            frames=frames,
+            steps=steps,
+        )
+
+    def job_layout(self, meta: dict[str, Any]) -> Layout:
+        return self.inner.job_layout(meta)
+
+    def job_step(self, states: list[SessionState]) -> None:
+        self.staged.job_step(states)
+
+    def job_frames(self, state: SessionState) -> torch.Tensor:
+        self.staged.require(Stage.DECODE)
+        return self.inner.job_frames(state)
 
     def state_bytes_for(self, options: dict[str, Any] | None = None) -> int:
         return self.inner.state_bytes_for(options)
@@ -494,17 +542,25 @@ class EncoderService:
 # --- role changes --------------------------------------------------------------------------------
 
 
+# Loads the named network components' weights for a stage a worker adds at run time:
+# ``components -> (tensors by name, source, detail)``, source one of peer, host-cache, local, seed
+# (``workers.weights_loading.StageWeightsFetcher`` pulls them from the parameter pool).
+StageLoader = Callable[[list[str]], tuple[Mapping[str, torch.Tensor], str, str]]
+
+
 def restage(
     model: StagewiseModel,
     stages: tuple[Stage, ...],
     *,
     weights_path: str | None = None,
     weights: Mapping[str, torch.Tensor] | None = None,
-) -> StagedModel:
+    loader: StageLoader | None = None,
+) -> tuple[StagedModel, str, str]:
     """The same model re-cut to host ``stages``: the components of stages it lacks are built and
-    loaded (from ``weights_path``/``weights`` or the preset's own weights, as a stage worker's are),
-    those of stages it no longer hosts are dropped (their memory freed once nothing else holds them).
-    Returns the adapter over the model; the network object is changed in place."""
+    loaded (through ``loader``, else from ``weights_path``/``weights`` or the preset's own weights,
+    as a stage worker's are), those of stages it no longer hosts are dropped (their memory freed once
+    nothing else holds them). Returns the adapter over the model (the network object is changed in
+    place), where the loaded weights came from (``""`` when nothing was loaded) and a detail."""
     adapter = staged_class(model.preset)
     net = model.net  # type: ignore[attr-defined]
     hosted = {
@@ -513,9 +569,14 @@ def restage(
         if all(getattr(net, name, None) is not None for name in adapter.COMPONENTS[stage])
     }
     missing = tuple(stage for stage in stages if stage not in hosted)
+    source = detail = ""
     if missing:
         kwargs: dict[str, Any] = {"stages": missing, "device": model.device}
-        if weights_path is not None:
+        if loader is not None:
+            weights, source, detail = loader(adapter.components_for(missing))
+        elif weights is None:
+            source, detail = ("local", weights_path) if weights_path is not None else ("seed", "preset seed")
+        if weights_path is not None and weights is None:
             kwargs["weights_path"] = weights_path
         if weights is not None:
             kwargs["weights"] = weights
@@ -526,7 +587,7 @@ def restage(
     for stage in hosted - set(stages):
         for name in adapter.COMPONENTS[stage]:
             setattr(net, name, None)
-    return adapter(model, tuple(stages))
+    return adapter(model, tuple(stages)), source, detail
 
 
 def hosted_stages(model: StagewiseModel) -> tuple[Stage, ...]:
@@ -538,6 +599,30 @@ def hosted_stages(model: StagewiseModel) -> tuple[Stage, ...]:
         for stage in Stage
         if all(getattr(net, name, None) is not None for name in adapter.COMPONENTS[stage])
     )
+
+
+def resident_weight_bytes(model: StagewiseModel, extra: list[torch.Tensor] = ()) -> int:  # type: ignore[assignment]
+    """Bytes of weight memory ``model`` keeps alive: the storages behind its network's parameters
+    and buffers (a view of a packed pool buffer counts its whole buffer), plus ``extra`` tensors
+    (the pool copy), each storage once."""
+    net = model.net  # type: ignore[attr-defined]
+    storages: dict[tuple[str, int], int] = {}
+    for tensor in (*net.parameters(), *net.buffers(), *extra):
+        if tensor.device.type == "meta":
+            continue
+        storage = tensor.untyped_storage()
+        storages[(str(tensor.device), storage.data_ptr())] = storage.nbytes()
+    return sum(storages.values())
+
+
+def prompt_at(meta: Mapping[str, Any], chunk: int) -> str:
+    """The prompt in force at ``chunk`` under a session meta's schedule."""
+    schedule = meta["prompt_schedule"]
+    prompt = schedule[0][1]
+    for start, text in schedule:
+        if int(start) <= chunk:
+            prompt = text
+    return prompt
 
 
 def pending_switch(meta: Mapping[str, Any]) -> int | None:
@@ -562,10 +647,27 @@ class RoleRefused(RuntimeError):
     """A role change the worker cannot make now (the reason names the session or the role)."""
 
 
+class PoolCopy:
+    """A worker's packed copy of the whole model in the parameter pool (the model's weights are
+    views of its buffers). ``release`` takes the worker out of the pool and lets go of the copy:
+    ``workers.weights_loading.PooledCopy`` is the real one."""
+
+    def tensors(self) -> list[torch.Tensor]:
+        return []
+
+    def release(self) -> None:
+        """Leave the pool; the buffers are freed once nothing views them."""
+
+
 class StageHost:
     """What a worker daemon's role decides: its engine's model (monolithic or `StagedStreamingModel`),
     the encoder it fetches embeddings from (``DC``) or the encoder service it runs (``E``), and how
-    it changes role at run time (`set_role`). The daemon calls it from its loop only."""
+    it changes role at run time (`set_role`). The daemon calls it from its loop only.
+
+    ``pool_copy``: the worker's copy in the parameter pool, released when the worker drops a stage
+    (a partial copy is no source, and its dropped blocks' memory must go back). ``loader``: where a
+    stage added at run time loads its components from (`StageLoader`; default: ``weights_path`` or
+    the preset's seed)."""
 
     def __init__(
         self,
@@ -574,11 +676,17 @@ class StageHost:
         store_address: str | None = None,
         weights_path: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        pool_copy: PoolCopy | None = None,
+        loader: StageLoader | None = None,
     ) -> None:
         self.engine = engine
         self.store_address = store_address
         self.weights_path = weights_path
         self.timeout_s = timeout_s
+        self.pool_copy = pool_copy
+        self.loader = loader
+        # Sessions waiting for a prompt's embeddings, with the reason (the heartbeat reports them).
+        self.waiting: dict[str, str] = {}
         model = engine.model
         if isinstance(model, StagedStreamingModel):
             self.role = role_name(model.stages)
@@ -638,11 +746,17 @@ class StageHost:
         model = self.engine.model
         inner = model.inner if isinstance(model, StagedStreamingModel) else model
         before = set(hosted_stages(inner))
+        bytes_before = self.weights_bytes()
         started = time.perf_counter()
         if self.service is not None:
             self.service.close()
             self.service = None
-        staged = restage(inner, stages, weights_path=self.weights_path)
+        staged, source, detail = restage(inner, stages, weights_path=self.weights_path, loader=self.loader)
+        if set(stages) != set(Stage) and self.pool_copy is not None:
+            # A partial model is no pool source: leave the pool and free the dropped blocks.
+            self.pool_copy.release()
+            self.pool_copy = None
+        gc.collect()  # the dropped modules may sit in reference cycles
         if inner.device.type == "cuda":
             torch.cuda.synchronize(inner.device)
             torch.cuda.empty_cache()  # the dropped stages' weights go back to the device
@@ -657,7 +771,29 @@ class StageHost:
             "load_ms": round(load_ms, 3),
             "loaded": role_name(frozenset(set(stages) - before)),
             "dropped": role_name(frozenset(before - set(stages))),
+            "source": source,
+            "source_detail": detail,
+            "weights_bytes_before": bytes_before,
+            "weights_bytes": self.weights_bytes(),
         }
+
+    def weights_bytes(self) -> int:
+        """Weight memory this worker keeps alive now (model and pool copy, `resident_weight_bytes`)."""
+        model = self.engine.model
+        inner = model.inner if isinstance(model, StagedStreamingModel) else model
+        extra = self.pool_copy.tensors() if self.pool_copy is not None else []
+        return resident_weight_bytes(inner, extra)
+
+    def note_waiting(self, metas: Mapping[str, Mapping[str, Any]]) -> None:
+        """Record which of these (due, not generated) sessions wait for a prompt's embeddings, and
+        why; called by the daemon after each step."""
+        waiting: dict[str, str] = {}
+        if self.needs_encoder:
+            for sid, meta in metas.items():
+                prompt = prompt_at(meta, int(meta["next_chunk"]))
+                if prompt != meta.get("active_prompt") and not self.encodings.ready(prompt):
+                    waiting[sid] = self.encodings.wait_reason(prompt)
+        self.waiting = waiting
 
     def report(self) -> dict[str, Any]:
         """What the heartbeat adds to the telemetry: the role, and an encoder's load."""
@@ -667,6 +803,9 @@ class StageHost:
             fields["session_capacity"] = 0
         elif self.needs_encoder and self.encodings.round_trips_ms:
             fields["encode_round_trip_ms_p50"] = round(statistics.median(self.encodings.round_trips_ms), 3)
+        waiting = self.waiting
+        if waiting:
+            fields["encoder_wait"] = {"sessions": sorted(waiting), "reason": next(iter(waiting.values()))}
         return fields
 
     def close(self) -> None:

@@ -73,7 +73,14 @@ from workers.runtime.transport.pair import (
     timedelta,
 )
 
-from .manifest import PackedWeights, WeightsManifest, WeightsManifestError, checksum, load_blocks
+from .manifest import (
+    PackedWeights,
+    WeightsManifest,
+    WeightsManifestError,
+    block_views,
+    checksum,
+    load_blocks,
+)
 
 HELLO_QUEUE = "wx/hello"
 DEFAULT_STALL_TIMEOUT_S = 10.0
@@ -191,10 +198,18 @@ class _FillingHolder(_Holder):
     """Buffers being filled by a receiver. Pieces of a block are verified in order, so per block the
     count of verified pieces is all there is to know; ``fail`` wakes every waiting server."""
 
-    def __init__(self, manifest: WeightsManifest, device: torch.device) -> None:
+    def __init__(
+        self, manifest: WeightsManifest, device: torch.device, blocks: Sequence[int] | None = None
+    ) -> None:
         self.manifest = manifest
-        self.buffers = [torch.empty(b.nbytes, dtype=torch.uint8, device=device) for b in manifest.blocks]
-        self.verified = [0] * len(manifest.blocks)
+        wanted = set(range(len(manifest.blocks))) if blocks is None else set(blocks)
+        # A block not wanted (a partial receive: some components only) gets no memory and counts
+        # as complete; such a holder is never served (`WeightsReceiver` with ``blocks``).
+        self.buffers = [
+            torch.empty(b.nbytes if b.index in wanted else 0, dtype=torch.uint8, device=device)
+            for b in manifest.blocks
+        ]
+        self.verified = [self.piece_count(b.index) if b.index not in wanted else 0 for b in manifest.blocks]
         self.failed = False
         self._changed = threading.Condition()
 
@@ -457,14 +472,15 @@ def weights_serve(
 
 @dataclass
 class ReceiveResult:
-    """``packed``: the complete, verified weights (``packed.state_dict()`` builds the model).
+    """``packed``: the complete, verified weights (``packed.state_dict()`` builds the model); None
+    after a partial receive (``blocks=``: `WeightsReceiver.block_tensors`).
 
     ``source``: where most bytes came from (a ``host:port`` or ``"disk"``); ``bytes_by_source``: every
     source that delivered verified bytes; ``attempts``: one record per source tried, failures with
     their ``stage`` and ``error``; ``timings``: ``connect_s`` (store, hello, pair groups),
     ``transfer_s`` (pieces on the wire and verified), ``disk_s``, ``seconds`` (the whole call)."""
 
-    packed: PackedWeights
+    packed: PackedWeights | None
     source: str
     bytes_by_source: dict[str, int]
     attempts: list[dict[str, Any]]
@@ -494,11 +510,15 @@ class WeightsReceiver:
         link_mbps: float | None = None,
         serve: bool = True,
         stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
+        blocks: Sequence[int] | None = None,
     ) -> None:
+        if blocks is not None and serve:
+            raise ValueError("a partial receive (blocks=...) serves nothing: pass serve=False")
         self.manifest = manifest
         self.device = torch.device(device)
         self.backend = backend_for_device(self.device)
-        self.holder = _FillingHolder(manifest, self.device)
+        self.blocks = None if blocks is None else sorted(set(blocks))
+        self.holder = _FillingHolder(manifest, self.device, self.blocks)
         self.ingress = _pacer(link_mbps)
         self.server = (
             WeightServer(
@@ -582,9 +602,19 @@ class WeightsReceiver:
             tried = ", ".join(f"{a['source']}: {a.get('error')}" for a in attempts) or "no source given"
             raise WeightsUnavailable(f"weights {self.manifest.weights_id} incomplete ({tried})", attempts)
         timings["seconds"] = time.monotonic() - started
+        if self.blocks is not None:
+            source = max(by_source, key=lambda s: by_source[s]) if by_source else "none"
+            return ReceiveResult(None, source, by_source, attempts, timings, None)
         packed = PackedWeights(self.manifest, self.holder.buffers)
         source = max(by_source, key=lambda s: by_source[s]) if by_source else "none"
         return ReceiveResult(packed, source, by_source, attempts, timings, self.server)
+
+    def block_tensors(self) -> dict[str, torch.Tensor]:
+        """After a partial receive: the named tensors of the received blocks (views, no copy)."""
+        out: dict[str, torch.Tensor] = {}
+        for index in self.blocks if self.blocks is not None else range(len(self.manifest.blocks)):
+            out.update(block_views(self.holder.buffers[index], self.manifest.blocks[index]))
+        return out
 
     def _missing_bytes(self) -> int:
         missing = 0
