@@ -5,10 +5,13 @@ preset (real block transfers over Gloo), else from the local file."""
 from __future__ import annotations
 
 import gc
+import io
+import json
 import weakref
 
 import pytest
 import torch
+from django.core.management import call_command
 
 from gpu.models import WeightHolding
 from tests.factories import GpuWorkerFactory
@@ -112,3 +115,13 @@ def test_a_stage_added_at_run_time_comes_from_the_host_cache_or_a_peer(tmp_path)
 
 def sizes_e() -> int:
     return stage_weight_bytes(PRESET)["E"]
+
+
+def test_bench_stage_reload_reports_the_freed_bytes_and_both_sources():
+    out = io.StringIO()
+    call_command("bench_stage_reload", "--repeats", "1", "--warmup", "0", "--json", stdout=out)
+    report = json.loads(out.getvalue())
+    sizes = stage_weight_bytes(PRESET)
+    for label in ("local", "peer"):
+        assert report[label]["edc_to_dc_weights_bytes"] == [sum(sizes.values()), sizes["D"] + sizes["C"]]
+        assert report[label]["sources"] == [label] and report[label]["dc_to_edc_load_ms"]["count"] == 1
