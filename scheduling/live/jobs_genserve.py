@@ -14,7 +14,8 @@ Each dispatch is one round, solved per pool (the workers serving one model):
    their deadline, and a paused one resumes when its slack tightens or slots free up.
 3. *Placement.* A video to run resumes on its worker if that worker has room, else moves to the
    pool's worker with the most room (resumed there once its state has landed, as with ``edf``); a
-   queued job goes to the worker with the most room. Never more running jobs than a worker's room.
+   queued image joins a worker running images of its size (``batch_worker``), any other queued job
+   goes to the worker with the most room. Never more running jobs than a worker's room.
 
 What the live platform cannot do is left out of the solver's input: every option is SP degree 1 (one
 job per slot, no sequence parallelism across workers) and image batches have one member (the
@@ -36,7 +37,16 @@ from collections.abc import Sequence
 
 from scheduling.core.jobs.profiles import JobCatalog, JobProfile, load_job_catalog
 from scheduling.core.jobs.solver import ImageRequest, RoundInput, VideoRequest, job_policy
-from scheduling.live.jobs_policy import JobPlan, JobPolicy, JobRound, JobView, roomiest
+from scheduling.live.jobs_policy import (
+    JobPlan,
+    JobPolicy,
+    JobRound,
+    JobView,
+    batch_worker,
+    image_batches,
+    note_image,
+    roomiest,
+)
 
 # Δ: a round covers this many denoising steps (the simulator's default ``round_steps``).
 ROUND_STEPS = 5
@@ -154,13 +164,16 @@ class GenServeJobPolicy(JobPolicy):
             key=lambda j: (self.slack(j, now), j.id),
         )
         to_run += [by_id[i] for batch in solution.batches for i in batch.ids]
+        batches = image_batches(jobs, exclude=set(plan.pause))
         for job in to_run:
             if job.state == "paused" and room.get(job.worker, 0) >= 1:
                 plan.resume.append(job.id)
                 room[job.worker] -= 1
                 continue
-            target = roomiest(workers, room, exclude=job.worker)
+            target = batch_worker(job, batches, room) if job.state == "queued" else None
+            target = target or roomiest(workers, room, exclude=job.worker)
             if target is None:
                 continue
             room[target] -= 1
             (plan.move if job.state == "paused" else plan.assign).append((job.id, target))
+            note_image(job, target, batches)
