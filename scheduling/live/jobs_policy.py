@@ -16,7 +16,7 @@ streams wait for a GPU gets no new job. The ``JOB_POLICY`` setting names the pol
 from __future__ import annotations
 
 import pkgutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 
@@ -148,26 +148,32 @@ def roomiest(workers: list[str], room: dict[str, int], exclude: str | None) -> s
 
 
 ImageShape = tuple[str, int, int]  # (model, width, height): images a worker's engine batches together
+# Per image shape, the images each worker runs (or was given this round), workers in name order.
+ImageBatches = dict[ImageShape, dict[str, list[JobView]]]
 
 
-def image_batches(jobs: list[JobView], *, exclude: set[str] = frozenset()) -> dict[ImageShape, list[str]]:
-    """The workers running images of each shape (in name order), the ``exclude``d jobs left out."""
-    batches: dict[ImageShape, list[str]] = {}
+def image_batches(jobs: list[JobView], *, exclude: set[str] = frozenset()) -> ImageBatches:
+    """The running images of each shape by worker, the ``exclude``d jobs left out."""
+    batches: ImageBatches = {}
     for job in sorted(jobs, key=lambda j: (j.worker or "", j.id)):
         if job.kind == "image" and job.state == "running" and job.worker and job.id not in exclude:
             note_image(job, job.worker, batches)
     return batches
 
 
-def note_image(job: JobView, worker: str, batches: dict[ImageShape, list[str]]) -> None:
+def note_image(job: JobView, worker: str, batches: ImageBatches) -> None:
     if job.kind == "image":
-        holders = batches.setdefault((job.model, job.width, job.height), [])
-        if worker not in holders:
-            holders.append(worker)
+        batches.setdefault((job.model, job.width, job.height), {}).setdefault(worker, []).append(job)
 
 
-def batch_worker(job: JobView, batches: dict[ImageShape, list[str]], room: dict[str, int]) -> str | None:
-    """A worker with room that already runs images of ``job``'s model and size, for a queued image.
+def batch_worker(
+    job: JobView,
+    batches: ImageBatches,
+    room: dict[str, int],
+    fits: Callable[[JobView, list[JobView]], bool] | None = None,
+) -> str | None:
+    """A worker with room that already runs images of ``job``'s model and size, for a queued image
+    (``fits(job, members)``, when given, must also accept joining that worker's batch).
 
     The worker's engine batches the images of one size it holds into one step while the batch still
     meets its earliest member's deadline (``workers.runtime.jobs.plan_job_batch``; GenServe §4), so
@@ -176,7 +182,10 @@ def batch_worker(job: JobView, batches: dict[ImageShape, list[str]], room: dict[
     """
     if job.kind != "image":
         return None
-    return next((w for w in batches.get((job.model, job.width, job.height), []) if room.get(w, 0) >= 1), None)
+    for worker, members in batches.get((job.model, job.width, job.height), {}).items():
+        if room.get(worker, 0) >= 1 and (fits is None or fits(job, members)):
+            return worker
+    return None
 
 
 BUILTIN_JOB_POLICIES = {
