@@ -365,16 +365,10 @@ class Simulator:
         )
 
     # -- placement mechanics ---------------------------------------------------------------------
-    def _attach(self, s: _Session, g: _Gpu, *, copy_ms: float = 0.0) -> None:
-        """``copy_ms``: the state copy a migration or resume charges the session's next chunk."""
+    def _attach(self, s: _Session, g: _Gpu) -> None:
         if self.jobs is not None:
             # Streams first, but a job step in flight is never cut: the chunk waits for its end.
-            # The state copy runs beside that step (the worker receives a region on a side thread
-            # while its hot loop finishes the step; a resume's host→device copy is a copy engine's),
-            # so the chunk waits for the later of the two, not their sum.
-            s.stall_ms += max(copy_ms, self.jobs.blocking_ms(g.id))
-        else:
-            s.stall_ms += copy_ms
+            s.stall_ms += self.jobs.blocking_ms(g.id)
         g.members[s.id] = None
         g.load += s.load
         g.bytes += s.bytes
@@ -487,9 +481,9 @@ class Simulator:
             src = self.gpus[m.src]
             self._detach(s)
             # κ from the state bytes and the slower end's link (α–β), not the policy's own figure.
-            kappa = max(src.spec.kappa_ms(s.bytes), dst.spec.kappa_ms(s.bytes))
+            s.stall_ms += max(src.spec.kappa_ms(s.bytes), dst.spec.kappa_ms(s.bytes))
             self._check_memory(dst, s)
-            self._attach(s, dst, copy_ms=kappa)
+            self._attach(s, dst)
             self.migrations += 1
         for sid, gid in d.assign:
             s = self.sessions.get(sid)
@@ -503,8 +497,10 @@ class Simulator:
                 self.max_wait_ms = max(self.max_wait_ms, wait)
                 s.stall_ms += wait
                 s.queued_at = None
+            if s.resident_before:
+                s.stall_ms += g.spec.resume_ms(s.bytes)
             self._check_memory(g, s)
-            self._attach(s, g, copy_ms=g.spec.resume_ms(s.bytes) if s.resident_before else 0.0)
+            self._attach(s, g)
         for sid in d.queue:
             s = self.sessions.get(sid)
             if s is None or not s.alpha or s.state == "executing":

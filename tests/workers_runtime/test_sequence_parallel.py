@@ -8,13 +8,16 @@ size may sum a row's products in another order: measured 7e-7 on latents of magn
 
 from __future__ import annotations
 
+import queue
 import time
+import uuid
 from typing import Any
 
 import pytest
+import redis
 import torch
 
-from workers.daemon import Reporter
+from workers.daemon import Reporter, WorkerDaemon
 from workers.job_runner import JobRefused, JobRunner
 from workers.runtime.engine import ChunkEngine
 from workers.runtime.models import build_model
@@ -151,3 +154,33 @@ def test_a_job_run_with_a_bad_sp_degree_is_refused_naming_the_field(model):
     finally:
         runner.close()
         engine.close()
+
+
+class BeatReporter(Reporter):
+    def __init__(self) -> None:
+        self.beats: queue.Queue = queue.Queue()
+
+    def heartbeat(self, telemetry: dict[str, Any], resident: list[str], parked: list[str]) -> None:
+        self.beats.put(telemetry)
+
+
+def test_the_daemon_heartbeat_reports_how_many_devices_a_video_step_can_use(model, settings):
+    # Given a worker daemon on CPU (one job device) beating every 10 ms
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    reporter = BeatReporter()
+    engine = ChunkEngine(model, encode_workers=1)
+    daemon = WorkerDaemon(
+        name=f"sp-{uuid.uuid4().hex[:8]}", engine=engine, redis_client=client, reporter=reporter, capacity=1,
+        heartbeat_s=0.01,
+    )  # fmt: skip
+    daemon._heartbeat.start()
+    try:
+        # When it beats
+        telemetry = reporter.beats.get(timeout=60)
+    finally:
+        daemon.stopping.set()
+        daemon._heartbeat.join()
+        daemon.jobs.close()
+        engine.close()
+    # Then the telemetry the control plane stores names its job devices (the dispatcher's SP degree)
+    assert telemetry["job_devices"] == len(daemon.jobs.devices) == 1
