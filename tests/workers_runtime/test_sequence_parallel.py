@@ -160,7 +160,9 @@ class BeatReporter(Reporter):
     def __init__(self) -> None:
         self.beats: queue.Queue = queue.Queue()
 
-    def heartbeat(self, telemetry: dict[str, Any], resident: list[str], parked: list[str]) -> None:
+    def heartbeat(
+        self, telemetry: dict[str, Any], resident: list[str], parked: list[str], stage: dict | None = None
+    ) -> None:
         self.beats.put(telemetry)
 
 
