@@ -233,6 +233,8 @@ class StreamingVideoModel(abc.ABC):
       step 0; `job_layout` is its layout from meta; `job_step` advances a batch of jobs of one
       shape (`job_shape`) by one denoising step each, in place; `job_frames` decodes a finished
       job to uint8 [F, H, W, 3]. Like `generate`, a job's result depends only on its own region.
+      `sequence_parallel(devices)` (optional, `SEQUENCE_PARALLEL`): a video's step split across
+      several devices inside that block, with the result of one device.
     """
 
     transferable_weights: bool = True
