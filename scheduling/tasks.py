@@ -71,6 +71,7 @@ def region_forecast() -> dict[str, float]:
     saving beats their switching cost (``docs/regions.md``)."""
     close_old_connections()
     forecast = region_forecast_step()
-    parked_sessions_reroute()
-    running_sessions_move()
+    # One budget of REGION_MOVES_PER_SLOT for both kinds of move: the running ones get what is left.
+    parked = parked_sessions_reroute()
+    running_sessions_move(spent=len(parked))
     return forecast

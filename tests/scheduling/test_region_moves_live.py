@@ -75,7 +75,8 @@ def test_an_overloaded_region_moves_running_sessions_to_a_region_within_budget(c
     assert {m.reason for m in migrations} == {"cross-region"}
     assert all(m.estimated_saving_ms > m.switch_cost_ms > 25.0 for m in migrations)
     moved = GenerationSession.objects.filter(pk__in=[m.session_id for m in migrations])
-    assert {(s.status, s.region_id) for s in moved} == {(GenerationSession.Status.MIGRATING, west.pk)}
+    # and they stay in east, where they still run, until their migrations succeed
+    assert {(s.status, s.region_id) for s in moved} == {(GenerationSession.Status.MIGRATING, east.pk)}
     # and both sides are commanded, as in any live migration
     for m in migrations:
         assert WorkerCommand.objects.filter(
