@@ -35,7 +35,7 @@ from scheduling.core.regions.transport import CostWeights
 from scheduling.live.moves import migration_start
 from scheduling.live.outbox import Outbox, redis_client, scheduler_lock
 from scheduling.live.profiles import default_gpu_type, profile_for
-from scheduling.live.regions import PLAN_KEY
+from scheduling.live.regions import PLAN_KEY, ParkedMove, parked_sessions_reroute
 from scheduling.models import Migration
 from sessions.models import GenerationSession
 
@@ -154,6 +154,13 @@ def _region_of(worker: GpuWorker, rows: dict[str, Region]) -> str:
     if worker.region_id is None:
         return Region.DEFAULT_NAME
     return next((name for name, r in rows.items() if r.pk == worker.region_id), Region.DEFAULT_NAME)
+
+
+def slot_moves() -> tuple[list[ParkedMove], list[StartedMove]]:
+    """The slot's moves after its forecast: parked sessions first, then running ones, within one
+    budget of ``REGION_MOVES_PER_SLOT`` (the running moves get what the parked ones left)."""
+    parked = parked_sessions_reroute()
+    return parked, running_sessions_move(spent=len(parked))
 
 
 def running_sessions_move(*, spent: int = 0) -> list[StartedMove]:
