@@ -251,7 +251,9 @@ def test_a_failed_move_leaves_the_session_in_the_region_it_runs_in(coasts, failu
     # when the migration fails: the source refuses, nobody answers before the deadline, or the
     # source worker is lost (the session restarts from its checkpoint, in its own region)
     if failure == "refused":
-        migration_failed(command={"migration": started.migration, "session": started.move.session}, error="busy")
+        migration_failed(
+            command={"migration": started.migration, "session": started.move.session}, error="busy"
+        )
     elif failure == "timed out":
         commands_expire(now=timezone.now() + timedelta(hours=1))
     else:
@@ -291,13 +293,18 @@ def test_a_session_moved_recently_stays_and_a_move_back_pays_both_switches(coast
 
 def test_parked_and_running_moves_share_one_budget_a_slot(coasts, settings):
     east, west, east_worker, _west_worker = coasts
-    settings.STREAMSERVE = {**settings.STREAMSERVE, "REGION_FORECAST": "last-value", "REGION_MOVES_PER_SLOT": 3}
+    settings.STREAMSERVE = {
+        **settings.STREAMSERVE,
+        "REGION_FORECAST": "last-value",
+        "REGION_MOVES_PER_SLOT": 3,
+    }
     # given east overloaded by six running chi sessions and two parked chi sessions in east, while
     # the plan splits chi's eight units between east and west
     for _ in range(6):
         running_on(east_worker)
     parked = [
-        SessionFactory(origin="chi", region=east, status="suspended", activity="idle", load=1.0) for _ in range(2)
+        SessionFactory(origin="chi", region=east, status="suspended", activity="idle", load=1.0)
+        for _ in range(2)
     ]
     # when the slot runs (beat task "region forecast": the forecast, then the moves)
     region_forecast_step()
