@@ -258,7 +258,8 @@ def _move_pool(preset: str, config: MoveSettings, limit: int) -> list[StartedMov
             residents.setdefault(target.pk, []).append(session)
             started.append(StartedMove(move, migration.pk, by_pk[session.worker_id].name, target.name))
             log.info(
-                "running session %s moves from region %s (%s) to %s (%s): %s, saving %.0f ms > switch %.0f ms",
+                "running session %s moves from region %s (%s) to %s (%s): %s, saving %.0f ms > switch %.0f ms"
+                " (charged %.0f ms)",
                 move.session,
                 move.source,
                 by_pk[session.worker_id].name,
@@ -267,6 +268,7 @@ def _move_pool(preset: str, config: MoveSettings, limit: int) -> list[StartedMov
                 move.why,
                 move.saving_ms,
                 move.switch_cost_ms,
+                move.charged_ms,
             )
         transaction.on_commit(outbox.send)
     return started

@@ -148,12 +148,12 @@ def test_a_move_back_is_charged_the_switch_that_brought_the_session_too():
     came_from_west = PastMove(age_s=900.0, source="west", switch_cost_ms=10_000.0)
     # back to west: 127 + 10,000 ms charged against 10,450 saved — pays; with a dearer first switch not
     back = move_verdict(case, switch_cost_ms=127.0, target="west", last_move=came_from_west, cooldown_s=300.0)
-    assert (back.switch_cost_ms, back.pays) == (10_127.0, True)
+    assert (back.switch_cost_ms, back.charged_ms, back.pays) == (127.0, 10_127.0, True)
     dearer = PastMove(age_s=900.0, source="west", switch_cost_ms=10_400.0)
     assert not move_verdict(case, switch_cost_ms=127.0, target="west", last_move=dearer).pays
     # and onward to a third region only its own switch is charged
     onward = move_verdict(case, switch_cost_ms=127.0, target="north", last_move=dearer)
-    assert (onward.switch_cost_ms, onward.pays) == (127.0, True)
+    assert (onward.charged_ms, onward.pays) == (127.0, True)
 
 
 def test_the_slot_skips_sessions_in_their_cooldown_and_charges_a_move_back():
@@ -166,7 +166,7 @@ def test_the_slot_skips_sessions_in_their_cooldown_and_charges_a_move_back():
     moves = running_moves(overloaded_east(), held, settings(cooldown_s=300.0))
     # then only s5 moves, charged its own switch (west is 25 ms from chi) and the one that brought it
     assert [(m.session, m.target) for m in moves] == [("s5", "west")]
-    assert moves[0].switch_cost_ms == pytest.approx(2 * 127.4)
+    assert (moves[0].switch_cost_ms, moves[0].charged_ms) == pytest.approx((127.4, 2 * 127.4))
     # and without the cooldown the slot sheds two as before
     assert len(running_moves(overloaded_east(), held, settings(cooldown_s=0.0))) == 2
 

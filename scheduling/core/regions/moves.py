@@ -63,8 +63,9 @@ class PastMove:
 @dataclass(frozen=True)
 class MoveVerdict:
     saving_ms: float
-    switch_cost_ms: float  # what the move is charged: its own switch, plus the previous one on a move back
+    switch_cost_ms: float  # the move's own switching cost (the stall it causes)
     pays: bool
+    charged_ms: float = 0.0  # what the saving must beat: its own switch, plus the previous one on a move back
     held: str = ""  # "cooldown": the session moved too recently to be considered
 
 
@@ -107,12 +108,12 @@ def move_verdict(
     With the session's ``last_move``: held when it ended less than ``cooldown_s`` ago; a move to
     ``target`` == the region it then left is charged both switches (the round trip's)."""
     saving = move_saving_ms(case)
-    if last_move is not None and last_move.age_s < cooldown_s:
-        return MoveVerdict(saving, switch_cost_ms, False, held="cooldown")
     charged = switch_cost_ms
     if last_move is not None and target is not None and target == last_move.source:
         charged += last_move.switch_cost_ms
-    return MoveVerdict(saving, charged, saving > switch_penalty * charged)
+    if last_move is not None and last_move.age_s < cooldown_s:
+        return MoveVerdict(saving, switch_cost_ms, False, charged, held="cooldown")
+    return MoveVerdict(saving, switch_cost_ms, saving > switch_penalty * charged, charged)
 
 
 # -- the live scheduler's slot: which running sessions move ------------------------------------
@@ -168,7 +169,8 @@ class RegionMove:
     target: str
     why: str  # "overload" (the source's load exceeds its ready capacity) or "plan" (its origin's excess)
     saving_ms: float
-    switch_cost_ms: float
+    switch_cost_ms: float  # its own (recorded on the Migration, summed by the audit)
+    charged_ms: float = 0.0  # what the saving beat: its own switch, plus the previous one on a move back
 
 
 def running_moves(
@@ -248,7 +250,11 @@ def running_moves(
         )
         if not verdict.pays:
             return
-        out.append(RegionMove(s.id, s.region, target, why, verdict.saving_ms, verdict.switch_cost_ms))
+        out.append(
+            RegionMove(
+                s.id, s.region, target, why, verdict.saving_ms, verdict.switch_cost_ms, verdict.charged_ms
+            )
+        )
         moved.add(s.id)
         load[s.region] -= s.load
         load[target] += s.load
