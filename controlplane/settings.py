@@ -448,7 +448,7 @@ STREAMSERVE = {
     # Raise each region's autoscaler target to TORTA's Eq. 6 floor on the plan's share of the forecast
     # (off by default, like `simulate` without --forecast; σ = 0.5 as its --forecast-sigma default).
     "REGION_FORECAST_FLOOR": _strict_bool("REGION_FORECAST_FLOOR", False),
-    # Parked (idle, suspended) sessions the plan may move to another region per slot (0: none).
+    # Moves of sessions to another region per slot, parked and running together (0: none).
     "REGION_MOVES_PER_SLOT": _typed("REGION_MOVES_PER_SLOT", env.int, 4),
     # Moves of running sessions across regions (same per-slot limit): the WAN bandwidth their state
     # crosses (Gbit/s; per pair of regions in REGION_WAN_GBPS_PAIRS, {"east:west": 0.5}, either
@@ -456,6 +456,8 @@ STREAMSERVE = {
     "REGION_WAN_GBPS": _typed("REGION_WAN_GBPS", env.float, 1.0),
     "REGION_WAN_GBPS_PAIRS": _typed("REGION_WAN_GBPS_PAIRS", env.json, {}),
     "REGION_MOVE_HORIZON_S": _typed("REGION_MOVE_HORIZON_S", env.float, 300.0),
+    # Hysteresis: a running session moved less than this ago (s) is not moved again (0: no cooldown).
+    "REGION_MOVE_COOLDOWN_S": _typed("REGION_MOVE_COOLDOWN_S", env.float, 300.0),
     # The fewest GPUs a region keeps when it has no demand and a forecast of none ({"east": 1};
     # 0 for a region not named: an idle region scales to zero).
     "REGION_MIN_GPUS": _typed("REGION_MIN_GPUS", env.json, {}),
@@ -480,6 +482,8 @@ if STREAMSERVE["REGION_FORECAST"] not in ("ets", "seasonal-naive", "last-value")
     raise ImproperlyConfigured(
         "Environment variable REGION_FORECAST must be ets, seasonal-naive or last-value"
     )
+if STREAMSERVE["REGION_MOVE_COOLDOWN_S"] < 0:
+    raise ImproperlyConfigured("Environment variable REGION_MOVE_COOLDOWN_S must be 0 or more")
 if STREAMSERVE["REGION_MOVES_PER_SLOT"] < 0:
     raise ImproperlyConfigured("Environment variable REGION_MOVES_PER_SLOT must be 0 or more")
 _pairs = STREAMSERVE["REGION_WAN_GBPS_PAIRS"]

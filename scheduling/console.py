@@ -27,12 +27,14 @@ from django.db import connection, transaction
 from django.db.models import Count, Max, Q, Sum
 from django.utils import timezone
 
+from controlplane.timerange import TimeRange
 from gpu import selectors as pool_selectors
 from gpu import services as gpu_services
 from gpu.models import GpuWorker, HostCache, Region
 from scheduling.api import SchedulerConfigSerializer
 from scheduling.live.regions import origin_demand
 from scheduling.models import Migration, ScalingAction, SchedulerConfig, SchedulerDecision
+from scheduling.selectors import region_moves_audit
 from sessions import services as session_services
 from sessions.models import ChunkRecord, GenerationSession, Job
 from sessions.selectors import PercentileCont, job_queue_positions
@@ -321,11 +323,19 @@ def _jobs(now, limit: int = SESSION_LIST_LENGTH) -> dict[str, Any]:
     }
 
 
+MOVES_WINDOW = timedelta(hours=1)
+
+
 def _regions(live: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per region: its live GPUs by type against its limits, ready slots, load on them, live
-    sessions routed there and the cost rate of its live workers. Regions with a row are listed; the
-    local region (no row needed) also when it holds a worker or a session."""
+    sessions routed there, the cost rate of its live workers, and its cross-region moves of running
+    sessions started over the last hour (``region_moves_audit``: out, in, and the rule's estimated
+    saving against the switching cost of the moves out). Regions with a row are listed; the local
+    region (no row needed) also when it holds a worker, a session or a move."""
     rows = {r.name: r for r in Region.objects.all()}
+    now = timezone.now()
+    moves = region_moves_audit(time_range=TimeRange(start=now - MOVES_WINDOW, end=now, bucket="hour"))
+    moved = moves["totals"]["by_region"]
     sessions = dict(
         GenerationSession.objects.exclude(status=Status.TERMINATED)
         .values(region_label=pool_selectors.region_name())
@@ -333,9 +343,10 @@ def _regions(live: list[dict[str, Any]]) -> list[dict[str, Any]]:
         .values_list("region_label", "n")
     )
     out = []
-    for name in sorted(set(rows) | {w["region"] for w in live} | set(sessions)):
+    for name in sorted(set(rows) | {w["region"] for w in live} | set(sessions) | set(moved)):
         mine = [w for w in live if w["region"] == name]
         region = rows.get(name)
+        figures = moved.get(name, {})
         out.append(
             {
                 "name": name,
@@ -349,6 +360,10 @@ def _regions(live: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "cost_rate_per_hour": float(
                     sum((Decimal(str(w["price_per_hour"])) for w in mine), Decimal(0))
                 ),
+                "moves_out": figures.get("moves_out", 0),
+                "moves_in": figures.get("moves_in", 0),
+                "move_saving_ms": round(figures.get("estimated_saving_ms", 0.0), 1),
+                "move_switch_cost_ms": round(figures.get("switch_cost_ms", 0.0), 1),
             }
         )
     return out

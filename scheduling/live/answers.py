@@ -103,6 +103,11 @@ def migration_completed(*, command: dict, report: dict) -> None:
             return
         migration.outcome = Migration.Outcome.SUCCEEDED
         migration.save()
+        if migration.cross_region:
+            # A move across regions: the session is in the target region from the flip on, not
+            # before (a failed move leaves it where it runs; scheduling.live.region_moves).
+            session.region_id = migration.target_region_id
+            session.save(update_fields=["region"])
         if migration.reason != "handoff":
             outbox.command(
                 target,

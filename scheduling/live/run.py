@@ -256,12 +256,15 @@ def _run_pool(*, preset: str, trigger: EventKind, session_id: str | None, was_ac
         kind = trigger if trigger in POLICY_EVENT_KINDS else EventKind.TICK
         event = Event(time=clock, kind=kind, session=session_id, was_active=was_active)
         layout = region_layout(sessions=list(pool.sessions.values()), workers=list(pool.workers.values()))
+        floors = region_floor_load() if settings.STREAMSERVE["REGION_FORECAST_FLOOR"] else None
         snapshots = partition_snapshot(
             snapshot,
             session_region=layout.session_region,
             gpu_region=layout.gpu_region,
             gpu_limits=layout.gpu_limits,
             default=Region.DEFAULT_NAME,
+            # A region at zero decides (and its floor asks for GPUs) once its forecast load is coming.
+            include=[r for r, f in (floors or {}).items() if f > 0 and r in layout.gpu_limits],
         )
         snapshots = _with_jobs(snapshots, jobs_backlog(preset), layout.gpu_region, clock)
         state_rows = {
@@ -274,7 +277,6 @@ def _run_pool(*, preset: str, trigger: EventKind, session_id: str | None, was_ac
         if config.target_utilization is not None:
             options["rho_hat"] = config.target_utilization
         policies = {}
-        floors = region_floor_load() if settings.STREAMSERVE["REGION_FORECAST_FLOOR"] else None
         for region, row in state_rows.items():
             policies[region] = make_policy(config.policy, **options)
             if row.state:
@@ -287,14 +289,22 @@ def _run_pool(*, preset: str, trigger: EventKind, session_id: str | None, was_ac
         decisions, rerouted = decide_by_region(
             policies, snapshots, event, event_region=event_region, alternatives=layout.alternatives
         )
+        to_zero: dict[str, list[str]] = {}
         if len(snapshots) > 1:
             # An idle region with a forecast of none scales to zero (TurboServe keeps its last GPU).
+            own = decisions
             decisions = regions_to_zero(
                 snapshots,
-                decisions,
+                own,
                 idle=region_idle_forecast(),
                 minimum=settings.STREAMSERVE["REGION_MIN_GPUS"],
             )
+            # The releases the to-zero rule added, so their scale-in says why (not "consolidated").
+            to_zero = {
+                r: sorted(set(d.release) - set(own[r].release))
+                for r, d in decisions.items()
+                if d is not own[r]
+            }
         for region, row in state_rows.items():
             row.state = policies[region].state_dict()
             row.save(update_fields=["state", "updated_at"])
@@ -318,6 +328,7 @@ def _run_pool(*, preset: str, trigger: EventKind, session_id: str | None, was_ac
                 outbox=outbox,
                 started=started,
                 floor_load=getattr(policies[region], "floor_load", None),
+                released_to_zero=to_zero.get(region, []),
             )
             if record_id is not None:
                 recorded.append(record_id)
@@ -338,9 +349,11 @@ def _record_and_apply(
     outbox: Outbox,
     started: float,
     floor_load: float | None,
+    released_to_zero: list[str] | None = None,
 ) -> int | None:
     """Record one region's decision with its inputs and apply it; a tick that changed nothing is
-    not kept (returns ``None``). ``floor_load``: the predictive floor's input F (None: off)."""
+    not kept (returns ``None``). ``floor_load``: the predictive floor's input F (None: off);
+    ``released_to_zero``: the GPUs the idle-region rule releases (``regions_to_zero``)."""
     now = timezone.now()
     record = SchedulerDecision.objects.create(
         trigger=trigger,
@@ -364,6 +377,7 @@ def _record_and_apply(
             "pending": list(snapshot.pending),
             "rerouted_in": rerouted,
             "floor_load": floor_load,
+            "released_to_zero": released_to_zero or [],
             "gpus": {g: {"status": v.status, "load": snapshot.gpu_load[g]} for g, v in snapshot.gpus.items()},
         },
         outputs=decision.to_json(),

@@ -232,10 +232,12 @@ function renderRegions(regions, origins) {
       el("td", { class: "num", text: String(r.sessions) }),
       el("td", { class: "num", text: fmtMoney(r.cost_rate_per_hour) }),
       el("td", { class: "num", text: String(r.price_multiplier) }),
+      el("td", { class: "num", text: `${r.moves_out} / ${r.moves_in}` }),
+      el("td", { class: "num", text: `${r.move_saving_ms} / ${r.move_switch_cost_ms} ms` }),
     ),
   );
   $("region-rows").replaceChildren(
-    ...(rows.length ? rows : [el("tr", {}, el("td", { colspan: "6", class: "muted", text: "No region." }))]),
+    ...(rows.length ? rows : [el("tr", {}, el("td", { colspan: "8", class: "muted", text: "No region." }))]),
   );
   // Forecast against actual: each origin's load now and the router's forecast for the next slot.
   $("region-origins").textContent = (origins || []).length
