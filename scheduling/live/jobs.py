@@ -97,6 +97,8 @@ def jobs_dispatch() -> DispatchResult:
             w.name: w
             for w in GpuWorker.objects.select_for_update(no_key=True)
             .filter(model_preset__in=models, status__in=[GpuWorker.Status.READY, GpuWorker.Status.DRAINING])
+            # Stage workers without the diffusion model (E, C: docs/stages.md) run no job.
+            .filter(stage_role__contains="D")
             .order_by("pk")
         }
         held = list(
