@@ -284,11 +284,8 @@ class StagePlacementAuditView(APIView):
             OpenApiParameter("format", OpenApiTypes.STR, enum=["json", "csv"]),
             OpenApiParameter(
                 "preset",
-                OpenApiTypes.STR,
+                {"type": "string", "minLength": 1, "maxLength": 64, "pattern": NO_NUL},
                 description="model preset",
-                pattern=NO_NUL,
-                min_length=1,
-                max_length=64,
             ),
             OpenApiParameter("status", OpenApiTypes.STR, enum=StagePlacement.Status.values),
         ],

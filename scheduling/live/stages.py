@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from gpu.models import STAGE_ROLES, GpuWorker
@@ -46,7 +46,7 @@ from scheduling.core.stages.profiles import GPUS, GpuSpec, PipelineProfile, Shap
 from scheduling.live.enqueue import scheduler_trigger
 from scheduling.live.outbox import Outbox
 from scheduling.models import SchedulerState, StagePlacement, StageRoleChange, WorkerCommand
-from sessions.models import GenerationSession, Job, Prompt
+from sessions.models import ChunkRecord, GenerationSession, Job, Prompt
 
 logger = logging.getLogger("scheduling.live")
 
@@ -55,6 +55,9 @@ Change = StageRoleChange.Status
 HISTORY_WINDOWS = 5
 # A prompt encode's cost does not depend on the output size (encode is 2·P·text_len FLOPs).
 STREAM_SHAPE = Shape(64, 64, 1, 1)
+# Bounds the plan's input (Alg. 2 looks at every request once): beyond it, the streams' chunks are
+# counted at a common scale.
+MAX_STREAM_CHUNKS = 2048
 
 
 def stage_placement_on() -> bool:
@@ -113,6 +116,7 @@ class LiveMix:
     the streams' prompt encodes (the shared encoder pool's work)."""
 
     shapes: tuple[Shape, ...]
+    stream_chunks: int  # of ``shapes``, the streams' chunks (the rest are jobs)
     pending: tuple[Shape, ...]
     encodes: int
     encode_only_s: float
@@ -121,7 +125,8 @@ class LiveMix:
 
     def to_json(self) -> dict:
         return {
-            "jobs": len(self.shapes),
+            "jobs": len(self.shapes) - self.stream_chunks,
+            "stream_chunks": self.stream_chunks,
             "pending_jobs": len(self.pending),
             "stream_encodes": self.encodes,
             "encode_only_s": round(self.encode_only_s, 6),
@@ -152,6 +157,7 @@ def live_mix(
         for row in Job.objects.filter(model_name=preset, state=Job.State.QUEUED).values_list(*fields)
     ]
     placeable = [s for s in shapes if _fits(pipeline, s, gpu)]
+    streams = _stream_chunks(preset=preset, since=since, pipeline=pipeline, gpu=gpu)
     # Every prompt of a stream is one encode: the first at session start, then each switch.
     encodes = Prompt.objects.filter(session__model_name=preset, created_at__gte=since).count()
     queued = GenerationSession.objects.filter(
@@ -160,13 +166,34 @@ def live_mix(
         activity=GenerationSession.Activity.ACTIVE,
     ).count()
     return LiveMix(
-        shapes=tuple(placeable),
+        shapes=tuple(placeable + streams),
+        stream_chunks=len(streams),
         pending=tuple(s for s in pending if _fits(pipeline, s, gpu)),
         encodes=encodes,
         encode_only_s=encodes * pipeline.encode_s(STREAM_SHAPE, gpu),
         queued_sessions=queued,
         unplaceable=len(shapes) - len(placeable),
     )
+
+
+def _stream_chunks(*, preset: str, since: datetime, pipeline: PipelineProfile, gpu: GpuSpec) -> list[Shape]:
+    """The streams' diffusion work in the mix: each chunk generated since ``since`` as a request of
+    one chunk's frames (Alg. 2 weighs types by work, and a session's chunks run where its state is:
+    on a primary). Past ``MAX_STREAM_CHUNKS`` chunks every size's count is scaled down by one factor:
+    the sizes keep their proportions, the streams' weight against the jobs' is then understated."""
+    rows = list(
+        ChunkRecord.objects.filter(session__model_name=preset, created_at__gte=since)
+        .values_list("session__width", "session__height", "session__frames_per_chunk")
+        .annotate(n=Count("id"))
+    )
+    total = sum(n for *_, n in rows)
+    scale = min(1.0, MAX_STREAM_CHUNKS / total) if total else 1.0
+    shapes: list[Shape] = []
+    for width, height, frames, n in rows:
+        shape = Shape(max(1, width), max(1, height), max(1, frames), pipeline.default_steps)
+        if _fits(pipeline, shape, gpu):
+            shapes += [shape] * max(1, round(n * scale))
+    return shapes
 
 
 def _stage_ops(*, preset: str, since: datetime, until: datetime) -> list[tuple[float, str]]:
@@ -314,7 +341,7 @@ def _progress(*, preset: str, workers: dict[str, GpuWorker], now: datetime, outb
     if not open_placements:
         return False
     sent = list(
-        StageRoleChange.objects.select_for_update(no_key=True)
+        StageRoleChange.objects.select_for_update(of=("self",), no_key=True)
         .filter(placement__in=open_placements, status=Change.SENT)
         .select_related("command")
     )

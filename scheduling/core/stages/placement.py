@@ -428,7 +428,8 @@ def role_changes(
     role while the plan still has a slot of that role, busy workers first (their residents need D).
     Roles without the diffusion model (E, C) go to idle workers first, since a worker with residents
     refuses to drop a stage they need. Returns ``(worker, from, to)`` in the order to apply them, one
-    at a time: idle workers first (nothing waits on them), then by name.
+    at a time: to the auxiliary roles first (an encoder is up before a worker drops its own), then
+    idle workers (nothing waits on them), then by name.
     """
     if len(target) != len(current):
         raise PlacementError(f"a plan of {len(target)} roles for {len(current)} workers")
@@ -443,4 +444,4 @@ def role_changes(
     left = sorted(slots.elements(), key=lambda role: ("D" in role, role))
     idle_first = sorted(moving, key=lambda w: (w in busy, w))
     changes = [(worker, current[worker], role) for worker, role in zip(idle_first, left, strict=True)]
-    return sorted(changes, key=lambda change: (change[0] in busy, change[0]))
+    return sorted(changes, key=lambda change: ("D" in change[2], change[0] in busy, change[0]))
