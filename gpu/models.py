@@ -206,8 +206,9 @@ class GpuWorker(models.Model):
 
     @property
     def holds_sessions(self) -> bool:
-        """Sessions and jobs run where the diffusion model is: never on an E or C worker."""
-        return "D" in self.stage_role
+        """A stream runs where its diffusion model and its decoder are (the causal decoder keeps a
+        per-session cache next to the state): EDC or DC, never E or C (nor ED or D)."""
+        return "D" in self.stage_role and "C" in self.stage_role
 
     @property
     def encoder_load(self) -> int:

@@ -16,14 +16,15 @@ The worker answers ``set_role`` through ``answers.command_answered`` → ``stage
 which records the outcome and asks for a tick, so the next change goes out without waiting for the
 periodic one.
 
-Sessions run where the diffusion model is: the snapshot the policy sees leaves out workers without D
-(``holds_sessions``), and a session started on a worker without E gets the encoder the pool chose
-for it (``encoder_for``) in its ``start`` and ``prompt`` commands.
+Sessions run where their diffusion model and decoder are: the snapshot the policy sees leaves out
+workers without D and C (``GpuWorker.holds_sessions``), and a session on a worker without E gets the
+encoder the pool chose for it (``encoder_for``) in its ``start`` and ``prompt`` commands.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -55,6 +56,11 @@ Change = StageRoleChange.Status
 HISTORY_WINDOWS = 5
 # A prompt encode's cost does not depend on the output size (encode is 2·P·text_len FLOPs).
 STREAM_SHAPE = Shape(64, 64, 1, 1)
+# Roles the live pool serves: a session needs its decoder next to its diffusion model (the causal
+# decoder's per-session cache) and live commands carry no decode hand-off, so the virtual replicas
+# with a decode auxiliary (V1: ED + C, V3: D + E + C) run as whole primaries here: ED → EDC, D → DC,
+# and their C auxiliaries become primaries of the same kind (EDC). E stays: the shared encoder pool.
+LIVE_ROLE = {"EDC": "EDC", "DC": "DC", "E": "E", "ED": "EDC", "D": "DC", "C": "EDC"}
 # Bounds the plan's input (Alg. 2 looks at every request once): beyond it, the streams' chunks are
 # counted at a common scale.
 MAX_STREAM_CHUNKS = 2048
@@ -298,7 +304,8 @@ def stage_placement_step(
     except PlacementError as exc:
         logger.warning("stages.plan_failed preset=%s reason=%s error=%s", preset, reason, exc)
         return None
-    changes = role_changes(current, plan.roles, _busy(ready.values()))
+    figures["plan_roles"] = dict(sorted(Counter(plan.roles).items()))
+    changes = role_changes(current, [LIVE_ROLE[r] for r in plan.roles], _busy(ready.values()))
     if not changes:
         logger.info(
             "stages.plan_unchanged preset=%s reason=%s roles=%s", preset, reason, sorted(current.values())

@@ -15,6 +15,7 @@ from gpu.models import GpuWorker, Region
 from gpu.services import worker_heartbeat
 from scheduling.console import cluster_snapshot
 from scheduling.live.answers import command_answered
+from scheduling.live.jobs import jobs_dispatch
 from scheduling.live.reactions import prompt_forward
 from scheduling.live.run import scheduler_run
 from scheduling.models import (
@@ -116,6 +117,7 @@ def test_the_bootstrap_plan_is_applied_one_worker_at_a_time_through_the_answers(
     placement = StagePlacement.objects.get()
     assert placement.reason == "bootstrap" and placement.status == "applying"
     assert placement.roles_after == {"w-a": "EDC", "w-b": "E", "w-c": "EDC"}
+    assert placement.trigger["plan_roles"] == {"E": 1, "EDC": 2}
     assert placement.trigger["mix"]["stream_chunks"] == 40 and placement.trigger["mix"]["stream_encodes"] == 3
     first, second = placement.changes.order_by("order")
     assert (first.worker_id, first.from_role, first.to_role, first.status) == (b.pk, "D", "E", Change.SENT)
@@ -309,3 +311,19 @@ def test_the_console_shows_roles_and_placements_on_the_timeline():
         "w-b EDC→E (applied)" in item["detail"]
         and "w-a EDC→DC (refused: a resident session needs E)" in item["detail"]
     )
+
+
+def test_jobs_go_only_to_whole_pipeline_workers():
+    # given an encoder, a DC worker and one EDC worker, and two queued jobs
+    worker("enc", "E")
+    worker("dc", "DC")
+    edc = worker("edc")
+    now = timezone.now()
+    for _ in range(2):
+        JobFactory(deadline=now + timedelta(minutes=5))
+    # when the job dispatcher runs
+    jobs_dispatch()
+    # then only the EDC worker received jobs (job commands carry no encoder nor stage hand-off yet)
+    assert set(WorkerCommand.objects.filter(kind="job_run").values_list("worker__name", flat=True)) == {
+        edc.name
+    }
