@@ -327,3 +327,10 @@ def test_jobs_go_only_to_whole_pipeline_workers():
     assert set(WorkerCommand.objects.filter(kind="job_run").values_list("worker__name", flat=True)) == {
         edc.name
     }
+
+
+def test_the_workers_api_shows_and_filters_by_stage_role(staff_api):
+    worker("enc", "E")
+    worker("edc")
+    listed = staff_api.get("/api/workers/?stage_role=E").json()["results"]
+    assert [(w["name"], w["stage_role"]) for w in listed] == [("enc", "E")]
