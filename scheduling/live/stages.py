@@ -90,11 +90,12 @@ def _gpu_spec(workers: Iterable[GpuWorker]) -> GpuSpec:
 # --- the encoder of a worker without E ------------------------------------------------------------
 
 
-def encoder_for(worker: GpuWorker) -> dict | None:
-    """The encoder a session on ``worker`` uses: ``None`` when the worker hosts E itself, else the
-    least-loaded ready E worker of its model (the queue its heartbeat reported), same region first.
-    Raises ``EncoderMissing`` when there is none."""
-    if "E" in worker.stage_role:
+def encoder_for(worker: GpuWorker, role: str | None = None) -> dict | None:
+    """The encoder a session on ``worker`` (in ``role``: default its current one) uses: ``None``
+    when the role hosts E itself, else the least-loaded ready E worker of its model (the queue its
+    heartbeat reported), same region first. Raises ``EncoderMissing`` when there is none."""
+    role = role or worker.stage_role
+    if "E" in role:
         return None
     candidates = list(
         GpuWorker.objects.filter(
@@ -102,9 +103,7 @@ def encoder_for(worker: GpuWorker) -> dict | None:
         ).exclude(migration_address="")
     )
     if not candidates:
-        raise EncoderMissing(
-            f"no ready E worker serves {worker.model_preset} to {worker.name} (role {worker.stage_role})"
-        )
+        raise EncoderMissing(f"no ready E worker serves {worker.model_preset} to {worker.name} (role {role})")
     best = min(candidates, key=lambda e: (e.region_id != worker.region_id, e.encoder_load, e.name))
     return {"worker": best.name, "address": best.migration_address}
 
@@ -379,7 +378,14 @@ def _progress(*, preset: str, workers: dict[str, GpuWorker], now: datetime, outb
             if worker.stage_role == change.to_role:
                 _cancel(change, reason=f"worker already has role {change.to_role}", now=now)
                 continue
-            body = outbox.command(worker, WorkerCommand.Kind.SET_ROLE, role=change.to_role)
+            # A worker dropping E learns its encoder with the change: its residents' next prompts
+            # are encoded there. None ready: sent without, the worker refuses if a session needs one.
+            try:
+                encoder = encoder_for(worker, change.to_role) if "D" in change.to_role else None
+            except EncoderMissing:
+                encoder = None
+            extra = {"encoder": encoder} if encoder is not None else {}
+            body = outbox.command(worker, WorkerCommand.Kind.SET_ROLE, role=change.to_role, **extra)
             change.status, change.sent_at, change.command_id = Change.SENT, now, body["id"]
             change.save(update_fields=["status", "sent_at", "command"])
             in_flight += 1

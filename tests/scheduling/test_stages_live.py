@@ -334,3 +334,23 @@ def test_the_workers_api_shows_and_filters_by_stage_role(staff_api):
     worker("edc")
     listed = staff_api.get("/api/workers/?stage_role=E").json()["results"]
     assert [(w["name"], w["stage_role"]) for w in listed] == [("enc", "E")]
+
+
+def test_a_worker_dropping_its_encoder_is_told_which_one_to_use(stages_on):
+    # given a placement in progress that turns a whole-pipeline worker into DC, with an encoder ready
+    dc_to_be = worker("w-a")
+    worker("enc", "E")
+    now = timezone.now()
+    placement = StagePlacement.objects.create(
+        created_at=now, preset="tiny", reason="skew", roles_before={"w-a": "EDC"}, roles_after={"w-a": "DC"}
+    )
+    change = StageRoleChange.objects.create(
+        placement=placement, worker=dc_to_be, from_role="EDC", to_role="DC", order=0, created_at=now
+    )
+    # when the scheduler runs
+    scheduler_run(trigger="tick")
+    # then the set_role names the role and the encoder its sessions' prompts go to
+    change.refresh_from_db()
+    payload = WorkerCommand.objects.get(pk=change.command_id).payload
+    assert (payload["kind"], payload["role"]) == ("set_role", "DC")
+    assert payload["encoder"] == {"worker": "enc", "address": "enc:29500"}
