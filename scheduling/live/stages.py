@@ -264,6 +264,13 @@ def stage_placement_step(
     row = SchedulerState.objects.select_for_update(no_key=True).get_or_create(policy=_state_key(preset))[0]
     trigger = ReplacementTrigger(conf["STAGE_WINDOW_S"], conf["STAGE_THRESHOLD"], conf["STAGE_MIN_OPS"])
     trigger.load_state_dict(row.state.get("trigger", {}))
+    last_fire = trigger.state_dict()["last_fire"]
+    if (
+        row.state.get("bootstrapped")
+        and last_fire is not None
+        and now.timestamp() - last_fire < trigger.window_s
+    ):
+        return None  # at most one re-placement per window (§5.3): no need to read the mix
     pipeline, gpu = _pipeline(), _gpu_spec(ready.values())
     mix = live_mix(preset=preset, now=now, window_s=trigger.window_s, pipeline=pipeline, gpu=gpu)
     current = {name: w.stage_role for name, w in ready.items()}

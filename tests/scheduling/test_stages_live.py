@@ -12,7 +12,7 @@ import pytest
 from django.utils import timezone
 
 from gpu.models import GpuWorker, Region
-from gpu.services import worker_heartbeat
+from gpu.services import worker_heartbeat, worker_register
 from scheduling.console import cluster_snapshot
 from scheduling.live.answers import command_answered
 from scheduling.live.jobs import jobs_dispatch
@@ -354,3 +354,16 @@ def test_a_worker_dropping_its_encoder_is_told_which_one_to_use(stages_on):
     payload = WorkerCommand.objects.get(pk=change.command_id).payload
     assert (payload["kind"], payload["role"]) == ("set_role", "DC")
     assert payload["encoder"] == {"worker": "enc", "address": "enc:29500"}
+
+
+def test_registration_takes_the_role_the_worker_was_started_with():
+    registered = worker_register(
+        name="enc-1", host="h", device="cpu", preset="tiny", gpu_type="cpu", capacity=4, memory_bytes=0,
+        migration_address="h:29500", stage_role="E",
+    )  # fmt: skip
+    assert (registered.stage_role, registered.status) == ("E", GpuWorker.Status.READY)
+    with pytest.raises(ValueError, match="stage_role"):
+        worker_register(
+            name="bad", host="h", device="cpu", preset="tiny", gpu_type="cpu", capacity=4, memory_bytes=0,
+            migration_address="h:1", stage_role="XD",
+        )  # fmt: skip
