@@ -299,8 +299,8 @@ class StagePlacement(models.Model):
 
     Its worker role changes (``StageRoleChange``) are applied one worker at a time, never more than
     ``STAGE_MAX_CHANGING`` at once, so the pool never pauses as a whole: ``planned`` → ``applying``
-    → ``applied`` (every change acknowledged), ``partial`` (some refused or failed) or
-    ``superseded`` (a newer plan replaced it before all its changes were sent).
+    → ``applied`` (every change acknowledged, or cancelled as moot) or ``partial`` (some refused or
+    failed). No new plan is made while one is applied.
     """
 
     class Reason(models.TextChoices):
@@ -313,9 +313,8 @@ class StagePlacement(models.Model):
         APPLYING = "applying"
         APPLIED = "applied"
         PARTIAL = "partial"
-        SUPERSEDED = "superseded"
 
-    ENDED = (Status.APPLIED, Status.PARTIAL, Status.SUPERSEDED)
+    ENDED = (Status.APPLIED, Status.PARTIAL)
 
     decision = models.ForeignKey(
         SchedulerDecision, null=True, blank=True, on_delete=models.SET_NULL, related_name="stage_placements"
@@ -348,7 +347,8 @@ class StagePlacement(models.Model):
 class StageRoleChange(models.Model):
     """One worker's role change within a ``StagePlacement``: ``planned`` → ``sent`` (a ``set_role``
     command in the outbox) → ``applied`` | ``refused`` | ``failed`` (the worker's answer, or no answer
-    before the command timeout), or ``cancelled`` (its placement was superseded before it was sent)."""
+    before the command timeout), or ``cancelled`` before it was sent (its worker is no longer ready, or
+    already has the role)."""
 
     class Status(models.TextChoices):
         PLANNED = "planned"
