@@ -36,7 +36,6 @@ from django.utils import timezone
 
 from gpu.models import STAGE_ROLES, GpuWorker
 from scheduling.core.stages.placement import (
-    Placement,
     PlacementError,
     ReplacementTrigger,
     plan_placement,
@@ -274,8 +273,9 @@ def stage_placement_step(
     pipeline, gpu = _pipeline(), _gpu_spec(ready.values())
     mix = live_mix(preset=preset, now=now, window_s=trigger.window_s, pipeline=pipeline, gpu=gpu)
     current = {name: w.stage_role for name, w in ready.items()}
-    types = Placement(tuple(current.values())).types()
-    unserved_jobs = sum(1 for s in mix.pending if preferred_type(pipeline, s, gpu) not in types)
+    # Live jobs run on EDC workers only (their commands carry no stage hand-off yet): a queued job is
+    # unserved when no worker can take it, whatever type Alg. 2 would prefer for it.
+    unserved_jobs = 0 if "EDC" in current.values() else len(mix.pending)
     waiting_for_encoder = mix.queued_sessions if _encoder_missing(ready.values()) else 0
     clock = now.timestamp()
     for t, stage in _stage_ops(preset=preset, since=now - timedelta(seconds=trigger.window_s), until=now):

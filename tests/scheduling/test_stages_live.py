@@ -367,3 +367,19 @@ def test_registration_takes_the_role_the_worker_was_started_with():
             name="bad", host="h", device="cpu", preset="tiny", gpu_type="cpu", capacity=4, memory_bytes=0,
             migration_address="h:1", stage_role="XD",
         )  # fmt: skip
+
+
+def test_a_job_no_worker_can_take_fires_the_trigger_without_a_skew(stages_on):
+    # given a pool placed as DC workers and an encoder: no whole-pipeline worker for jobs
+    busy, idle = worker("w-a", "DC"), worker("w-c", "DC")
+    worker("w-b", "E")
+    SchedulerState.objects.create(policy="stages@tiny", state={"bootstrapped": True, "trigger": {}})
+    stream_mix(executing(busy), chunks=40, prompts=0)
+    # when a job is queued (no stage op completed: no skew to see)
+    JobFactory(deadline=timezone.now() + timedelta(minutes=5))
+    scheduler_run(trigger="tick")
+    # then the trigger fires for it and Alg. 2 brings whole pipelines back, the idle worker first
+    placement = StagePlacement.objects.get()
+    assert placement.reason == "unserved" and placement.trigger["unserved_jobs"] == 1
+    assert placement.roles_after == {"w-a": "EDC", "w-b": "E", "w-c": "EDC"}
+    assert [c.worker_id for c in placement.changes.order_by("order")] == [idle.pk, busy.pk]
