@@ -36,6 +36,7 @@ from django.utils import timezone
 
 from gpu.models import STAGE_ROLES, GpuWorker
 from scheduling.core.stages.placement import (
+    LIVE_ROLE,
     PlacementError,
     ReplacementTrigger,
     plan_placement,
@@ -55,11 +56,6 @@ Change = StageRoleChange.Status
 HISTORY_WINDOWS = 5
 # A prompt encode's cost does not depend on the output size (encode is 2·P·text_len FLOPs).
 STREAM_SHAPE = Shape(64, 64, 1, 1)
-# Roles the live pool serves: a session needs its decoder next to its diffusion model (the causal
-# decoder's per-session cache) and live commands carry no decode hand-off, so the virtual replicas
-# with a decode auxiliary (V1: ED + C, V3: D + E + C) run as whole primaries here: ED → EDC, D → DC,
-# and their C auxiliaries become primaries of the same kind (EDC). E stays: the shared encoder pool.
-LIVE_ROLE = {"EDC": "EDC", "DC": "DC", "E": "E", "ED": "EDC", "D": "DC", "C": "EDC"}
 # Bounds the plan's input (Alg. 2 looks at every request once): beyond it, the streams' chunks are
 # counted at a common scale.
 MAX_STREAM_CHUNKS = 2048

@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 
 from scheduling.core.stages.placement import PlacementError, ReplacementTrigger, plan_placement, role_changes
+from scheduling.core.stages.cli import StagesCliError, run_bench_replan
 from scheduling.core.stages.profiles import H100, WAN_13B_STREAM, Shape
 
 
@@ -51,3 +52,11 @@ def test_a_two_gpu_pool_with_only_encodes_keeps_one_gpu_for_the_diffusion_model(
     # Before the bound, the encoder pool took both GPUs and the plan failed on zero GPUs left.
     plan = plan_placement(WAN_13B_STREAM, [Shape(64, 64, 1, 4)], 2, H100, encode_only_s=100.0)
     assert sorted(plan.roles) == ["E", "EDC"]
+
+
+def test_the_replan_bench_reports_the_live_roles_and_names_a_bad_flag():
+    result = run_bench_replan(workers=8, chunks=64, jobs=4, encodes=10, repeats=1)
+    assert sum(result["live_roles"].values()) == 8 and set(result["live_roles"]) <= {"EDC", "DC", "E"}
+    assert result["plan_ms_p50"] > 0
+    with pytest.raises(StagesCliError, match="--workers"):
+        run_bench_replan(workers=0)

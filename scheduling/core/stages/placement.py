@@ -34,6 +34,12 @@ VR_TYPES = ("V0", "V1", "V2", "V3")
 PRIMARY_ROLE = {"V0": "EDC", "V1": "ED", "V2": "DC", "V3": "D"}
 AUX_STAGES = {"V0": "", "V1": "C", "V2": "E", "V3": "EC"}
 ROLES = ("EDC", "ED", "DC", "D", "E", "C")
+# Roles the live platform serves (docs/stages.md, "Live placement"): a session needs its decoder
+# next to its diffusion model (the causal decoder's per-session cache) and live commands carry no
+# decode hand-off, so the virtual replicas with a decode auxiliary (V1: ED + C, V3: D + E + C) run as
+# whole primaries there: ED → EDC, D → DC, and their C auxiliaries become EDC. E stays: the shared
+# encoder pool.
+LIVE_ROLE = {"EDC": "EDC", "DC": "DC", "E": "E", "ED": "EDC", "D": "DC", "C": "EDC"}
 
 
 class PlacementError(ValueError):
