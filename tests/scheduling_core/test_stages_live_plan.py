@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from scheduling.core.stages.placement import PlacementError, ReplacementTrigger, plan_placement, role_changes
 from scheduling.core.stages.cli import StagesCliError, run_bench_replan
+from scheduling.core.stages.placement import PlacementError, ReplacementTrigger, plan_placement, role_changes
 from scheduling.core.stages.profiles import H100, WAN_13B_STREAM, Shape
 
 
