@@ -6,6 +6,7 @@ from rest_framework.routers import DefaultRouter
 from gpu.api import CostAuditView, GpuWorkerViewSet, ParameterPoolView, RegionViewSet
 from scheduling.api import (
     MigrationViewSet,
+    RegionMovesAuditView,
     ScalingActionViewSet,
     SchedulerConfigView,
     SchedulerDecisionViewSet,
@@ -31,6 +32,7 @@ urlpatterns = [
     path("audit/latency/", LatencyAuditView.as_view(), name="audit-latency"),
     path("audit/jobs/", JobAuditView.as_view(), name="audit-jobs"),
     path("audit/placements/", StagePlacementAuditView.as_view(), name="audit-placements"),
+    path("audit/region-moves/", RegionMovesAuditView.as_view(), name="audit-region-moves"),
     # The operator's request lives with the scheduler; the URL stays under the session it moves.
     path("sessions/<uuid:pk>/migrate/", SessionMigrateView.as_view(), name="session-migrate"),
     *router.urls,

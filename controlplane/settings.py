@@ -462,6 +462,15 @@ STREAMSERVE = {
     "STAGE_THRESHOLD": _typed("STAGE_THRESHOLD", env.float, 1.5),
     "STAGE_MIN_OPS": _typed("STAGE_MIN_OPS", env.int, 25),
     "STAGE_MAX_CHANGING": _typed("STAGE_MAX_CHANGING", env.int, 1),
+    # Moves of running sessions across regions (same per-slot limit): the WAN bandwidth their state
+    # crosses (Gbit/s; per pair of regions in REGION_WAN_GBPS_PAIRS, {"east:west": 0.5}, either
+    # direction) and how long a moved session is expected to go on (the saving's horizon).
+    "REGION_WAN_GBPS": _typed("REGION_WAN_GBPS", env.float, 1.0),
+    "REGION_WAN_GBPS_PAIRS": _typed("REGION_WAN_GBPS_PAIRS", env.json, {}),
+    "REGION_MOVE_HORIZON_S": _typed("REGION_MOVE_HORIZON_S", env.float, 300.0),
+    # The fewest GPUs a region keeps when it has no demand and a forecast of none ({"east": 1};
+    # 0 for a region not named: an idle region scales to zero).
+    "REGION_MIN_GPUS": _typed("REGION_MIN_GPUS", env.json, {}),
     "DEMO_PASSWORD": env.str("DEMO_PASSWORD", default="demo-streamserve"),
     "OPERATOR_PASSWORD": env.str("OPERATOR_PASSWORD", default="operator-streamserve"),
 }
@@ -475,6 +484,8 @@ for _name in (
     "REGION_RTT_BUDGET_MS",
     "REGION_FORECAST_SEASON_SLOTS",
     "STAGE_WINDOW_S",
+    "REGION_WAN_GBPS",
+    "REGION_MOVE_HORIZON_S",
 ):
     if STREAMSERVE[_name] <= 0:
         raise ImproperlyConfigured(f"Environment variable {_name} must be positive")
@@ -484,6 +495,26 @@ if STREAMSERVE["REGION_FORECAST"] not in ("ets", "seasonal-naive", "last-value")
     )
 if STREAMSERVE["REGION_MOVES_PER_SLOT"] < 0:
     raise ImproperlyConfigured("Environment variable REGION_MOVES_PER_SLOT must be 0 or more")
+_pairs = STREAMSERVE["REGION_WAN_GBPS_PAIRS"]
+if not isinstance(_pairs, dict) or not all(
+    isinstance(k, str)
+    and len(k.split(":")) == 2
+    and all(k.split(":"))
+    and isinstance(v, int | float)
+    and not isinstance(v, bool)
+    and v > 0
+    for k, v in _pairs.items()
+):
+    raise ImproperlyConfigured(
+        'Environment variable REGION_WAN_GBPS_PAIRS must be a JSON object {"source:target": Gbit/s > 0}'
+    )
+_minimum = STREAMSERVE["REGION_MIN_GPUS"]
+if not isinstance(_minimum, dict) or not all(
+    isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in _minimum.values()
+):
+    raise ImproperlyConfigured(
+        'Environment variable REGION_MIN_GPUS must be a JSON object {"region": whole number >= 0}'
+    )
 if not 0.0 < STREAMSERVE["REGION_PLAN_BETA"] <= 1.0:
     raise ImproperlyConfigured("Environment variable REGION_PLAN_BETA must be in (0, 1]")
 if STREAMSERVE["STAGE_PLACEMENT"] not in ("off", "tridentserve"):

@@ -14,7 +14,15 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.api import NO_NUL, StrictCharField, audit_format, audit_responses, csv_cell, csv_response
+from controlplane.api import (
+    AUDIT_PARAMETERS,
+    NO_NUL,
+    StrictCharField,
+    audit_format,
+    audit_responses,
+    csv_cell,
+    csv_response,
+)
 from controlplane.timerange import UtcIsoDateTimeFilter, parse_time_range
 from scheduling import selectors
 from scheduling.core.policy import PolicyError, resolve_policy_class
@@ -50,6 +58,9 @@ class SchedulerDecisionSerializer(serializers.ModelSerializer):
 class MigrationSerializer(serializers.ModelSerializer):
     source = serializers.CharField(source="source.name", read_only=True)
     target = serializers.CharField(source="target.name", read_only=True)
+    # A cross-region move's regions (null: not a cross-region move, or the local region).
+    source_region = serializers.CharField(source="source_region.name", read_only=True, allow_null=True)
+    target_region = serializers.CharField(source="target_region.name", read_only=True, allow_null=True)
 
     class Meta:
         model = Migration
@@ -67,6 +78,11 @@ class MigrationSerializer(serializers.ModelSerializer):
             "started_at",
             "finished_at",
             "duration_ms",
+            "cross_region",
+            "source_region",
+            "target_region",
+            "estimated_saving_ms",
+            "switch_cost_ms",
         ]
 
 
@@ -180,7 +196,7 @@ class MigrationViewSet(viewsets.ReadOnlyModelViewSet):
     """Session-state migrations between workers with their outcome and duration."""
 
     permission_classes = [permissions.IsAdminUser]
-    queryset = Migration.objects.select_related("source", "target")
+    queryset = Migration.objects.select_related("source", "target", "source_region", "target_region")
     serializer_class = MigrationSerializer
     filterset_class = MigrationFilter
     ordering_fields = ["started_at", "duration_ms", "state_bytes"]
@@ -307,3 +323,23 @@ class StagePlacementAuditView(APIView):
         if output == "csv":
             return csv_response("placements.csv", PLACEMENT_CSV_HEADER, _placement_csv_rows(report))
         return Response(report)
+
+
+class RegionMovesAuditView(APIView):
+    """Cross-region moves of running sessions over a time range, bucketed, by region: moves out (how
+    many succeeded, the rule's estimated saving and switching cost) and moves in."""
+
+    permission_classes = [permissions.IsAdminUser]
+
+    @extend_schema(parameters=AUDIT_PARAMETERS, responses=audit_responses(OpenApiTypes.OBJECT))
+    def get(self, request):
+        time_range = parse_time_range(request.query_params)
+        output = audit_format(request.query_params)
+        if output == "csv":
+            header = ["bucket_start", "region", *selectors.REGION_MOVE_CSV_FIELDS]
+            rows = [
+                [csv_cell(r["bucket"]), r["region"], *(csv_cell(r[k]) for k in header[2:])]
+                for r in selectors.region_move_rows(time_range=time_range)
+            ]
+            return csv_response("region-moves.csv", header, rows)
+        return Response(selectors.region_moves_audit(time_range=time_range))

@@ -154,6 +154,17 @@ class Migration(models.Model):
     started_at = models.DateTimeField(db_index=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     duration_ms = models.FloatField(null=True, blank=True)
+    # A move across regions (docs/regions.md, "Running sessions move when it pays"): both regions as
+    # they were at the start (null: the local region), and the rule's estimate that chose it.
+    cross_region = models.BooleanField(default=False, db_index=True)
+    source_region = models.ForeignKey(
+        "gpu.Region", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    target_region = models.ForeignKey(
+        "gpu.Region", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    estimated_saving_ms = models.FloatField(null=True, blank=True)
+    switch_cost_ms = models.FloatField(null=True, blank=True)
 
     class Meta:
         ordering = ["-started_at", "-id"]

@@ -11,6 +11,7 @@ from gpu.provisioners.registry import provisioners_by_backend
 from scheduling.live.enqueue import JOBS_DISPATCH, SCHEDULER_EVENT, SCHEDULER_TICK, WORKER_RELEASE
 from scheduling.live.jobs import jobs_dispatch as dispatch
 from scheduling.live.liveness import workers_check
+from scheduling.live.region_moves import running_sessions_move
 from scheduling.live.regions import parked_sessions_reroute, region_forecast_step
 from scheduling.live.run import scheduler_run
 from scheduling.live.scaling import release
@@ -66,8 +67,10 @@ def jobs_dispatch() -> dict:
 @shared_task(name="scheduling.tasks.region_forecast", time_limit=60, soft_time_limit=50, ignore_result=True)
 def region_forecast() -> dict[str, float]:
     """Beat, one call a forecast slot: the router's demand forecast by origin, then the slot's moves of
-    parked sessions to the regions the plan shifts load to (``docs/regions.md``)."""
+    parked sessions to the regions the plan shifts load to, then the moves of running sessions whose
+    saving beats their switching cost (``docs/regions.md``)."""
     close_old_connections()
     forecast = region_forecast_step()
     parked_sessions_reroute()
+    running_sessions_move()
     return forecast

@@ -26,14 +26,17 @@ T = TypeVar("T")
 
 
 @contextmanager
-def stepped_daemon(worker: GpuWorker, *, max_batch: int, **options: Any) -> Iterator[WorkerDaemon]:
+def stepped_daemon(
+    worker: GpuWorker, *, max_batch: int, engine: ChunkEngine | None = None, **options: Any
+) -> Iterator[WorkerDaemon]:
     """A started daemon named after ``worker`` (reachable as ``daemon.worker``); ``options`` go to
-    ``WorkerDaemon`` (capacity, heartbeat, checkpoints...)."""
+    ``WorkerDaemon`` (capacity, heartbeat, checkpoints...). ``engine``: the tiny monolithic one
+    unless given (a stage worker's, issue 15)."""
     torch.set_num_threads(1)
     client = redis.Redis.from_url(settings.REDIS_URL)
     instance = WorkerDaemon(
         name=worker.name,
-        engine=ChunkEngine.from_preset("tiny", max_batch=max_batch),
+        engine=engine or ChunkEngine.from_preset("tiny", max_batch=max_batch),
         redis_client=client,
         reporter=DjangoReporter(worker.pk, worker.name),
         **options,

@@ -54,6 +54,7 @@ from workers.job_runner import JobRefused, JobRunner
 from workers.records import chunk_record_append
 from workers.runtime.engine import ChunkEngine, ChunkResult, HostStateRecord, SessionNotFound, region_to_bytes
 from workers.runtime.jobs import window_s
+from workers.runtime.stages.serving import EncoderUnavailable, RoleRefused, StageHost
 from workers.runtime.transport import send_state
 from workers.streaming import chunk_message, group_name
 
@@ -92,7 +93,13 @@ class Reporter:
     ) -> None: ...
     def migration_sent(self, command: dict[str, Any], report: dict[str, Any]) -> None: ...
     def migration_failed(self, command: dict[str, Any], error: str) -> None: ...
-    def heartbeat(self, telemetry: dict[str, Any], resident: list[str], parked: list[str]) -> None: ...
+    def heartbeat(
+        self,
+        telemetry: dict[str, Any],
+        resident: list[str],
+        parked: list[str],
+        stage: dict[str, Any] | None = None,
+    ) -> None: ...
     def close(self) -> None: ...
 
     # One-shot jobs (docs/jobs.md): the signatures of ``sessions.jobs``'s functions of the same names.
@@ -286,9 +293,15 @@ class WorkerDaemon:
         lookahead_chunks: float = 1.0,
         liveness_ttl_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        stage_host: StageHost | None = None,
     ) -> None:
         self.name = name
         self.engine = engine
+        # The worker's stage role (issue 15; docs/runtime.md "Stage-level serving"): EDC unless
+        # built over a stage model; `set_role` changes it at a chunk boundary.
+        self.stage = stage_host or StageHost(
+            engine, store_address=getattr(migration_listener, "address", None)
+        )
         self.redis = redis_client
         self.reporter = reporter
         self.capacity = capacity
@@ -327,6 +340,7 @@ class WorkerDaemon:
     def start(self) -> None:
         self.publisher.start()
         self._heartbeat.start()
+        self.stage.start()
 
     def run(self) -> None:
         self.start()
@@ -362,6 +376,7 @@ class WorkerDaemon:
         self.publisher.stop()
         self.publisher.join(timeout=10)
         self.reporter.close()
+        self.stage.close()
         self.engine.close()
         if self.listener is not None:
             self.listener.close()
@@ -393,6 +408,10 @@ class WorkerDaemon:
         results = self.engine.step(max_batch=self.capacity, due=due)
         if results:
             self.chunk_generation_s = results[0].generation_ms / 1000.0
+        else:
+            # Every due session waits for a prompt's embeddings from the encoder worker (a DC
+            # worker, `step_ready`): give the answer a moment instead of spinning on Redis.
+            self.stopping.wait(0.002)
         finished = self.clock()
         for result in results:
             owned = self.sessions.get(result.session_id)
@@ -486,6 +505,7 @@ class WorkerDaemon:
         sid = command["session"]
         if self.draining:
             raise CommandRefused(f"worker {self.name} is draining")
+        self._stage_for_sessions(command)
         existing = self.sessions.get(sid)
         if existing is not None:
             if existing.epoch <= int(command.get("epoch", 0)):
@@ -521,6 +541,7 @@ class WorkerDaemon:
 
     def _cmd_prompt(self, command: dict) -> dict:
         owned = self._owned(command, epoch_check=False)
+        self._stage_for_sessions(command)
         from_chunk = max(int(command["from_chunk"]), self._next_chunk(owned))
         owned.prompts.append((from_chunk, command["text"]))
         if owned.parked is None:
@@ -594,6 +615,8 @@ class WorkerDaemon:
     def _cmd_job_run(self, command: dict) -> dict:
         if self.draining:
             raise CommandRefused(f"worker {self.name} is draining")
+        if self.stage.role != "EDC":
+            raise CommandRefused(f"one-shot jobs run on EDC workers; {self.name} is {self.stage.role}")
         return self.jobs.run(command)
 
     def _cmd_job_pause(self, command: dict) -> dict:
@@ -622,6 +645,52 @@ class WorkerDaemon:
             raise CommandRefused(f"{len(self.jobs.jobs)} job(s) still on {self.name}")
         self.stopping.set()
         return {}
+
+    # --- stage roles (issue 15; docs/runtime.md "Stage-level serving") ---------------------------
+
+    def _stage_for_sessions(self, command: dict) -> None:
+        """A start or prompt needs diffuse and decode here, and on a worker without the encode stage
+        the encoder worker to take the prompt's embeddings from (``command["encoder"]``)."""
+        if not self.stage.holds_sessions:
+            raise CommandRefused(
+                f"role {self.stage.role} holds no sessions: start them on a diffusion worker"
+            )
+        if not self.stage.needs_encoder:
+            return
+        try:
+            self.stage.use_encoder(command.get("encoder"))
+        except (ValueError, EncoderUnavailable) as exc:
+            raise CommandRefused(str(exc)) from exc
+
+    def _cmd_set_role(self, command: dict) -> dict:
+        """Change the stages this worker hosts at a chunk boundary: load the missing stages'
+        weights, drop the others. Refused while a migration is in flight, while jobs are here and
+        the role is not EDC, or when a session needs a stage the role drops (``StageHost``)."""
+        if self.migrations or self.receiving:
+            raise CommandRefused(f"{len(self.migrations) + len(self.receiving)} migration(s) in flight")
+        if self.jobs.jobs and command.get("role") != "EDC":
+            raise CommandRefused(f"{len(self.jobs.jobs)} job(s) on {self.name} run on EDC workers only")
+        if command.get("encoder") is not None:
+            try:
+                self.stage.use_encoder(command["encoder"])
+            except (ValueError, EncoderUnavailable) as exc:
+                raise CommandRefused(str(exc)) from exc
+        metas = {sid: self._session_meta(owned) for sid, owned in self.sessions.items()}
+        try:
+            result = self.stage.set_role(str(command.get("role", "")), metas)
+        except RoleRefused as exc:
+            raise CommandRefused(str(exc)) from exc
+        # A new encoder (or none) serves prompt switches from now on: ask for what is due.
+        for owned in self.sessions.values():
+            if owned.parked is None:
+                self._apply_prompts(owned)
+        logger.info("worker.role worker=%s %s", self.name, result)
+        return {"ok": True, **result}
+
+    def _session_meta(self, owned: OwnedSession) -> dict[str, Any]:
+        if owned.parked is not None:
+            return owned.parked.manifest["meta"]
+        return self.engine.meta(owned.session_id)
 
     # --- migration (TurboServe §6.1) ---------------------------------------------------------
 
@@ -724,6 +793,8 @@ class WorkerDaemon:
             raise CommandRefused(f"worker {self.name} has no migration listener")
         if "job" in command:
             return self._job_migrate_in(command)
+        if not self.stage.holds_sessions:
+            raise CommandRefused(f"role {self.stage.role} holds no sessions")
         sid = command["session"]
         if sid in self.sessions or sid in self.receiving:
             raise CommandRefused(f"session {sid} is already on {self.name}")
@@ -870,7 +941,7 @@ class WorkerDaemon:
             try:
                 resident = [s for s, o in self.sessions.items() if o.parked is None]
                 parked = [s for s, o in self.sessions.items() if o.parked is not None]
-                self.reporter.heartbeat(sample(), resident, parked)
+                self.reporter.heartbeat(sample(), resident, parked, self.stage.report())
             except Exception:
                 logger.exception("heartbeat failed worker=%s", self.name)
             # The same beat in Redis: a PostgreSQL outage leaves the rows' heartbeats stale, and

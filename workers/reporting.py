@@ -51,8 +51,13 @@ class DjangoReporter(Reporter, threading.Thread):
     def migration_failed(self, command: dict, error: str) -> None:
         self.tasks.put(lambda: migration_failed(command=command, error=error))
 
-    def heartbeat(self, telemetry: dict, resident: list[str], parked: list[str]) -> None:
-        self.tasks.put(lambda: worker_heartbeat(worker_id=self.worker_id, telemetry=telemetry))
+    def heartbeat(
+        self, telemetry: dict, resident: list[str], parked: list[str], stage: dict | None = None
+    ) -> None:
+        # The stage role (issue 15) rides in the telemetry sample: {"stage_role": "DC"}, and on an
+        # encoder worker {"encoder": {"queue", "served", "encode_ms_p50", ...}, "session_capacity": 0}.
+        report = {**telemetry, **(stage or {})}
+        self.tasks.put(lambda: worker_heartbeat(worker_id=self.worker_id, telemetry=report))
 
     # One-shot jobs (the worker side of the jobs contract, docs/jobs.md): reports go to sessions.jobs.
 

@@ -225,6 +225,34 @@ def region_floor_load() -> dict[str, float] | None:
     return out
 
 
+def region_idle_forecast() -> set[str]:
+    """The regions with a forecast of no demand: the plan's share of every origin's forecast demand
+    and of its forecast active load (``region_forecast_step``) is nil there. Empty without a stored
+    forecast and plan for the current regions and origins, or with fewer than two regions: a region
+    is never scaled to zero on no forecast at all. The local region is never in it (the warm
+    minimum ``min_gpus`` is kept there)."""
+    regions = list(Region.objects.order_by("name"))
+    origins = _origins(regions)
+    if len(regions) < 2 or not origins:
+        return set()
+    client = redis_client()
+    raw = client.get(FORECAST_KEY)
+    stored = json.loads(raw) if raw else {}
+    raw = client.get(PLAN_KEY)
+    planned = json.loads(raw) if raw else {}
+    names = [r.name for r in regions]
+    if (
+        stored.get("origins") != origins
+        or planned.get("regions") != names
+        or planned.get("origins") != origins
+    ):
+        return set()
+    plan = np.array(planned["plan"])
+    demand = np.maximum(np.array(stored["demand"]), np.array(stored.get("floor", stored["demand"])))
+    expected = np.clip(demand, 0.0, None) @ plan
+    return {n for n, e in zip(names, expected.tolist(), strict=True) if e < 1e-6 and n != Region.DEFAULT_NAME}
+
+
 def region_plan() -> tuple[list[Region], list[str], np.ndarray, np.ndarray] | None:
     """The smoothed routing plan (origins × regions, row-stochastic) and the allowed mask; ``None``
     with fewer than two regions or no origins. Stores the plan as the next call's previous one."""

@@ -23,7 +23,7 @@ from django.utils import timezone
 from gpu.models import GpuWorker, Region
 from scheduling.core.jobs.cosim import backlog_gpus
 from scheduling.core.policy import make_policy
-from scheduling.core.regions.partition import decide_by_region, partition_snapshot
+from scheduling.core.regions.partition import decide_by_region, partition_snapshot, regions_to_zero
 from scheduling.core.turboserve import TurboServePolicy
 from scheduling.core.types import (
     POLICY_EVENT_KINDS,
@@ -40,7 +40,13 @@ from scheduling.live.jobs import JobBacklog, jobs_backlog
 from scheduling.live.liveness import sessions_recover
 from scheduling.live.outbox import Outbox, scheduler_lock
 from scheduling.live.profiles import default_gpu_type, gpu_profiles
-from scheduling.live.regions import RegionLayout, region_floor_load, region_layout, sessions_reroute
+from scheduling.live.regions import (
+    RegionLayout,
+    region_floor_load,
+    region_idle_forecast,
+    region_layout,
+    sessions_reroute,
+)
 from scheduling.live.stages import stage_placement_step
 from scheduling.models import SchedulerConfig, SchedulerDecision, SchedulerState, WorkerCommand
 from sessions.models import GenerationSession
@@ -285,6 +291,14 @@ def _run_pool(*, preset: str, trigger: EventKind, session_id: str | None, was_ac
         decisions, rerouted = decide_by_region(
             policies, snapshots, event, event_region=event_region, alternatives=layout.alternatives
         )
+        if len(snapshots) > 1:
+            # An idle region with a forecast of none scales to zero (TurboServe keeps its last GPU).
+            decisions = regions_to_zero(
+                snapshots,
+                decisions,
+                idle=region_idle_forecast(),
+                minimum=settings.STREAMSERVE["REGION_MIN_GPUS"],
+            )
         for region, row in state_rows.items():
             row.state = policies[region].state_dict()
             row.save(update_fields=["state", "updated_at"])

@@ -4,25 +4,23 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from io import StringIO
 
 from django.core.management import call_command
 
 from scheduling.core.stages.encoder_pool import encoder_pool_gain, sessions_per_gpu, stream_model
-from scheduling.core.stages.profiles import GB, H100, L20, WAN_13B_STREAM
-from workers.runtime.models.causal_dit import PRESETS
+from scheduling.core.stages.profiles import GB, H100, L20, WAN_13B_STREAM, Shape
+from workers.runtime.stages.memory import ENCODERS, stream_figures
 
-PRESET = PRESETS["wan-1.3b"]
-MODEL = stream_model(
-    state_bytes=PRESET.state_bytes(),
-    worker_params=PRESET.parameter_count(),
-    tokens_per_chunk=PRESET.tokens_per_frame * PRESET.frames_per_chunk,
-    hidden=PRESET.dim,
-)
+MODEL = stream_model(**stream_figures("wan-1.3b", encoder="umt5-xxl"))
 
 
 def test_the_pool_frees_the_encoder_and_fits_more_sessions():
     result = encoder_pool_gain(MODEL, L20)
-    assert result.freed_gb == WAN_13B_STREAM.weight_bytes("E") / GB
+    assert result.freed_gb == ENCODERS["umt5-xxl"].weight_bytes() / GB
+    # The encode time is the profile's at the encoder's own parameter count.
+    assert MODEL.profile.encoder_params == ENCODERS["umt5-xxl"].parameter_count()
+    assert result.encode_s == MODEL.encode_s(L20) < WAN_13B_STREAM.encode_s(Shape(832, 480, 1, 1), L20)
     free = (
         L20.memory_bytes
         - L20.reserve_bytes
@@ -63,6 +61,11 @@ def test_reproduce_stages_writes_markdown_and_json(tmp_path):
     assert {r["workload"] for r in report["runs"]} == workloads | {f"sd3-image/{w}" for w in workloads}
     assert len(report["runs"]) == 18 + 12
     assert [row["gpu"] for row in report["encoder_pool"]] == ["L20", "H100", "H200"]
+    # One memory model: `stage_memory` prints the same rows for the same GPU profiles.
+    for row in report["encoder_pool"]:
+        out = StringIO()
+        call_command("stage_memory", "--gpu", row["gpu"], "--json", stdout=out)
+        assert json.loads(out.getvalue())["rows"] == [row]
     text = (tmp_path / "stages.md").read_text()
     assert "2.1–6.6×" in text and "wo-scheduler" in text and "bench_stages_dispatch --gpus 128" in text
     assert "## Targets (issue 15)" in text and "zero out-of-memory events" in text

@@ -46,33 +46,47 @@ def test_the_encoder_parameter_count_is_the_one_transformers_builds():
 
 
 def test_stage_memory_counts_sessions_with_and_without_the_encoder():
-    report = run("stage_memory", "--preset", "wan-1.3b", "--encoder", "umt5-xxl", "--gpu-memory-gb", "80")
+    # Given the preset's exact figures (state region, diffuse + decode weights, UMT5-XXL),
+    report = run(
+        "stage_memory", "--preset", "wan-1.3b", "--encoder", "umt5-xxl", "--gpu-memory-gb", "80", "40"
+    )
     weights = stage_weight_bytes("wan-1.3b")
-    state = DIT_PRESETS["wan-1.3b"].state_bytes()
-    encoder = ENCODERS["umt5-xxl"].weight_bytes()
-    free = 80 * 10**9 - weights["D"] - weights["C"]
-    assert report["encoder_bytes_freed_per_diffusion_worker"] == encoder
-    assert report["sessions_per_gpu"]["monolithic"] == (free - encoder) // state
-    assert report["sessions_per_gpu"]["shared_pool"] == free // state
-    share = report["sessions_per_gpu"]["shared_pool_with_encoder_share"]
-    assert share == (8 * (free // state) - -(-encoder // state)) / 8
-    assert report["gain"]["shared_pool"] == round((free // state) / ((free - encoder) // state) - 1, 4)
+    cfg = DIT_PRESETS["wan-1.3b"]
+    state, encoder = cfg.state_bytes(), ENCODERS["umt5-xxl"].weight_bytes()
+    workspace = cfg.tokens_per_frame * cfg.frames_per_chunk * cfg.dim * 2 * 24  # bf16, 24 live tensors
+    assert report["figures"]["worker_weight_bytes"] == weights["D"] + weights["C"]
+    assert report["figures"]["encoder_weight_bytes"] == encoder
+    # then each row fits state regions into what the weights, the reserve and 4 chunks leave.
+    for row, memory in zip(report["rows"], (80, 40), strict=True):
+        free = memory * 10**9 - 2 * 10**9 - weights["D"] - weights["C"] - 4 * workspace
+        assert row["sessions_monolithic"] == (free - encoder) // state
+        assert row["sessions_with_pool"] == free // state
+        mono, pooled = (free - encoder) // state, free // state
+        assert row["gain"] == (pooled - mono) / mono
+        assert row["encoder_share"] == encoder / free
+    assert report["rows"][0]["gain"] < 0.3 < report["rows"][1]["gain"]
 
 
-def test_stage_memory_sizes_the_encoder_load_when_asked():
-    report = run("stage_memory", "--switch-interval-s", "10", "--encode-ms", "20", "--gpus-per-encoder", "2")
-    pooled = report["sessions_per_gpu"]["shared_pool"]
-    assert report["encoder_load"]["encodes_per_s_per_replica"] == round(2 * pooled / 10, 3)
-    assert report["encoder_load"]["replica_utilisation"] == round(2 * pooled / 10 * 0.02, 4)
+def test_stage_memory_charges_the_pool_by_its_encode_load():
+    report = run("stage_memory", "--switch-interval-s", "10", "--encode-ms", "20", "--active", "0")
+    (row,) = report["rows"]
+    assert (row["gpu"], row["memory_gb"], row["active"]) == ("H100", 80.0, 0)
+    pool_share = row["sessions_with_pool"] / 10 * 0.02
+    assert row["pool_gpus_per_100"] == 100 * pool_share
+    assert row["amortised_gain"] == pytest.approx(
+        (row["sessions_with_pool"] / (1 + pool_share)) / row["sessions_monolithic"] - 1
+    )
 
 
 @pytest.mark.parametrize(
     ("args", "flag"),
     [
         (["--encoder", "t5-base"], "--encoder"),
+        (["--gpu", "a100"], "--gpu"),
         (["--gpu-memory-gb", "0"], "--gpu-memory-gb"),
         (["--reserved-gb", "90"], "--reserved-gb"),
-        (["--gpus-per-encoder", "0"], "--gpus-per-encoder"),
+        (["--active", "-1"], "--active"),
+        (["--switch-interval-s", "0"], "--switch-interval-s"),
         (["--preset", "nope"], "--preset"),
         (["--preset", "demo"], "--preset"),
     ],

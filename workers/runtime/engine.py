@@ -34,6 +34,7 @@ from workers.runtime.models.base import (
     StateManifestError,
     StreamingVideoModel,
     carve_region,
+    json_copy,
     manifest_layout,
     region_offsets,
     tensor_checksum,
@@ -178,7 +179,7 @@ class ChunkEngine:
       `import_state(session_id, manifest, tensors, copy=True)`
     - `state_to_bytes(session_id) -> bytes`, `state_from_bytes(session_id, data)`
     - `remove(session_id)`, `state_bytes(session_id)`, `sessions()`, `status(session_id)`,
-      `next_chunk(session_id)`, `close()`
+      `next_chunk(session_id)`, `meta(session_id)`, `close()`
     - one-shot jobs: `add_job(job_id, kind=..., prompt=..., seed=..., width=..., height=...,
       frames=..., steps=...)`, `job_step(job_ids) -> JobStepReport`, `job_progress(job_id)`,
       `job_shape(job_id)`, `job_frames(job_id)`, `is_job(id)`; the offload and migration calls
@@ -310,7 +311,8 @@ class ChunkEngine:
     # -- coalesced execution -------------------------------------------------------------------
 
     def due_sessions(self, max_batch: int | None = None, due: Iterable[str] | None = None) -> list[str]:
-        """The sessions the next step would run: resident, not frozen, least recently served first."""
+        """The sessions the next step would run: resident, not frozen, ready (`step_ready`: a stage
+        worker's session waits for its prompt's embeddings), least recently served first."""
         limit = self.max_batch if max_batch is None else max_batch
         allowed = set(due) if due is not None else None
         ready = [
@@ -320,6 +322,7 @@ class ChunkEngine:
             and not s.frozen
             and not s.job
             and (allowed is None or s.session_id in allowed)
+            and self.model.step_ready(s.state)  # type: ignore[arg-type]
         ]
         ready.sort(key=lambda s: (s.last_served, s.order))
         return [s.session_id for s in ready[:limit]]
@@ -562,6 +565,10 @@ class ChunkEngine:
         session.frozen = True
         manifest = self.model.state_manifest(session.state, checksums=True)
         return manifest, dict(session.state.tensors)
+
+    def meta(self, session_id: str) -> dict[str, Any]:
+        """A copy of a resident or suspended session's (or job's) state meta (counters, prompts)."""
+        return json_copy(self._meta(self._get(session_id)))
 
     def thaw(self, session_id: str) -> None:
         self._get(session_id).frozen = False

@@ -20,11 +20,14 @@ and gets back one ``Decision`` per region. Nothing here knows the database.
   region within the budget has room does it wait in its own region's queue, whose scale-out (within
   the region's limits) it triggers. A region that lost queued sessions to another decides again
   without them (from the same policy state), so its autoscaler does not buy GPUs for load that left.
+- ``regions_to_zero``: a region with no demand and a forecast of none (judged by the caller) gives
+  back its GPUs down to its minimum, where TurboServe alone keeps a region's last ready GPU; it
+  scales out again through its own policy when a session is routed there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from ..policy import Policy
@@ -215,3 +218,43 @@ def _without(snapshot: Snapshot, gone: Sequence[str]) -> Snapshot:
         min_gpus=snapshot.min_gpus,
         max_gpus=snapshot.max_gpus,
     )
+
+
+def regions_to_zero(
+    snapshots: Mapping[str, Snapshot],
+    decisions: Mapping[str, Decision],
+    *,
+    idle: Collection[str],
+    minimum: Mapping[str, int],
+) -> dict[str, Decision]:
+    """Each region of ``idle`` (no demand forecast) that holds no session (executing, parked or
+    queued) and no job, and whose decision adds nothing, releases its booting and ready GPUs beyond
+    ``minimum`` (default 0): newest booting first, then ready ones by name. The runtime stops a
+    released GPU through the provisioner that started it; the region's next session (routed there)
+    is queued and scales it out again. Other regions' decisions are returned unchanged."""
+    out = dict(decisions)
+    for region in sorted(idle):
+        snapshot, decision = snapshots.get(region), decisions.get(region)
+        if snapshot is None or decision is None or snapshot.sessions or snapshot.job_gpus:
+            continue
+        if decision.add_gpus or decision.assign or decision.undrain or snapshot.job_demand_gpus > _EPS:
+            continue
+        gone = set(decision.release)
+        kept = [
+            gid
+            for gid, gpu in snapshot.gpus.items()
+            if gpu.status in ("provisioning", "ready") and gid not in gone and gid not in decision.drain
+        ]
+        surplus = len(kept) - minimum.get(region, 0)
+        if surplus <= 0:
+            continue
+        order = sorted(
+            kept,
+            key=lambda g: (snapshot.gpus[g].status != "provisioning", -snapshot.gpus[g].requested_at, g),
+        )
+        out[region] = replace(
+            decision,
+            release=(*decision.release, *order[:surplus]),
+            target_budget=max(0, decision.target_budget - surplus),
+        )
+    return out

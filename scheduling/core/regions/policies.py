@@ -26,6 +26,7 @@ import numpy as np
 
 from .demand import origin_load_by_slot
 from .forecast import OracleForecaster, make_forecaster, prediction_accuracy, predictive_floor
+from .moves import MoveCase, move_verdict
 from .transport import (
     CostWeights,
     TransportPlan,
@@ -312,7 +313,8 @@ class TortaPolicy(RegionPolicy):
 
     def _move_overloaded(self, sim, now):
         """Move a live session out of an overloaded region only if the latency it saves (its own and
-        its neighbours', until the region's booting GPUs relieve it) beats its stall × switch_penalty."""
+        its neighbours', until the region's booting GPUs relieve it) beats its stall × switch_penalty
+        (``moves.move_verdict``, the live scheduler's rule too)."""
         config = sim.config
         ready = sim.ready_capacity()
         expected_s = sim.expected_session_s()
@@ -328,18 +330,23 @@ class TortaPolicy(RegionPolicy):
                 target = _least_loaded_with_room(sim, session.origin, session.load, exclude=r)
                 if target is None:
                     continue
-                stretch_before = load_r / ready[r]
-                stretch_after = max(1.0, (load_r - session.load) / ready[r])
-                others = sim.count_or[:, r].sum() - 1
-                new_latency = sim.rtt[session.origin, target] + config.chunk_ms * max(
-                    1.0, (sim.region_load()[target] + session.load) / ready[target]
+                verdict = move_verdict(
+                    MoveCase(
+                        load=session.load,
+                        source_load=load_r,
+                        source_capacity=ready[r],
+                        target_load=sim.region_load()[target],
+                        target_capacity=ready[target],
+                        source_rtt_ms=sim.rtt[session.origin, r],
+                        target_rtt_ms=sim.rtt[session.origin, target],
+                        neighbours=sim.count_or[:, r].sum() - 1,
+                        chunk_ms=config.chunk_ms,
+                        chunks=min(relief_s, expected_s) / config.chunk_period_s,
+                    ),
+                    switch_cost_ms=sim.stall_ms(session.origin, target),
+                    switch_penalty=self.switch_penalty,
                 )
-                old_latency = sim.rtt[session.origin, r] + config.chunk_ms * stretch_before
-                chunks = min(relief_s, expected_s) / config.chunk_period_s
-                saving = chunks * (
-                    (old_latency - new_latency) + others * config.chunk_ms * (stretch_before - stretch_after)
-                )
-                if saving > self.switch_penalty * sim.stall_ms(session.origin, target):
+                if verdict.pays:
                     sim.move(sid, target)
 
     @staticmethod

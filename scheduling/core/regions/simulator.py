@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from .demand import RegionTrace
+from .moves import switch_cost_ms
 from .topology import Topology
 
 
@@ -269,7 +270,12 @@ class RegionSimulator:
             self.slo_chunks -= 1
 
     def stall_ms(self, origin: int, region: int) -> float:
-        return self.config.state_mb * 8.0 / self.config.wan_mbps * 1000.0 + self.rtt[origin, region]
+        """A move's switching cost (``moves.switch_cost_ms``, shared with the live scheduler)."""
+        return switch_cost_ms(
+            state_bytes=self.config.state_mb * 1e6,
+            wan_gbps=self.config.wan_mbps / 1000.0,
+            rtt_ms=self.rtt[origin, region],
+        )
 
     def expected_session_s(self) -> float:
         """Mean length of the sessions that ended so far (300 s until some have)."""

@@ -328,7 +328,6 @@ def run_reproduce(
             runs.append(result)
             if progress:
                 progress(result)
-    pool = [encoder_pool_gain(stream, spec).to_json() for spec in GPUS.values()]
     bench = run_bench_dispatch(gpus=128, repeats=30, seed=0)
     report = {
         "setup": {
@@ -345,14 +344,7 @@ def run_reproduce(
         "paper": PAPER,
         "runs": runs,
         "summary": _summarise(runs),
-        "encoder_pool": pool,
-        "stream_model": {
-            "state_bytes": stream.state_bytes,
-            "worker_weight_bytes": stream.worker_weight_bytes,
-            "encoder_weight_bytes": stream.encoder_weight_bytes,
-            "chunk_workspace_bytes": stream.chunk_workspace_bytes,
-            "encode_s_l20": stream.encode_s(L20),
-        },
+        **encoder_pool_report(stream),
         "dispatch_bench": bench,
     }
     out = Path(out_dir)
@@ -360,6 +352,21 @@ def run_reproduce(
     (out / "stages.json").write_text(json.dumps(report, indent=1, default=float) + "\n", encoding="utf-8")
     (out / "stages.md").write_text(render_markdown(report), encoding="utf-8")
     return report
+
+
+def encoder_pool_report(stream: StreamModel) -> dict[str, Any]:
+    """The streams' part of the report: the encoder pool on each GPU profile and the model's inputs
+    (the figures ``manage.py stage_memory --gpu NAME`` prints for one GPU)."""
+    return {
+        "encoder_pool": [encoder_pool_gain(stream, spec).to_json() for spec in GPUS.values()],
+        "stream_model": {
+            "state_bytes": stream.state_bytes,
+            "worker_weight_bytes": stream.worker_weight_bytes,
+            "encoder_weight_bytes": stream.encoder_weight_bytes,
+            "chunk_workspace_bytes": stream.chunk_workspace_bytes,
+            "encode_s_l20": stream.encode_s(L20),
+        },
+    }
 
 
 def _summarise(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
@@ -448,17 +455,21 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         "## Streams: the shared encoder pool (`wan-1.3b` with a UMT5-XXL-sized encoder, memory model)",
         "",
-        f"State region {report['stream_model']['state_bytes'] / 1e9:.2f} GB per session, worker weights "
-        f"{report['stream_model']['worker_weight_bytes'] / 1e9:.2f} GB, encoder "
-        f"{report['stream_model']['encoder_weight_bytes'] / 1e9:.1f} GB, 4 active sessions' chunk workspace.",
+        f"State region {report['stream_model']['state_bytes'] / 1e9:.2f} GB per session, diffusion worker "
+        f"weights (diffuse + decode) {report['stream_model']['worker_weight_bytes'] / 1e9:.2f} GB, encoder "
+        f"{report['stream_model']['encoder_weight_bytes'] / 1e9:.2f} GB, 4 active sessions' chunk workspace, "
+        "2 GB reserve (the same model and figures as `manage.py stage_memory --gpu NAME`). Encoder share: "
+        "the encoder's part of the memory the encoder and the sessions share on a monolithic worker; "
+        "+30 % needs about 23 %.",
         "",
-        "| GPU | memory GB | sessions, encoder on worker | sessions, shared pool | gain | pool GPUs per 100 | gain after pool GPUs |",
-        "|---|---|---|---|---|---|---|",
+        "| GPU | memory GB | sessions, encoder on worker | sessions, shared pool | gain | encoder share | pool GPUs per 100 | gain after pool GPUs |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in pool:
+        share = f"{row['encoder_share']:.1%}" if "encoder_share" in row else "—"
         lines.append(
             f"| {row['gpu']} | {row['memory_gb']:.0f} | {row['sessions_monolithic']} | {row['sessions_with_pool']} | "
-            f"{row['gain']:+.0%} | {row['pool_gpus_per_100']:.2f} | {row['amortised_gain']:+.0%} |"
+            f"{row['gain']:+.0%} | {share} | {row['pool_gpus_per_100']:.2f} | {row['amortised_gain']:+.0%} |"
         )
     lines += [
         "",

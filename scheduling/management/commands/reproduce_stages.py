@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from scheduling.core.stages.cli import StagesCliError, run_reproduce
 from scheduling.core.stages.encoder_pool import stream_model
-from workers.runtime.models.causal_dit import PRESETS
+from workers.runtime.stages.memory import stream_figures
 
 
 class Command(BaseCommand):
@@ -27,14 +27,8 @@ class Command(BaseCommand):
         parser.add_argument("--image-duration-s", type=float, default=600.0)
 
     def handle(self, *args, **opts):
-        preset = PRESETS["wan-1.3b"]
-        # state_bytes() is what the model's state_bytes_for returns (read-only use of the runtime).
-        stream = stream_model(
-            state_bytes=preset.state_bytes(),
-            worker_params=preset.parameter_count(),
-            tokens_per_chunk=preset.tokens_per_frame * preset.frames_per_chunk,
-            hidden=preset.dim,
-        )
+        # The preset's exact figures (read-only use of the runtime), as `manage.py stage_memory` takes them.
+        stream = stream_model(**stream_figures("wan-1.3b", encoder="umt5-xxl"))
         try:
             report = run_reproduce(
                 out_dir=opts["out"],

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import socket
+import time
 
 import redis
 import torch
@@ -21,10 +22,21 @@ from scheduling.live.profiles import default_gpu_type, gpu_profiles
 from workers.daemon import WorkerDaemon
 from workers.reporting import DjangoPoolLink, DjangoReporter, phase_report
 from workers.runtime.engine import ChunkEngine
+from workers.runtime.models import UnknownPresetError, model_class
 from workers.runtime.presets import DEFAULT_PRESET, PRESETS
+from workers.runtime.stages.contract import RoleError, staged_class
+from workers.runtime.stages.serving import StageHost, daemon_role, staged_engine_model
 from workers.runtime.transport import MigrationListener
 from workers.runtime.weights import WeightsUnavailable
-from workers.weights_loading import WEIGHTS_FROM, WeightsLoader
+from workers.weights_loading import (
+    DISK,
+    INIT,
+    WEIGHTS_FROM,
+    LoadedWeights,
+    WeightsLoader,
+    weights_file,
+    weights_file_ensure,
+)
 
 logger = logging.getLogger("workers.gpuworker")
 
@@ -69,6 +81,12 @@ class Command(BaseCommand):
             "(default: WORKER_WEIGHTS_FROM)",
         )
         parser.add_argument(
+            "--stages",
+            default="EDC",
+            help="stage role (issue 15): EDC monolithic (default), DC diffusion worker fed by encoder "
+            "workers, E encoder worker serving prompt encodings at its migration address",
+        )
+        parser.add_argument(
             "--link-mbps",
             type=float,
             default=None,
@@ -99,6 +117,7 @@ class Command(BaseCommand):
         if options["link_mbps"] is not None and options["link_mbps"] <= 0:
             raise CommandError("--link-mbps must be positive")
         weights_from = options["weights_from"] or conf["WORKER_WEIGHTS_FROM"]
+        role = self._role(options["stages"], preset)
         listener = MigrationListener(device=device, host=options["listen_host"])
         memory = torch.cuda.get_device_properties(device).total_memory if device.startswith("cuda") else 0
         identity = {
@@ -128,7 +147,7 @@ class Command(BaseCommand):
             link_mbps=options["link_mbps"],
         )
         try:
-            weights = loader.load()
+            weights = loader.load() if role == "EDC" else self._stage_weights(preset, role, device, conf)
         except Exception as exc:
             # Never serve from incomplete or corrupt weights (every source failed, or the file
             # itself is bad): the worker fails instead of registering ready.
@@ -149,6 +168,8 @@ class Command(BaseCommand):
             weights.address,
         )
         engine = ChunkEngine(weights.model, max_batch=capacity)
+        weights_path = None if role == "EDC" else str(weights_file(conf["WEIGHTS_DIR"], preset))
+        stage_host = StageHost(engine, store_address=listener.address, weights_path=weights_path)
         try:
             worker = worker_register(**identity)
         except TransitionError as exc:
@@ -168,14 +189,16 @@ class Command(BaseCommand):
             migration_timeout_s=conf["MIGRATION_TIMEOUT_S"],
             heartbeat_s=heartbeat,
             liveness_ttl_s=conf["HEARTBEAT_TIMEOUT_S"],
+            stage_host=stage_host,
         )
         signal.signal(signal.SIGTERM, daemon.request_stop)
         signal.signal(signal.SIGINT, daemon.request_stop)
         logger.info(
-            "worker.ready worker=%s device=%s preset=%s K=%d migration=%s",
+            "worker.ready worker=%s device=%s preset=%s role=%s K=%d migration=%s",
             name,
             device,
             options["preset"],
+            role,
             capacity,
             listener.address,
         )
@@ -187,6 +210,39 @@ class Command(BaseCommand):
         self._deregister(worker.pk)
         weights.close()
         logger.info("worker.stopped worker=%s", name)
+
+    @staticmethod
+    def _role(text: str, preset: str) -> str:
+        try:
+            role = daemon_role(text)
+        except (RoleError, ValueError) as exc:
+            raise CommandError(f"--stages: {exc}") from exc
+        if role != "EDC":
+            try:
+                staged_class(preset)
+            except UnknownPresetError as exc:
+                raise CommandError(f"--stages {role}: {exc}") from exc
+            if not model_class(preset).transferable_weights:
+                # The daemon's roles build stages from a weights file and re-cut the model in place
+                # (`restage`); a checkpoint-directory model (Wan) is served by the stage worker process.
+                raise CommandError(
+                    f"--stages {role}: preset {preset!r} loads from its checkpoint directory, which the "
+                    "daemon's stage roles do not; run its stages with python -m "
+                    "workers.runtime.stages.worker --model-path DIR"
+                )
+        return role
+
+    @staticmethod
+    def _stage_weights(preset: str, role: str, device: str, conf: dict) -> LoadedWeights:
+        """A stage worker's weights: its stages' tensors only, read from the local weights file
+        (written from the seeded weights first when missing). A partial copy is no parameter-pool
+        source, so it is neither pulled from peers nor served to them."""
+        started = time.monotonic()
+        path = weights_file(conf["WEIGHTS_DIR"], preset)
+        created = weights_file_ensure(path, preset)
+        model = staged_engine_model(preset, role, device=device, weights_path=str(path))
+        detail = f"{path} (stages {role})"
+        return LoadedWeights(model, None, INIT if created else DISK, detail, "", time.monotonic() - started)
 
     def _deregister(self, worker_id: int) -> None:
         """SIGTERM: sessions were checkpointed by the daemon; hand them back to the scheduler."""

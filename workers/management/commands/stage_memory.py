@@ -1,13 +1,26 @@
-"""``manage.py stage_memory``: sessions per GPU, monolithic vs a shared text-encoder pool (memory model)."""
+"""``manage.py stage_memory``: sessions per GPU, monolithic vs a shared text-encoder pool (memory model).
+
+The model is ``scheduling.core.stages.encoder_pool`` (the one ``reproduce_stages`` prints too); the
+preset's figures come from the runtime (``workers.runtime.stages.memory.stream_figures``). This
+command joins them: neither pure layer may import the other.
+"""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from django.core.management.base import BaseCommand, CommandError
 
+from scheduling.core.stages.encoder_pool import (
+    ACTIVE_SESSIONS,
+    SWITCHES_PER_SESSION_S,
+    encoder_pool_gain,
+    stream_model,
+)
+from scheduling.core.stages.profiles import GB, GPUS
 from workers.runtime.models import UnknownPresetError
-from workers.runtime.stages.memory import ENCODERS, GB, encoder_pool_memory
+from workers.runtime.stages.memory import ENCODERS, stream_figures
 
 
 class Command(BaseCommand):
@@ -24,50 +37,80 @@ class Command(BaseCommand):
             help=f"text encoder standing in for the preset's: {', '.join(sorted(ENCODERS))}, or 'preset'",
         )
         parser.add_argument(
-            "--gpu-memory-gb", type=float, default=80.0, help="GPU memory, 10^9 bytes (default 80)"
+            "--gpu", default="h100", help=f"GPU profile (encode time, reserve): {', '.join(GPUS)}"
         )
         parser.add_argument(
-            "--reserved-gb",
+            "--gpu-memory-gb",
             type=float,
-            default=0.0,
-            help="CUDA context + activation workspace, the same in both",
+            nargs="+",
+            default=None,
+            help="GPU memory sizes, 10^9 bytes (default: the --gpu profile's); one row each",
         )
         parser.add_argument(
-            "--gpus-per-encoder", type=int, default=8, help="diffusion GPUs one encoder replica serves"
+            "--reserved-gb", type=float, default=None, help="CUDA context and slack (default: the profile's)"
         )
         parser.add_argument(
-            "--switch-interval-s", type=float, default=None, help="mean time between prompt switches"
+            "--active",
+            type=int,
+            default=ACTIVE_SESSIONS,
+            help="sessions whose chunk is in flight at once (their activations are resident)",
         )
-        parser.add_argument("--encode-ms", type=float, default=None, help="one encode on the encoder's GPU")
+        parser.add_argument(
+            "--switch-interval-s",
+            type=float,
+            default=1 / SWITCHES_PER_SESSION_S,
+            help="mean time between a session's prompt encodes (start and switches)",
+        )
+        parser.add_argument(
+            "--encode-ms", type=float, default=None, help="one encode on a pool GPU (default: analytic)"
+        )
         parser.add_argument("--json", action="store_true", help="print one JSON object only")
 
     def handle(self, *args, **options):
+        gpu = GPUS.get(options["gpu"].lower())
+        if gpu is None:
+            raise CommandError(f"--gpu: unknown GPU {options['gpu']!r}; known: {', '.join(GPUS)}")
+        sizes = options["gpu_memory_gb"] or [gpu.memory_bytes / GB]
+        reserved = gpu.reserve_bytes / GB if options["reserved_gb"] is None else options["reserved_gb"]
         checks = {
-            "--gpu-memory-gb": options["gpu_memory_gb"] > 0,
-            "--reserved-gb": 0 <= options["reserved_gb"] < options["gpu_memory_gb"],
-            "--gpus-per-encoder": options["gpus_per_encoder"] >= 1,
-            "--switch-interval-s": options["switch_interval_s"] is None or options["switch_interval_s"] > 0,
+            "--gpu-memory-gb": all(size > 0 for size in sizes),
+            "--reserved-gb": all(0 <= reserved < size for size in sizes),
+            "--active": options["active"] >= 0,
+            "--switch-interval-s": options["switch_interval_s"] > 0,
             "--encode-ms": options["encode_ms"] is None or options["encode_ms"] > 0,
         }
         for flag, ok in checks.items():
             if not ok:
                 raise CommandError(f"{flag} is out of range")
-        if options["encoder"] != "preset" and options["encoder"] not in ENCODERS:
+        encoder = options["encoder"]
+        if encoder != "preset" and encoder not in ENCODERS:
             raise CommandError(
-                f"--encoder: unknown encoder {options['encoder']!r}; known: {', '.join(ENCODERS)}, preset"
+                f"--encoder: unknown encoder {encoder!r}; known: {', '.join(ENCODERS)}, preset"
             )
         try:
-            report = encoder_pool_memory(
-                options["preset"],
-                encoder=None if options["encoder"] == "preset" else options["encoder"],
-                gpu_memory_bytes=int(options["gpu_memory_gb"] * GB),
-                reserved_bytes=int(options["reserved_gb"] * GB),
-                gpus_per_encoder=options["gpus_per_encoder"],
-                switch_interval_s=options["switch_interval_s"],
-                encode_ms=options["encode_ms"],
-            )
+            figures = stream_figures(options["preset"], encoder=None if encoder == "preset" else encoder)
         except (UnknownPresetError, ValueError) as exc:
             raise CommandError(f"--preset: {exc}") from exc
+        model = stream_model(**figures)
+        rows = [
+            encoder_pool_gain(
+                model,
+                replace(gpu, memory_bytes=size * GB, reserve_bytes=reserved * GB),
+                active=options["active"],
+                switches_per_session_s=1 / options["switch_interval_s"],
+                encode_s=None if options["encode_ms"] is None else options["encode_ms"] / 1000,
+            ).to_json()
+            for size in sizes
+        ]
+        report = {
+            "preset": options["preset"],
+            "encoder": encoder if encoder != "preset" else f"{options['preset']} (built-in)",
+            "gpu": gpu.name,
+            "switch_interval_s": options["switch_interval_s"],
+            "figures": figures,
+            "chunk_workspace_bytes": model.chunk_workspace_bytes,
+            "rows": rows,
+        }
         if options["json"]:
             self.stdout.write(json.dumps(report))
             return
@@ -75,21 +118,25 @@ class Command(BaseCommand):
 
 
 def format_report(report: dict) -> str:
-    weights, sessions, gain = report["weights_bytes"], report["sessions_per_gpu"], report["gain"]
+    figures = report["figures"]
     lines = [
-        f"preset {report['preset']}, encoder {report['encoder']}, GPU {report['gpu_memory_bytes'] / 1e9:.1f} GB "
-        f"({report['reserved_bytes'] / 1e9:.1f} GB reserved)",
-        f"weights: encode {weights['encode'] / 1e9:.3f} GB, diffuse {weights['diffuse'] / 1e9:.3f} GB, "
-        f"decode {weights['decode'] / 1e9:.4f} GB; state {report['state_bytes_per_session'] / 1e9:.3f} GB/session",
-        f"encoder bytes freed per diffusion worker: {report['encoder_bytes_freed_per_diffusion_worker'] / 1e9:.3f} GB",
-        f"sessions per GPU: monolithic {sessions['monolithic']}, shared pool {sessions['shared_pool']} "
-        f"({_percent(gain['shared_pool'])}), with the encoder's share over {report['gpus_per_encoder']} GPUs "
-        f"{sessions['shared_pool_with_encoder_share']} ({_percent(gain['shared_pool_with_encoder_share'])})",
+        f"preset {report['preset']}, encoder {report['encoder']}, {report['gpu']} profile; "
+        f"one prompt encode per session per {report['switch_interval_s']:g} s",
+        f"weights: diffusion worker (diffuse + decode) {figures['worker_weight_bytes'] / 1e9:.3f} GB, "
+        f"encoder {figures['encoder_weight_bytes'] / 1e9:.3f} GB; state {figures['state_bytes'] / 1e9:.3f} GB "
+        f"per session; chunk workspace {report['chunk_workspace_bytes'] / 1e9:.3f} GB per active session",
+        "| GPU GB | reserve GB | active | monolithic | shared pool | gain | encoder share | "
+        "pool GPUs per 100 | gain after pool GPUs |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    if "encoder_load" in report:
-        lines.append(f"encoder load: {json.dumps(report['encoder_load'])}")
+    for row in report["rows"]:
+        lines.append(
+            f"| {row['memory_gb']:g} | {row['reserve_gb']:g} | {row['active']} | {row['sessions_monolithic']} | "
+            f"{row['sessions_with_pool']} | {_percent(row['gain'])} | {row['encoder_share'] * 100:.1f} % | "
+            f"{row['pool_gpus_per_100']:.2f} | {_percent(row['amortised_gain'])} |"
+        )
     return "\n".join(lines)
 
 
-def _percent(gain: float | None) -> str:
-    return "n/a" if gain is None else f"{gain * 100:+.1f} %"
+def _percent(gain: float) -> str:
+    return "n/a" if gain == float("inf") else f"{gain * 100:+.1f} %"

@@ -258,6 +258,12 @@ class StreamingVideoModel(abc.ABC):
     @abc.abstractmethod
     def state_bytes_for(self, options: dict[str, Any] | None = None) -> int: ...
 
+    def step_ready(self, state: SessionState) -> bool:
+        """Whether `generate` can run this state now. Always, for a model that holds every stage; a
+        stage worker waiting for the embeddings of the prompt due at the state's next chunk (issue
+        15, ``workers.runtime.stages.serving``) says no until they arrive."""
+        return True
+
     # -- one-shot jobs (issue 14) ---------------------------------------------------------------
 
     def check_job(self, *, kind: str, width: int, height: int, frames: int, steps: int) -> None:
@@ -521,6 +527,10 @@ class StagewiseModel(StreamingVideoModel):
       writes ``embeddings[i]`` (when not None) into the session's state and advances its counters.
     - decode: `decode(latents, caches)` → uint8 frames ``[B, T, H, W, 3]``, updating each session's
       decoder cache (its tensors named in `DECODER_CACHE`, empty for a stateless decoder) in place.
+
+    One-shot jobs split the same way: `create_job` is `encode_prompt` then `create_job_region`
+    (diffuse, with `job_step`), and `job_frames` reads only the job's latents and meta, so a decode
+    worker runs it on latents received alone (`decode_job`).
     """
 
     # State tensors that belong to the decoder (its per-session cache), not to diffusion.
@@ -555,18 +565,28 @@ class StagewiseModel(StreamingVideoModel):
     def create_job(
         self, *, kind: str, prompt: str, seed: int, width: int, height: int, frames: int, steps: int
     ) -> SessionState:
-        """A new job: its region (`job_layout`) with counter-based noise as latents (step 0) and
-        the prompt encoded once, stored by `init_job`. `check_job` refuses models with no one-shot
-        mode before anything is allocated."""
+        """A new job: the prompt encoded once (the encode stage), then its region at step 0
+        (`create_job_region`). `check_job` refuses models with no one-shot mode, and bad sizes,
+        before anything is encoded or allocated."""
         self.check_job(kind=kind, width=width, height=height, frames=frames, steps=steps)
         meta = self.job_meta(
             kind=kind, prompt=prompt, seed=seed, width=width, height=height, frames=frames, steps=steps
         )
+        return self.create_job_region(meta, self.encode_prompt(prompt))
+
+    def create_job_region(self, meta: dict[str, Any], embeddings: torch.Tensor) -> SessionState:
+        """The diffuse stage's half of `create_job`: a checked job's region (`job_layout`) with
+        counter-based noise as latents (step 0) and its prompt's encoding stored by `init_job`."""
         region, tensors = allocate_region(self.job_layout(meta), self.device)
         latents = tensors["latents"]
-        latents.copy_(job_noise(seed, 0, tuple(latents.shape)))
-        self.init_job(tensors, seed, self.encode_prompt(prompt))
+        latents.copy_(job_noise(int(meta["seed"]), 0, tuple(latents.shape)))
+        self.init_job(tensors, int(meta["seed"]), embeddings)
         return SessionState(tensors=tensors, meta=meta, region=region)
+
+    def decode_job(self, latents: torch.Tensor, meta: dict[str, Any]) -> torch.Tensor:
+        """The decode stage's half of a job: `job_frames` of a finished job from its latents and
+        meta alone (a model's `job_frames` reads nothing else of the region)."""
+        return self.job_frames(SessionState(tensors={"latents": latents}, meta=dict(meta)))
 
     def init_job(self, tensors: dict[str, torch.Tensor], seed: int, embeddings: torch.Tensor) -> None:
         """Fill a new job's tensors other than its latents from its seed and prompt encoding."""

@@ -348,6 +348,68 @@ def place(
             param.data = param.data.to(device=device, dtype=target, copy=True)
 
 
+def meta_transformer(root: Path, original: bool) -> Any:
+    """The Wan DiT of the folder `root` built from its config on the meta device."""
+    from diffusers import WanTransformer3DModel
+
+    transformer_dir = root if original else root / "transformer"
+    config = read_json(transformer_dir / "config.json")
+    if original:
+        config = wan_transformer_config(config, transformer_dir / "config.json")
+    with torch.device("meta"):
+        return WanTransformer3DModel.from_config(config)
+
+
+def meta_vae(root: Path, original: bool) -> Any:
+    """The Wan VAE of the folder `root` on the meta device (the original release: shaped from its
+    memory-mapped checkpoint)."""
+    from diffusers import AutoencoderKLWan
+
+    if original:
+        return wan_vae(root / WAN_FILES["vae"])[0]
+    with torch.device("meta"):
+        return AutoencoderKLWan.from_config(read_json(root / "vae" / "config.json"))
+
+
+def meta_text_encoder(root: Path, original: bool) -> Any:
+    """The UMT5 encoder of the folder `root` on the meta device."""
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    if original:
+        return wan_t5_encoder(root / WAN_FILES["text_encoder"])[0]
+    text_dir = root / "text_encoder"
+    read_json(text_dir / "config.json")
+    config = UMT5Config.from_pretrained(str(text_dir), local_files_only=True)
+    with torch.device("meta"):
+        return UMT5EncoderModel(config)
+
+
+def component_weight_bytes(arch: WanCausalArchitecture, dtype: torch.dtype) -> dict[str, int]:
+    """Bytes of weights of each part a Wan stage worker loads, in ``dtype`` as `WanCausalNetwork`
+    places them (the DiT's `_keep_in_fp32_modules` in float32), from the configs on the meta device:
+    ``text_encoder`` (UMT5), ``text_projection`` (`TEXT_PROJECTION`), ``transformer`` (the DiT without
+    its text projection) and ``vae``. Allocates nothing."""
+    from diffusers import WanTransformer3DModel
+
+    root = Path(arch.base or arch.path)
+    original = arch.layout == "wan"
+    keep_fp32 = WanTransformer3DModel._keep_in_fp32_modules
+
+    def size(name: str, param: torch.Tensor, keep: Collection[str]) -> int:
+        fp32 = any(part in keep for part in name.split("."))
+        return param.numel() * (4 if fp32 else dtype.itemsize)
+
+    transformer = meta_transformer(root, original)
+    dit = {name: size(name, p, keep_fp32) for name, p in transformer.named_parameters()}
+    projection = sum(b for name, b in dit.items() if name.startswith(TEXT_PROJECTION))
+    return {
+        "text_encoder": sum(size(n, p, ()) for n, p in meta_text_encoder(root, original).named_parameters()),
+        "text_projection": projection,
+        "transformer": sum(dit.values()) - projection,
+        "vae": sum(size(n, p, ()) for n, p in meta_vae(root, original).named_parameters()),
+    }
+
+
 ALL_COMPONENTS = ("text_encoder", "transformer", "vae")
 # The DiT's text projection (Wan's text_embedding): part of the transformer's checkpoint, but run by
 # the encode stage, so a worker hosting encode without diffuse loads it and nothing else of the DiT.
@@ -414,11 +476,7 @@ class WanCausalNetwork:
         from diffusers import WanTransformer3DModel
 
         transformer_dir = root if original else root / "transformer"
-        config = read_json(transformer_dir / "config.json")
-        if original:
-            config = wan_transformer_config(config, transformer_dir / "config.json")
-        with torch.device("meta"):
-            transformer = WanTransformer3DModel.from_config(config)
+        transformer = meta_transformer(root, original)
         transformer.rope = torch.nn.Identity()  # non-persistent buffers; the streaming step has its own RoPE
         if not self.components & {"transformer", "text_encoder"}:
             return transformer
@@ -447,11 +505,12 @@ class WanCausalNetwork:
             return transformer.eval().requires_grad_(False)
         # As diffusers does for Wan: time embedding, modulation tables and norms stay in float32.
         place(transformer, device, dtype, keep_fp32=keep_fp32)
+        if "text_encoder" not in self.components:
+            # Diffuse only: the prompt arrives projected (the encode stage ran the projection).
+            transformer.condition_embedder.text_embedder.to("meta")
         return transformer.eval().requires_grad_(False)
 
     def _load_vae(self, root: Path, original: bool, device: torch.device, dtype: torch.dtype) -> Any:
-        from diffusers import AutoencoderKLWan
-
         if original:
             vae_path = root / WAN_FILES["vae"]
             vae, tensors, described_as = wan_vae(vae_path)
@@ -460,8 +519,7 @@ class WanCausalNetwork:
             load_strict(vae, tensors, described_as, str(vae_path))
         else:
             vae_dir = root / "vae"
-            with torch.device("meta"):
-                vae = AutoencoderKLWan.from_config(read_json(vae_dir / "config.json"))
+            vae = meta_vae(root, original=False)
             if "vae" not in self.components:
                 return vae
             tensors, sources = read_safetensors(vae_dir, "diffusion_pytorch_model")

@@ -11,9 +11,8 @@ frames from each branch's tail:
 
 With several branches ``roles[0]`` is one worker shared by all of them — a shared text-encoder
 (``E``) serving several diffusion workers — and a session's ``open`` names its branch in
-``meta["route"]`` (``"b0"``, ``"b1"``, …). It is what the tests and the hand-off benchmark use; a
-deployment's control plane would place the workers and wire their links instead (not built here:
-docs/runtime.md, "Stage-level serving").
+``meta["route"]`` (``"b0"``, ``"b1"``, …). It is what the tests and the hand-off benchmark use; live
+workers run as worker daemons in a role instead (``gpuworker --stages``, ``stages/serving.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +24,8 @@ from collections.abc import Sequence
 import torch
 from torch._C._distributed_c10d import TCPStore
 
+from workers.runtime.local_models import WanCausalArchitecture
+from workers.runtime.presets import PRESETS
 from workers.runtime.stages import worker
 from workers.runtime.stages.contract import parse_role
 from workers.runtime.stages.link import DEFAULT_TIMEOUT_S, LinkReceiver, LinkSender, connect_store, open_pair
@@ -73,6 +74,7 @@ class StageChain:
             "device": device,
             "timeout_s": timeout_s,
             "max_in_flight_mb": None if max_in_flight_bytes is None else max_in_flight_bytes / 2**20,
+            "model_path": model_path(preset),
         }
         plan = _plan(roles, branches)
         self.processes = [
@@ -139,6 +141,15 @@ class StageChain:
         )
         # The driver waits for answers, not for new work: a silent tail is a failure after timeout_s.
         self.tails[branch] = LinkReceiver(group, timeout_s=timeout_s, idle_timeout_s=timeout_s)
+
+
+def model_path(preset: str) -> str | None:
+    """The checkpoint directory a worker process registers ``preset`` from (a ``MODEL_PATHS``
+    preset: registered in this process only), or None for a built-in preset."""
+    entry = PRESETS.get(preset)
+    if entry is not None and isinstance(entry.architecture, WanCausalArchitecture):
+        return entry.architecture.path
+    return None
 
 
 def _plan(roles: Sequence[str], branches: int) -> list[tuple[str, str, list[str]]]:

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from workers.runtime.local_models import WAN_CAUSAL
 from workers.runtime.models import UnknownPresetError
 from workers.runtime.models.base import Layout, SessionState, StagewiseModel, allocate_region
 from workers.runtime.presets import CAUSAL_DIT, DEMO, PRESETS
@@ -86,6 +87,9 @@ class StagedModel(abc.ABC):
 
     # Network submodule (attribute name) of each stage: what a worker loads for that stage.
     COMPONENTS: dict[Stage, tuple[str, ...]]
+    # The stages whose weights a one-shot job's denoising step uses: a worker running jobs' steps
+    # hosts them all.
+    JOB_STEP_STAGES: tuple[Stage, ...] = (Stage.DIFFUSE,)
 
     def __init__(self, model: StagewiseModel, stages: tuple[Stage, ...]) -> None:
         self.model = model
@@ -149,6 +153,45 @@ class StagedModel(abc.ABC):
         self.init_diffusion_state(state, seed, embeddings.to(self.device))
         return state
 
+    # -- one-shot jobs through the stages (the model's own `create_job` split at its encode) ------
+
+    def create_job(
+        self,
+        embeddings: torch.Tensor,
+        *,
+        kind: str,
+        prompt: str,
+        seed: int,
+        width: int,
+        height: int,
+        frames: int,
+        steps: int,
+    ) -> SessionState:
+        """A job's region at step 0 from its prompt's encoding: the model's `create_job` after its
+        encode, with the same checks (`JobSpecError` naming the field) and the same meta."""
+        self.require_job_step()
+        self.model.check_job(kind=kind, width=width, height=height, frames=frames, steps=steps)
+        meta = self.model.job_meta(
+            kind=kind, prompt=prompt, seed=seed, width=width, height=height, frames=frames, steps=steps
+        )
+        return self.model.create_job_region(meta, embeddings.to(self.device))
+
+    def job_step(self, states: list[SessionState]) -> None:
+        self.require_job_step()
+        self.model.job_step(states)
+
+    def require_job_step(self) -> None:
+        missing = [stage for stage in self.JOB_STEP_STAGES if stage not in self.stages]
+        if missing:
+            raise StageNotHosted(
+                f"one-shot jobs of {self.preset!r} step with the weights of {role_name(self.JOB_STEP_STAGES)}; "
+                f"this {role_name(self.stages)} worker lacks {role_name(tuple(missing))}"
+            )
+
+    def decode_job(self, latents: torch.Tensor, meta: dict[str, Any]) -> torch.Tensor:
+        self.require(Stage.DECODE)
+        return self.model.decode_job(latents.to(self.device), meta)
+
     def create_decoder_cache(self) -> DecoderCache:
         self.require(Stage.DECODE)
         region, tensors = allocate_region(self.decoder_cache_layout(), self.device)
@@ -165,10 +208,12 @@ class StagedModel(abc.ABC):
         return [self.net]
 
 
-# Adapter of each model class of the preset table (``Preset.model``).
+# Adapter of each model class of the preset table (``Preset.model``); Wan presets are added to the
+# table at run time from checkpoint directories (``MODEL_PATHS``, `register_model_path`).
 STAGE_ADAPTERS: dict[str, str] = {
     DEMO: "workers.runtime.stages.demo:DemoStages",
     CAUSAL_DIT: "workers.runtime.stages.causal_dit:CausalDiTStages",
+    WAN_CAUSAL: "workers.runtime.stages.wan_causal:WanCausalStages",
 }
 
 
@@ -191,5 +236,7 @@ def build_staged(preset: str, role: str, **kwargs: Any) -> StagedModel:
 
 def stage_weight_bytes(preset: str) -> dict[str, int]:
     """Bytes of weights of each stage of ``preset`` (``{"E": ..., "D": ..., "C": ...}``), computed
-    on the meta device: exact for any preset, ``wan-1.3b`` included, and allocates nothing."""
+    on the meta device: exact for any preset, ``wan-1.3b`` included, and allocates nothing (a Wan
+    preset: in bfloat16, its serving dtype on a GPU; `WanCausalStages.stage_weight_bytes` takes
+    another)."""
     return staged_class(preset).stage_weight_bytes(preset)

@@ -32,6 +32,8 @@ from workers.runtime.stages.contract import Stage, StagedModel
 
 class DemoStages(StagedModel):
     COMPONENTS = {stage: DemoModel.STAGE_COMPONENTS[stage.value] for stage in Stage}
+    # The demo's one-shot "denoiser" renders its prediction with the decoder's coverage network.
+    JOB_STEP_STAGES = (Stage.DIFFUSE, Stage.DECODE)
 
     @classmethod
     def from_preset(

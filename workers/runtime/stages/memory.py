@@ -1,32 +1,21 @@
-"""Memory model of the shared text-encoder pool for streams (issue 15, "Runtime").
+"""The streaming preset's figures for the shared text-encoder pool's memory model (issue 15).
 
-Monolithic placement: every diffusion GPU holds the text encoder, the DiT and the decoder, and the
-sessions' state regions fill what is left. Shared pool: diffusion workers run role ``DC`` (decode
-stays next to diffuse: a causal decoder carries a per-session cache) and take prompt encodings from
-an encoder replica (role ``E``) at session start and on every prompt switch, so the encoder's
-weights leave every diffusion GPU. One replica serves ``gpus_per_encoder`` diffusion GPUs and sits
-on one of them, displacing ``ceil(encoder / state)`` sessions there; that is charged to the group.
-
-Equal chunk latency: a diffusion worker runs the same batched DiT step and the same decoder in both
-placements (the encoder never ran in the chunk step except on a prompt switch, and in the pool that
-encode runs elsewhere), so the two are compared at the same batch, i.e. purely by how many state
-regions fit. Activation workspace and the CUDA context are the same in both (``reserved_bytes``).
-
-Inputs are analytic: the DiT and decoder bytes of the preset (`stage_weight_bytes`, meta device),
-its state region (``CausalDiTConfig.state_bytes``, checked against real allocations in the model
-tests), and the encoder's parameter count from its published configuration (`ENCODERS`). Pure: no
-allocation, no Django.
+The model itself (sessions per GPU with and without the encoder on the diffusion workers, the pool's
+own GPUs) is ``scheduling.core.stages.encoder_pool``, the one copy both ``manage.py stage_memory``
+and ``manage.py reproduce_stages`` print. This module supplies what only the runtime knows, exactly
+and without allocating anything: a session's state region (``CausalDiTConfig.state_bytes``, checked
+against real allocations in the model tests), the diffusion worker's weights (diffuse + decode,
+`stage_weight_bytes` on the meta device), the encoder's weights (the preset's own, or a published
+encoder standing in for it: `ENCODERS`, from its configuration), and the chunk's token count and
+width (its activation workspace). Pure: no allocation, no Django; the command layer joins the two.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
+from workers.runtime.models.causal_dit import PRESETS as DIT_PRESETS
 from workers.runtime.stages.contract import stage_weight_bytes, staged_class
-
-GB = 10**9
 
 
 @dataclass(frozen=True)
@@ -70,80 +59,24 @@ ENCODERS: dict[str, T5EncoderShape] = {
 }
 
 
-def encoder_pool_memory(
-    preset: str,
-    *,
-    encoder: str | None,
-    gpu_memory_bytes: int,
-    reserved_bytes: int = 0,
-    gpus_per_encoder: int = 8,
-    switch_interval_s: float | None = None,
-    encode_ms: float | None = None,
-) -> dict[str, Any]:
-    """Sessions per GPU, monolithic vs with the shared encoder pool (see the module docstring).
+def stream_figures(preset: str, *, encoder: str | None) -> dict[str, int]:
+    """The keyword arguments of ``encoder_pool.stream_model`` for ``preset``.
 
-    ``encoder``: a name of `ENCODERS` standing in for the preset's own encoder, or None for the
-    preset's. ``switch_interval_s`` (mean time between a session's prompt switches) and ``encode_ms``
-    (one encode on the encoder's GPU) size the pool's load when given.
-    """
+    ``encoder``: a name of `ENCODERS` standing in for the preset's own text encoder, or None for the
+    preset's (``wan-1.3b``'s built-in one is a 20 MB test encoder; Wan2.1 serves UMT5-XXL)."""
     if encoder is not None and encoder not in ENCODERS:
         raise ValueError(f"unknown encoder {encoder!r}; known: {', '.join(sorted(ENCODERS))}")
-    if gpu_memory_bytes <= 0 or reserved_bytes < 0 or gpus_per_encoder < 1:
-        raise ValueError("GPU memory must be positive, reserved memory >= 0, gpus_per_encoder >= 1")
-    if (switch_interval_s is not None and switch_interval_s <= 0) or (
-        encode_ms is not None and encode_ms <= 0
-    ):
-        raise ValueError("switch interval and encode time must be positive")
-    staged = staged_class(preset)
-    if not hasattr(staged, "state_bytes"):
+    staged_class(preset)  # an unknown preset is an UnknownPresetError naming the presets
+    if preset not in DIT_PRESETS:
         raise ValueError(
             f"the memory model covers the causal-dit presets; {preset!r} has no analytic state size"
         )
+    cfg = DIT_PRESETS[preset]
     per_stage = stage_weight_bytes(preset)
-    encoder_bytes = per_stage["E"] if encoder is None else ENCODERS[encoder].weight_bytes()
-    dc_bytes = per_stage["D"] + per_stage["C"]
-    state_bytes = staged.state_bytes(preset)
-    free_dc = gpu_memory_bytes - reserved_bytes - dc_bytes
-    monolithic = _fit(free_dc - encoder_bytes, state_bytes)
-    pooled = _fit(free_dc, state_bytes)
-    displaced = math.ceil(encoder_bytes / state_bytes)
-    amortized = (gpus_per_encoder * pooled - displaced) / gpus_per_encoder
-    report: dict[str, Any] = {
-        "preset": preset,
-        "encoder": encoder or f"{preset} (built-in)",
-        "gpu_memory_bytes": gpu_memory_bytes,
-        "reserved_bytes": reserved_bytes,
-        "weights_bytes": {"encode": encoder_bytes, "diffuse": per_stage["D"], "decode": per_stage["C"]},
-        "state_bytes_per_session": state_bytes,
-        "encoder_bytes_freed_per_diffusion_worker": encoder_bytes,
-        "gpus_per_encoder": gpus_per_encoder,
-        "sessions_per_gpu": {
-            "monolithic": monolithic,
-            "shared_pool": pooled,
-            "shared_pool_with_encoder_share": round(amortized, 3),
-        },
-        "gain": {
-            "shared_pool": _gain(pooled, monolithic),
-            "shared_pool_with_encoder_share": _gain(amortized, monolithic),
-        },
-    }
-    if switch_interval_s is not None:
-        load = {"encodes_per_s_per_replica": round(gpus_per_encoder * pooled / switch_interval_s, 3)}
-        if encode_ms is not None:
-            load["replica_utilisation"] = round(load["encodes_per_s_per_replica"] * encode_ms / 1000.0, 4)
-        report["encoder_load"] = {"switch_interval_s": switch_interval_s, "encode_ms": encode_ms, **load}
-    return report
-
-
-def encoder_shapes() -> dict[str, dict[str, int]]:
     return {
-        name: {**asdict(shape), "parameters": shape.parameter_count()} for name, shape in ENCODERS.items()
+        "state_bytes": cfg.state_bytes(),
+        "worker_weight_bytes": per_stage["D"] + per_stage["C"],
+        "encoder_weight_bytes": per_stage["E"] if encoder is None else ENCODERS[encoder].weight_bytes(),
+        "tokens_per_chunk": cfg.tokens_per_frame * cfg.frames_per_chunk,
+        "hidden": cfg.dim,
     }
-
-
-def _fit(free_bytes: int, state_bytes: int) -> int:
-    return max(free_bytes // state_bytes, 0)
-
-
-def _gain(value: float, base: int) -> float | None:
-    return round(value / base - 1.0, 4) if base > 0 else None

@@ -20,6 +20,15 @@ Messages (``kind``: ``meta`` keys; tensor):
   (`StageProtocolError`) is answered with this, passed on to the driver; the worker goes on.
 - ``stop``: the end of the stream; every worker passes it on, then exits.
 
+One-shot jobs (GenServe, issue 14) take the same path, split at the same places as the model's
+``create_job`` / ``job_step`` / ``job_frames``:
+- ``job``: job, kind, prompt, seed, width, height, frames, steps; + embeddings once encoded. Diffuse
+  checks it (a bad size is an ``error`` naming the field) and creates the job's region at step 0.
+- ``jobstep``: jobs (one batch of one shape, as ``job_step``). Diffuse advances each by one step;
+  each job that has run all its steps leaves the diffusion worker as ``job_latents``: job, the
+  job's meta; its final latents. Decode turns them into ``job_frames``: job, meta; uint8
+  ``[F, H, W, 3]`` (what the job runner encodes as PNG or MP4).
+
 The encode stage keeps an LRU cache of encodings by prompt text: in a shared encoder pool a prompt
 many sessions use (or a session switching back) is encoded once.
 """
@@ -32,10 +41,14 @@ from typing import Any
 
 import torch
 
-from workers.runtime.models.base import SessionState
-from workers.runtime.stages.contract import DecoderCache, Stage, StagedModel
+from workers.runtime.models.base import JobSpecError, OneShotUnsupported, SessionState
+from workers.runtime.stages.contract import DecoderCache, Stage, StagedModel, StageNotHosted
 
-KINDS = ("open", "prompt", "step", "latents", "frames", "close", "error", "stop")
+KINDS = (
+    *("open", "prompt", "step", "latents", "frames", "close", "error", "stop"),
+    *("job", "jobstep", "job_latents", "job_frames"),
+)
+JOB_FIELDS = ("kind", "prompt", "seed", "width", "height", "frames", "steps")
 
 
 class StageProtocolError(ValueError):
@@ -82,6 +95,7 @@ class StageRunner:
         self.encode_misses = 0
         self._diffusion: dict[str, _DiffusionSession] = {}
         self._decoders: dict[str, DecoderCache] = {}
+        self._jobs: dict[str, SessionState] = {}
 
     def handle(self, message: StageMessage) -> list[StageMessage]:
         """The messages to pass downstream after this worker's stages have acted on ``message``."""
@@ -187,6 +201,51 @@ class StageRunner:
         self._diffusion.pop(session, None)
         self._decoders.pop(session, None)
         return [message]
+
+    # -- one-shot jobs ------------------------------------------------------------------------------
+
+    def _on_job(self, message: StageMessage) -> list[StageMessage]:
+        message = self._with_embeddings(message)
+        if Stage.DIFFUSE not in self.stages:
+            return [message]
+        job = str(message.meta["job"])
+        if job in self._jobs:
+            raise StageProtocolError(f"job {job!r} is already running")
+        assert message.tensor is not None
+        fields = {key: message.meta[key] for key in JOB_FIELDS}
+        try:
+            self._jobs[job] = self.staged.create_job(message.tensor, **fields)
+        except (JobSpecError, OneShotUnsupported, StageNotHosted) as exc:
+            raise StageProtocolError(f"job {job!r}: {exc}") from exc
+        return []
+
+    def _on_jobstep(self, message: StageMessage) -> list[StageMessage]:
+        if Stage.DIFFUSE not in self.stages:
+            return [message]
+        names = [str(name) for name in message.meta["jobs"]]
+        unknown = [name for name in names if name not in self._jobs]
+        if unknown:
+            raise StageProtocolError(f"job(s) {unknown} are not running on this diffusion worker")
+        states = [self._jobs[name] for name in names]
+        try:
+            self.staged.job_step(states)
+        except ValueError as exc:  # mixed shapes, a finished job: the batch is the sender's mistake
+            raise StageProtocolError(f"jobstep {names}: {exc}") from exc
+        out = []
+        for name, state in zip(names, states, strict=True):
+            if int(state.meta["step"]) >= int(state.meta["steps"]):
+                del self._jobs[name]
+                meta = {"job": name, "meta": state.meta}
+                done = StageMessage("job_latents", meta, state.tensors["latents"])
+                out += self._on_job_latents(done) if Stage.DECODE in self.stages else [done]
+        return out
+
+    def _on_job_latents(self, message: StageMessage) -> list[StageMessage]:
+        if Stage.DECODE not in self.stages:
+            return [message]
+        assert message.tensor is not None
+        frames = self.staged.decode_job(message.tensor, message.meta["meta"])
+        return [StageMessage("job_frames", dict(message.meta), frames)]
 
     def _diffusion_session(self, name: Any) -> _DiffusionSession:
         try:

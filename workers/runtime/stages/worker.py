@@ -3,6 +3,9 @@
     python -m workers.runtime.stages.worker --preset tiny --role D --store HOST:PORT \
         --upstream enc-d0 --downstream d0-dec [--device cpu] [--max-in-flight-mb 256]
 
+A preset served from a local checkpoint directory (a Wan preset, ``MODEL_PATHS``) is registered in
+the worker's own process first: ``--model-path DIR`` names its directory.
+
 ``--upstream`` names the link it receives from, ``--downstream`` one or more links it sends to, each
 ``LINK`` or ``ROUTE=LINK``: a worker with several downstream links (a shared encoder serving several
 diffusion workers) sends a session's messages down the link its ``open`` message names in
@@ -26,6 +29,7 @@ from typing import Any
 
 import torch
 
+from workers.runtime.local_models import ModelLayoutError, register_model_path
 from workers.runtime.stages.contract import RoleError, build_staged, parse_role, role_name
 from workers.runtime.stages.link import (
     DEFAULT_MAX_IN_FLIGHT_BYTES,
@@ -69,8 +73,8 @@ class StageWorker:
         return True
 
     def _relay(self, message: StageMessage) -> None:
-        if message.kind == "open":
-            self._routes[str(message.meta["session"])] = self._route_name(message.meta.get("route"))
+        if message.kind in ("open", "job"):
+            self._routes[_subjects(message.meta)[0]] = self._route_name(message.meta.get("route"))
         for out in self.runner.handle(message):
             if out.kind == "stop":
                 for sender in self.downstream.values():
@@ -105,11 +109,9 @@ class StageWorker:
             return next(iter(self.downstream))
         if message.kind == "error":
             # The route of the session it concerns when known, else the first link.
-            about = message.meta["meta"]
-            names = about.get("sessions") or [about.get("session")]
-            return self._routes.get(str(names[0]), next(iter(self.downstream)))
-        sessions = message.meta.get("sessions") or [message.meta.get("session")]
-        routes = {self._routes.get(str(s)) for s in sessions}
+            return self._routes.get(_subjects(message.meta["meta"])[0], next(iter(self.downstream)))
+        sessions = _subjects(message.meta)
+        routes = {self._routes.get(s) for s in sessions}
         if None in routes:
             raise StageProtocolError(
                 f"{message.kind} names session(s) {sessions} never opened on this worker"
@@ -117,6 +119,13 @@ class StageWorker:
         if len(routes) != 1:
             raise StageProtocolError(f"a {message.kind} spans sessions on different routes: {sorted(routes)}")
         return routes.pop()  # type: ignore[return-value]
+
+
+def _subjects(meta: dict[str, Any]) -> list[str]:
+    """The sessions (names) or one-shot jobs (``job:ID``) a message is about, for routing."""
+    if "jobs" in meta or "job" in meta:
+        return [f"job:{job}" for job in meta.get("jobs") or [meta.get("job")]]
+    return [str(name) for name in meta.get("sessions") or [meta.get("session")]]
 
 
 def parse_downstream(values: list[str]) -> dict[str, str]:
@@ -139,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--upstream", required=True, help="link to receive from")
     parser.add_argument("--downstream", required=True, nargs="+", help="LINK or ROUTE=LINK (repeatable)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--model-path", help="checkpoint directory of --preset (a MODEL_PATHS preset)")
     parser.add_argument("--max-in-flight-mb", type=float, default=DEFAULT_MAX_IN_FLIGHT_BYTES / 2**20)
     parser.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S)
     parser.add_argument("--threads", type=int, default=1)
@@ -150,6 +160,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--role/--downstream: {exc}")
     if args.max_in_flight_mb <= 0:
         parser.error("--max-in-flight-mb must be positive")
+    if args.model_path is not None:
+        try:
+            register_model_path(args.preset, args.model_path)
+        except (ModelLayoutError, ValueError) as exc:
+            parser.error(f"--model-path: {exc}")
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     staged = build_staged(args.preset, "".join(s.value for s in stages), device=device)

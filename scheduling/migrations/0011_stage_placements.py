@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     dependencies = [
         ("gpu", "0005_worker_stage_role"),
-        ("scheduling", "0009_job_commands"),
+        ("scheduling", "0010_migration_cross_region"),
     ]
 
     operations = [

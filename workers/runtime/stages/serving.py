@@ -1,0 +1,699 @@
+"""Live stage workers (issue 15): a worker daemon hosting a role's stages, and the encoder pool.
+
+A worker daemon (``manage.py gpuworker --stages ROLE``) runs one of three roles:
+
+- ``EDC`` — the monolithic worker, unchanged: its `ChunkEngine` holds the model itself.
+- ``DC`` — a diffusion worker with no encoder weights. Its engine holds a `StagedStreamingModel`:
+  a `StreamingVideoModel` over a `StagedModel` (diffuse and decode only) whose session state is
+  built from prompt *embeddings* (``init_diffusion_state`` on a zeroed region) and whose step is
+  diffuse → decode. The embeddings come from an encoder worker through an `EncoderClient`.
+- ``E`` — an encoder worker: no sessions, no chunks. Its `EncoderService` answers encode requests
+  from many ``DC`` workers, one pair of hand-off links (``stages/link.py``) per client, rendezvous
+  on the store the worker already hosts for migrations (its ``migration_address``).
+
+The split state. A ``DC`` session's region holds its diffusion state *and* its decoder cache, laid
+out as the monolithic model's state region (``StagedModel.state_layout``; the decoder cache is the
+tensors named in ``DECODER_CACHE``, empty for a stateless decoder) with the same metadata (prompt
+schedule, active prompt, counters). Offload, migration and checkpoints therefore move both parts in
+one copy, exactly as they move a monolithic state, and a session moves between an ``EDC`` and a
+``DC`` worker (or a worker changes role under it) without conversion. A prompt switch stays text in
+the schedule; the diffusion worker asks the encoder for its embeddings when the switch is set
+(`StagedStreamingModel.set_prompt` prefetches) and the engine runs a session only once the encoding
+of the prompt due at its next chunk is at hand (`step_ready`), so a slow or lost encoder delays that
+session and never corrupts it.
+
+Encoder protocol (per client, over the E worker's store): the client pushes a hello ``{"link": L}``
+on ``ENCODER_HELLO_QUEUE``; both sides then open link ``L/req`` (client → encoder) and ``L/resp``
+(encoder → client) in that order. A request is a ``prompt`` `StageMessage` with ``meta`` ``request``
+(a per-client counter) and ``prompt``; the answer is the same message with the embeddings as its
+tensor (the encoder's `StageRunner`, so its LRU cache of encodings serves every client), or an
+``error`` message naming the request. Encodings are a function of the prompt and the weights only
+(one prompt, alone), so every encoder replica of a preset answers the same bytes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import queue
+import statistics
+import threading
+import time
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch._C._distributed_c10d import TCPStore
+
+from workers.runtime.models.base import Layout, SessionState, StagewiseModel, allocate_region
+from workers.runtime.stages.contract import (
+    Stage,
+    StagedModel,
+    parse_role,
+    role_name,
+    staged_class,
+)
+from workers.runtime.stages.link import (
+    DEFAULT_TIMEOUT_S,
+    LinkError,
+    LinkReceiver,
+    LinkSender,
+    connect_store,
+    open_pair,
+)
+from workers.runtime.stages.pipeline import StageMessage, StageProtocolError, StageRunner
+from workers.runtime.transport.pair import SOURCE_RANK, TARGET_RANK
+
+logger = logging.getLogger("workers.stages")
+
+ENCODER_HELLO_QUEUE = "enc/hello"
+# The roles the worker daemon serves (the others are served by the stage worker process only).
+DAEMON_ROLES = ("EDC", "DC", "E")
+_POLL_MIN_S, _POLL_MAX_S = 0.001, 0.05
+
+
+class EncoderUnavailable(RuntimeError):
+    """No encoder worker answered with the embeddings of a prompt (none known, link lost, timeout)."""
+
+
+def daemon_role(role: str) -> str:
+    """The canonical role for the worker daemon; `RoleError` for a bad role, `ValueError` for a
+    valid role the daemon does not serve (``ED``, ``D``, ``C``: their latents or frames would leave
+    the worker, which the chunk publisher does not do)."""
+    name = role_name(parse_role(role))
+    if name not in DAEMON_ROLES:
+        raise ValueError(
+            f"role {name} is not served by the worker daemon (it serves {', '.join(DAEMON_ROLES)}); "
+            "run it as a stage worker process (python -m workers.runtime.stages.worker)"
+        )
+    return name
+
+
+# --- the diffusion worker's side ----------------------------------------------------------------------
+
+
+class EncoderClient:
+    """One diffusion worker's connection to one encoder worker (module docstring: protocol).
+
+    ``request`` never waits for the encoder; a thread reads the answers (in order, one link) and
+    completes their futures. A broken link fails every pending future with `EncoderUnavailable`."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        device: torch.device | str = "cpu",
+        worker: str = "",
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        self.address = address
+        self.worker = worker
+        self.device = torch.device(device)
+        self.timeout_s = timeout_s
+        store = connect_store(address, timeout_s=timeout_s)
+        link = f"enc/{uuid.uuid4().hex}"
+        store.queue_push(ENCODER_HELLO_QUEUE, json.dumps({"link": link}))
+        self.sender = LinkSender(
+            open_pair(store, f"{link}/req", SOURCE_RANK, device=self.device, timeout_s=timeout_s),
+            timeout_s=timeout_s,
+        )
+        self.receiver = LinkReceiver(
+            open_pair(store, f"{link}/resp", TARGET_RANK, device=self.device, timeout_s=timeout_s),
+            timeout_s=timeout_s,
+        )
+        self._store = store
+        self._ids = itertools.count()
+        self._pending: dict[int, Future[torch.Tensor]] = {}
+        self._lock = threading.Lock()
+        self.broken: BaseException | None = None
+        self._reader = threading.Thread(target=self._read, name="encoder-client", daemon=True)
+        self._reader.start()
+
+    def request(self, prompt: str) -> Future[torch.Tensor]:
+        future: Future[torch.Tensor] = Future()
+        with self._lock:
+            if self.broken is not None:
+                future.set_exception(
+                    EncoderUnavailable(f"encoder {self.worker or self.address}: {self.broken}")
+                )
+                return future
+            request_id = next(self._ids)
+            self._pending[request_id] = future
+        try:
+            self.sender.send(StageMessage("prompt", {"request": request_id, "prompt": prompt}))
+        except LinkError as exc:
+            self._fail(exc)
+        return future
+
+    def encode(self, prompt: str) -> torch.Tensor:
+        """One round trip (blocks up to ``timeout_s``)."""
+        return _result(self.request(prompt), self.timeout_s, self.worker or self.address)
+
+    def close(self) -> None:
+        self._fail(EncoderUnavailable("client closed"))
+        self.sender.close()
+        self.receiver.close()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = self.receiver.recv()
+            except Exception as exc:  # LinkError, or the group closed under us
+                self._fail(exc)
+                return
+            about = message.meta.get("meta", {}) if message.kind == "error" else message.meta
+            with self._lock:
+                future = self._pending.pop(int(about.get("request", -1)), None)
+            if future is None:
+                continue
+            if message.kind == "error" or message.tensor is None:
+                future.set_exception(EncoderUnavailable(str(message.meta.get("error", "no embeddings"))))
+            else:
+                future.set_result(message.tensor)
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._lock:
+            if self.broken is None:
+                self.broken = exc
+            pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(EncoderUnavailable(f"encoder {self.worker or self.address}: {exc}"))
+
+
+def _result(future: Future[torch.Tensor], timeout_s: float, who: str) -> torch.Tensor:
+    try:
+        return future.result(timeout_s)
+    except FutureTimeout:
+        raise EncoderUnavailable(f"encoder {who} did not answer within {timeout_s:.1f}s") from None
+
+
+class PromptEncodings:
+    """The embeddings a diffusion worker has or has asked for, by prompt text (an LRU of
+    ``cache_size`` answers), fetched from the encoder worker in use (`use`: connecting waits up to
+    ``connect_timeout_s``, an answer up to ``timeout_s``)."""
+
+    def __init__(
+        self,
+        *,
+        device: torch.device | str = "cpu",
+        cache_size: int = 64,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        connect_timeout_s: float = 10.0,
+    ) -> None:
+        self.device = torch.device(device)
+        self.cache_size = max(1, cache_size)
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self._clients: dict[str, EncoderClient] = {}
+        self.client: EncoderClient | None = None
+        self._cache: OrderedDict[str, Future[torch.Tensor]] = OrderedDict()
+        self.round_trips_ms: deque[float] = deque(maxlen=256)
+
+    @property
+    def known(self) -> bool:
+        return self.client is not None
+
+    def use(self, address: str, worker: str = "") -> None:
+        """Fetch from the encoder at ``address`` from now on (connects once per address; a broken
+        connection is replaced). Raises `EncoderUnavailable` when it cannot connect."""
+        client = self._clients.get(address)
+        if client is None or client.broken is not None:
+            if client is not None:
+                client.close()
+            try:
+                client = EncoderClient(
+                    address, device=self.device, worker=worker, timeout_s=self.connect_timeout_s
+                )
+            except Exception as exc:  # store or pair-group set-up failed
+                raise EncoderUnavailable(
+                    f"cannot reach encoder {worker or address} at {address}: {exc}"
+                ) from exc
+            self._clients[address] = client
+        self.client = client
+
+    def prefetch(self, prompt: str) -> Future[torch.Tensor]:
+        future = self._cache.get(prompt)
+        if future is not None and not (future.done() and future.exception() is not None):
+            self._cache.move_to_end(prompt)
+            return future
+        if self.client is None or self.client.broken is not None:
+            # Not cached: asked again once a command names an encoder (`use` reconnects). Never a
+            # reconnect here: this runs in the daemon's hot loop, which must not wait on a dead peer.
+            lost = (
+                "no encoder worker is known" if self.client is None else f"encoder lost: {self.client.broken}"
+            )
+            future = Future()
+            future.set_exception(EncoderUnavailable(lost))
+            return future
+        started = time.perf_counter()
+        future = self.client.request(prompt)
+        future.add_done_callback(
+            lambda fut: self.round_trips_ms.append((time.perf_counter() - started) * 1000.0)
+        )
+        self._cache[prompt] = future
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return future
+
+    def ready(self, prompt: str) -> bool:
+        """Whether the embeddings are at hand (asks for them when not yet asked)."""
+        try:
+            future = self.prefetch(prompt)
+        except EncoderUnavailable:
+            return False
+        return future.done() and future.exception() is None
+
+    def get(self, prompt: str) -> torch.Tensor:
+        future = self.prefetch(prompt)
+        return _result(future, self.timeout_s, "in use").to(self.device)
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+        self.client = None
+
+
+class StagedStreamingModel(StagewiseModel):
+    """The model of a ``DC`` worker's `ChunkEngine` (module docstring): the `StagedModel`'s diffuse
+    and decode, the prompt embeddings from `PromptEncodings`; generation is `StagewiseModel.generate`
+    (scheduled embeddings → diffuse → decode), the same code as the monolithic model's, so a ``DC``
+    worker's chunks are bit-identical to an ``EDC`` worker's."""
+
+    def __init__(self, staged: StagedModel, encodings: PromptEncodings) -> None:
+        inner = staged.model
+        self.staged = staged
+        self.inner = inner
+        self.encodings = encodings
+        self.preset = inner.preset
+        self.device = inner.device
+        self.width, self.height, self.fps = inner.width, inner.height, inner.fps
+        self.frames_per_chunk = inner.frames_per_chunk
+        self.DECODER_CACHE = inner.DECODER_CACHE
+        self.net = inner.net  # type: ignore[attr-defined]
+        self.transferable_weights = False  # a partial network is no parameter-pool source
+
+    @property
+    def stages(self) -> frozenset[Stage]:
+        return self.staged.stages
+
+    # -- sessions --------------------------------------------------------------------------------
+
+    def create_state(
+        self, prompt: str, seed: int, options: dict[str, Any] | None = None, *, start_chunk: int = 0
+    ) -> SessionState:
+        """The diffusion state and the decoder cache, zeroed and filled from the prompt's
+        embeddings (``init_diffusion_state``), in the monolithic state region's layout."""
+        self.staged.require(Stage.DIFFUSE)
+        self.staged.require(Stage.DECODE)
+        self.inner.state_bytes_for(options)  # refuses options the model does not take
+        embeddings = self.encodings.get(prompt)
+        region, tensors = allocate_region(self.staged.state_layout(), self.device)
+        region.zero_()
+        state = SessionState(tensors=tensors, meta={}, region=region)
+        self.staged.init_diffusion_state(state, seed, embeddings)
+        counters = {k: v for k, v in state.meta.items()}
+        state.meta = self.session_meta(prompt, seed, options, start_chunk, counters)
+        return state
+
+    def set_prompt(self, state: SessionState, prompt: str, from_chunk: int) -> None:
+        super().set_prompt(state, prompt, from_chunk)
+        if prompt != state.meta["active_prompt"] and self.encodings.known:
+            self.encodings.prefetch(prompt)  # the round trip overlaps the chunks before the switch
+
+    def step_ready(self, state: SessionState) -> bool:
+        prompt = self.prompt_for_chunk(state, state.next_chunk)
+        return prompt == state.meta["active_prompt"] or self.encodings.ready(prompt)
+
+    def encode_prompt(self, prompt: str) -> torch.Tensor:
+        return self.encodings.get(prompt)
+
+    def diffuse(self, states: list[SessionState], embeddings: list[torch.Tensor | None]) -> torch.Tensor:
+        return self.staged.diffuse(states, embeddings)
+
+    def decode(self, latents: torch.Tensor, caches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+        return self.staged.decode(latents, caches)
+
+    def expected_layout(self, meta: dict[str, Any]) -> Layout:
+        return self.inner.expected_layout(meta)
+
+    def state_bytes_for(self, options: dict[str, Any] | None = None) -> int:
+        return self.inner.state_bytes_for(options)
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.inner.describe(), "stage_role": role_name(self.staged.stages)}  # type: ignore[attr-defined]
+
+
+# --- the encoder worker's side ---------------------------------------------------------------------
+
+
+@dataclass
+class _Client:
+    link: str
+    receiver: LinkReceiver
+    sender: LinkSender
+
+
+class EncoderService:
+    """An ``E`` worker's encoder pool endpoint (module docstring: protocol).
+
+    An acceptor thread takes hellos off the store and opens each client's links; one reader thread
+    per client queues its requests; `serve_one` encodes the oldest request and answers it — one
+    bounded unit of work, run by `start`'s thread or driven by a test."""
+
+    def __init__(
+        self,
+        staged: StagedModel,
+        store_address: str,
+        *,
+        device: torch.device | str = "cpu",
+        cache_size: int = 64,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        staged.require(Stage.ENCODE)
+        self.runner = StageRunner(staged, encoding_cache_size=cache_size)
+        self.address = store_address
+        self.device = torch.device(device)
+        self.timeout_s = timeout_s
+        self.requests: queue.Queue[tuple[_Client, StageMessage]] = queue.Queue()
+        self.clients: list[_Client] = []
+        self.served = 0
+        self.encode_ms: deque[float] = deque(maxlen=256)
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._store: TCPStore = connect_store(store_address, timeout_s=timeout_s)
+        self._spawn(self._accept, "encoder-accept")
+
+    def start(self) -> None:
+        """Serve requests on a thread of their own (an ``E`` worker's hot loop)."""
+        self._spawn(self._serve_forever, "encoder-serve")
+
+    def serve_one(self, timeout_s: float = 0.1) -> bool:
+        """Encode and answer the oldest request (waiting up to ``timeout_s`` for one)."""
+        try:
+            client, message = self.requests.get(timeout=timeout_s)
+        except queue.Empty:
+            return False
+        started = time.perf_counter()
+        try:
+            (answer,) = self.runner.handle(message)
+        except StageProtocolError as exc:
+            answer = StageMessage(
+                "error", {"worker": "E", "error": str(exc), "message": message.kind, "meta": message.meta}
+            )
+        self.encode_ms.append((time.perf_counter() - started) * 1000.0)
+        try:
+            client.sender.send(answer)
+        except LinkError:
+            logger.warning("encoder.client_lost link=%s", client.link)
+        self.served += 1
+        return True
+
+    def load(self) -> dict[str, Any]:
+        """The encoder-pool load a heartbeat reports."""
+        samples = list(self.encode_ms)
+        return {
+            "queue": self.requests.qsize(),
+            "served": self.served,
+            "encode_ms_p50": round(statistics.median(samples), 3) if samples else 0.0,
+            "clients": len(self.clients),
+            "cache_hits": self.runner.encode_hits,
+            "cache_misses": self.runner.encode_misses,
+        }
+
+    def close(self) -> None:
+        self._stopping.set()
+        for client in list(self.clients):
+            client.sender.close()
+            client.receiver.close()
+        for thread in self._threads:
+            thread.join(timeout=2)
+
+    # -- threads ---------------------------------------------------------------------------------
+
+    def _spawn(self, target: Callable[..., None], name: str, *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _serve_forever(self) -> None:
+        while not self._stopping.is_set():
+            self.serve_one(0.1)
+
+    def _accept(self) -> None:
+        pause = _POLL_MIN_S
+        while not self._stopping.is_set():
+            try:
+                # Polled: TCPStore's blocking queue_pop loses wakeups (see transport.migration).
+                raw = self._store.queue_pop(ENCODER_HELLO_QUEUE, False)
+            except Exception as exc:
+                if type(exc).__name__ != "QueueEmptyError":
+                    logger.warning("encoder.accept_failed address=%s error=%s", self.address, exc)
+                    return
+                time.sleep(pause)
+                pause = min(pause * 2, _POLL_MAX_S)
+                continue
+            pause = _POLL_MIN_S
+            link = str(json.loads(raw)["link"])
+            self._spawn(self._open_client, f"encoder-open-{link[-6:]}", link)
+
+    def _open_client(self, link: str) -> None:
+        try:
+            store = connect_store(self.address, timeout_s=self.timeout_s)
+            receiver = LinkReceiver(
+                open_pair(store, f"{link}/req", TARGET_RANK, device=self.device, timeout_s=self.timeout_s),
+                timeout_s=self.timeout_s,
+            )
+            sender = LinkSender(
+                open_pair(store, f"{link}/resp", SOURCE_RANK, device=self.device, timeout_s=self.timeout_s),
+                timeout_s=self.timeout_s,
+            )
+        except Exception as exc:
+            logger.warning("encoder.client_failed link=%s error=%s", link, exc)
+            return
+        client = _Client(link, receiver, sender)
+        self.clients.append(client)
+        while not self._stopping.is_set():
+            try:
+                message = receiver.recv()
+            except Exception:  # the client went away (or we are closing)
+                break
+            self.requests.put((client, message))
+        if client in self.clients:
+            self.clients.remove(client)
+        sender.close()
+
+
+# --- role changes --------------------------------------------------------------------------------
+
+
+def restage(
+    model: StagewiseModel,
+    stages: tuple[Stage, ...],
+    *,
+    weights_path: str | None = None,
+    weights: Mapping[str, torch.Tensor] | None = None,
+) -> StagedModel:
+    """The same model re-cut to host ``stages``: the components of stages it lacks are built and
+    loaded (from ``weights_path``/``weights`` or the preset's own weights, as a stage worker's are),
+    those of stages it no longer hosts are dropped (their memory freed once nothing else holds them).
+    Returns the adapter over the model; the network object is changed in place."""
+    adapter = staged_class(model.preset)
+    net = model.net  # type: ignore[attr-defined]
+    hosted = {
+        stage
+        for stage in Stage
+        if all(getattr(net, name, None) is not None for name in adapter.COMPONENTS[stage])
+    }
+    missing = tuple(stage for stage in stages if stage not in hosted)
+    if missing:
+        kwargs: dict[str, Any] = {"stages": missing, "device": model.device}
+        if weights_path is not None:
+            kwargs["weights_path"] = weights_path
+        if weights is not None:
+            kwargs["weights"] = weights
+        donor = adapter.from_preset(model.preset, **kwargs)
+        for stage in missing:
+            for name in adapter.COMPONENTS[stage]:
+                setattr(net, name, getattr(donor.net, name))
+    for stage in hosted - set(stages):
+        for name in adapter.COMPONENTS[stage]:
+            setattr(net, name, None)
+    return adapter(model, tuple(stages))
+
+
+def hosted_stages(model: StagewiseModel) -> tuple[Stage, ...]:
+    """The stages whose components ``model``'s network holds now."""
+    adapter = staged_class(model.preset)
+    net = model.net  # type: ignore[attr-defined]
+    return tuple(
+        stage
+        for stage in Stage
+        if all(getattr(net, name, None) is not None for name in adapter.COMPONENTS[stage])
+    )
+
+
+def pending_switch(meta: Mapping[str, Any]) -> int | None:
+    """The first chunk at which a session's state still needs a prompt's embeddings (a switch due
+    at its next chunk or scheduled later), or None when every prompt it will use is installed."""
+    next_chunk = int(meta["next_chunk"])
+    schedule = meta.get("prompt_schedule") or []
+    in_force = None
+    for start, text in schedule:
+        if int(start) <= next_chunk:
+            in_force = text
+    if in_force is not None and in_force != meta.get("active_prompt"):
+        return next_chunk
+    later = [int(start) for start, _ in schedule if int(start) > next_chunk]
+    return min(later) if later else None
+
+
+# --- the worker daemon's role ------------------------------------------------------------------
+
+
+class RoleRefused(RuntimeError):
+    """A role change the worker cannot make now (the reason names the session or the role)."""
+
+
+class StageHost:
+    """What a worker daemon's role decides: its engine's model (monolithic or `StagedStreamingModel`),
+    the encoder it fetches embeddings from (``DC``) or the encoder service it runs (``E``), and how
+    it changes role at run time (`set_role`). The daemon calls it from its loop only."""
+
+    def __init__(
+        self,
+        engine: Any,
+        *,
+        store_address: str | None = None,
+        weights_path: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        self.engine = engine
+        self.store_address = store_address
+        self.weights_path = weights_path
+        self.timeout_s = timeout_s
+        model = engine.model
+        if isinstance(model, StagedStreamingModel):
+            self.role = role_name(model.stages)
+            self.encodings = model.encodings
+        else:
+            self.role = "EDC"
+            self.encodings = PromptEncodings(device=engine.device, timeout_s=timeout_s)
+        self.service: EncoderService | None = None
+        if self.role == "E":
+            self.service = self._service(model.staged)
+
+    @property
+    def needs_encoder(self) -> bool:
+        """Whether sessions here take their embeddings from an encoder worker."""
+        return "E" not in self.role
+
+    @property
+    def holds_sessions(self) -> bool:
+        return "D" in self.role and "C" in self.role
+
+    def start(self) -> None:
+        if self.service is not None:
+            self.service.start()
+
+    def use_encoder(self, spec: Any) -> None:
+        """``{"worker": name, "address": host:port}`` from a command; `ValueError` names the field."""
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("address"), str) or not spec["address"]:
+            raise ValueError(f"encoder: required for role {self.role} ({{'worker': .., 'address': ..}})")
+        self.encodings.use(spec["address"], str(spec.get("worker", "")))
+
+    def set_role(self, role: str, sessions: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+        """Become ``role``; ``sessions`` is the meta of every session this worker holds (resident,
+        parked or arriving). Refuses (`RoleRefused`) when a session needs a stage the role drops, or
+        a prompt encoding no encoder is known to provide."""
+        try:
+            target = daemon_role(role)
+        except ValueError as exc:  # RoleError is a ValueError
+            raise RoleRefused(str(exc)) from exc
+        if target == self.role:
+            return {"role": target, "load_ms": 0.0, "loaded": "", "dropped": ""}
+        stages = parse_role(target)
+        if sessions and not (Stage.DIFFUSE in stages and Stage.DECODE in stages):
+            sid = next(iter(sessions))
+            raise RoleRefused(
+                f"session {sid} (and {len(sessions) - 1} more) needs diffuse and decode, which role {target} drops"
+            )
+        if Stage.ENCODE not in stages and not self.encodings.known:
+            for sid, meta in sessions.items():
+                chunk = pending_switch(meta)
+                if chunk is not None:
+                    raise RoleRefused(
+                        f"session {sid} needs a prompt's embeddings at chunk {chunk} and no encoder is "
+                        f"known to this worker (send set_role with an encoder)"
+                    )
+        if target == "E" and self.store_address is None:
+            raise RoleRefused("role E serves encodings at the worker's store address; this worker has none")
+        model = self.engine.model
+        inner = model.inner if isinstance(model, StagedStreamingModel) else model
+        before = set(hosted_stages(inner))
+        started = time.perf_counter()
+        if self.service is not None:
+            self.service.close()
+            self.service = None
+        staged = restage(inner, stages, weights_path=self.weights_path)
+        if inner.device.type == "cuda":
+            torch.cuda.synchronize(inner.device)
+            torch.cuda.empty_cache()  # the dropped stages' weights go back to the device
+        load_ms = (time.perf_counter() - started) * 1000.0
+        self.engine.model = inner if target == "EDC" else StagedStreamingModel(staged, self.encodings)
+        if target == "E":
+            self.service = self._service(staged)
+            self.service.start()
+        self.role = target
+        return {
+            "role": target,
+            "load_ms": round(load_ms, 3),
+            "loaded": role_name(frozenset(set(stages) - before)),
+            "dropped": role_name(frozenset(before - set(stages))),
+        }
+
+    def report(self) -> dict[str, Any]:
+        """What the heartbeat adds to the telemetry: the role, and an encoder's load."""
+        fields: dict[str, Any] = {"stage_role": self.role}
+        if self.service is not None:
+            fields["encoder"] = self.service.load()
+            fields["session_capacity"] = 0
+        elif self.needs_encoder and self.encodings.round_trips_ms:
+            fields["encode_round_trip_ms_p50"] = round(statistics.median(self.encodings.round_trips_ms), 3)
+        return fields
+
+    def close(self) -> None:
+        if self.service is not None:
+            self.service.close()
+        self.encodings.close()
+
+    def _service(self, staged: StagedModel) -> EncoderService:
+        if self.store_address is None:
+            raise RoleRefused("role E serves encodings at the worker's store address; this worker has none")
+        return EncoderService(staged, self.store_address, device=self.engine.device, timeout_s=self.timeout_s)
+
+
+def staged_engine_model(
+    preset: str,
+    role: str,
+    *,
+    device: torch.device | str = "cpu",
+    weights_path: str | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> StagedStreamingModel:
+    """The engine model of a ``DC`` or ``E`` worker, with only its stages' weights loaded."""
+    name = daemon_role(role)
+    if name == "EDC":
+        raise ValueError("an EDC worker runs the monolithic model")
+    kwargs: dict[str, Any] = {"stages": parse_role(name), "device": device}
+    if weights_path is not None:
+        kwargs["weights_path"] = weights_path
+    staged = staged_class(preset).from_preset(preset, **kwargs)
+    return StagedStreamingModel(staged, PromptEncodings(device=staged.device, timeout_s=timeout_s))
