@@ -450,6 +450,18 @@ STREAMSERVE = {
     "REGION_FORECAST_FLOOR": _strict_bool("REGION_FORECAST_FLOOR", False),
     # Moves of sessions to another region per slot, parked and running together (0: none).
     "REGION_MOVES_PER_SLOT": _typed("REGION_MOVES_PER_SLOT", env.int, 4),
+    # Live stage placement (docs/stages.md, "Live placement"): off (every worker keeps its role,
+    # today's behaviour) or tridentserve (Alg. 2 plans the workers' roles each scheduler tick and
+    # re-places them when the §5.3 trigger fires). The stage profile the planner costs the live mix
+    # with, the GPU spec of workers whose gpu_type has none (cpu), the trigger's window, threshold and
+    # minimum ops, and how many workers may change role at once.
+    "STAGE_PLACEMENT": env.str("STAGE_PLACEMENT", default="off"),
+    "STAGE_PIPELINE": env.str("STAGE_PIPELINE", default="wan-1.3b"),
+    "STAGE_GPU": env.str("STAGE_GPU", default="h100"),
+    "STAGE_WINDOW_S": _typed("STAGE_WINDOW_S", env.float, 60.0),
+    "STAGE_THRESHOLD": _typed("STAGE_THRESHOLD", env.float, 1.5),
+    "STAGE_MIN_OPS": _typed("STAGE_MIN_OPS", env.int, 25),
+    "STAGE_MAX_CHANGING": _typed("STAGE_MAX_CHANGING", env.int, 1),
     # Moves of running sessions across regions (same per-slot limit): the WAN bandwidth their state
     # crosses (Gbit/s; per pair of regions in REGION_WAN_GBPS_PAIRS, {"east:west": 0.5}, either
     # direction) and how long a moved session is expected to go on (the saving's horizon).
@@ -473,6 +485,7 @@ for _name in (
     "JOB_DEFAULT_SLO_S",
     "REGION_RTT_BUDGET_MS",
     "REGION_FORECAST_SEASON_SLOTS",
+    "STAGE_WINDOW_S",
     "REGION_WAN_GBPS",
     "REGION_MOVE_HORIZON_S",
 ):
@@ -508,6 +521,14 @@ if not isinstance(_minimum, dict) or not all(
     )
 if not 0.0 < STREAMSERVE["REGION_PLAN_BETA"] <= 1.0:
     raise ImproperlyConfigured("Environment variable REGION_PLAN_BETA must be in (0, 1]")
+if STREAMSERVE["STAGE_PLACEMENT"] not in ("off", "tridentserve"):
+    raise ImproperlyConfigured("Environment variable STAGE_PLACEMENT must be off or tridentserve")
+if STREAMSERVE["STAGE_PIPELINE"] not in ("wan-t2v", "sd3-image", "wan-1.3b"):
+    raise ImproperlyConfigured("Environment variable STAGE_PIPELINE must be wan-t2v, sd3-image or wan-1.3b")
+if STREAMSERVE["STAGE_GPU"].lower() not in ("l20", "h100", "h200"):
+    raise ImproperlyConfigured("Environment variable STAGE_GPU must be l20, h100 or h200")
+if STREAMSERVE["STAGE_THRESHOLD"] <= 1.0:
+    raise ImproperlyConfigured("Environment variable STAGE_THRESHOLD must be above 1")
 if STREAMSERVE["WORKER_WEIGHTS_FROM"] not in ("auto", "pool", "disk"):
     raise ImproperlyConfigured("Environment variable WORKER_WEIGHTS_FROM must be auto, pool or disk")
 for _name in (
@@ -519,6 +540,8 @@ for _name in (
     "MAX_JOBS_IN_FLIGHT_PER_USER",
     "JOB_MAX_STEPS",
     "JOB_MAX_FRAMES",
+    "STAGE_MIN_OPS",
+    "STAGE_MAX_CHANGING",
 ):
     if STREAMSERVE[_name] < 1:
         raise ImproperlyConfigured(f"Environment variable {_name} must be at least 1")

@@ -97,6 +97,9 @@ def jobs_dispatch() -> DispatchResult:
             w.name: w
             for w in GpuWorker.objects.select_for_update(no_key=True)
             .filter(model_preset__in=models, status__in=[GpuWorker.Status.READY, GpuWorker.Status.DRAINING])
+            # Job commands carry no encoder nor stage hand-off yet: jobs run on whole-pipeline workers
+            # only (docs/stages.md, "Live placement").
+            .filter(stage_role="EDC")
             .order_by("pk")
         }
         held = list(

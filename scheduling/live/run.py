@@ -47,6 +47,7 @@ from scheduling.live.regions import (
     region_layout,
     sessions_reroute,
 )
+from scheduling.live.stages import stage_placement_step
 from scheduling.models import SchedulerConfig, SchedulerDecision, SchedulerState, WorkerCommand
 from sessions.models import GenerationSession
 
@@ -169,8 +170,11 @@ def _snapshot(pool: Pool, config: SchedulerConfig, clock: float) -> Snapshot:
         .annotate(last=Max("created_at"))
         .values_list("session_id", "last")
     )
-    gpu_names = {w.pk: w.name for w in pool.workers.values()}
-    gpu_specs = {w.pk: profiles.get(w.gpu_type, spec) for w in pool.workers.values()}
+    # Workers without the diffusion model (stage roles E and C, docs/stages.md) hold no sessions:
+    # the policy never sees them, so it neither places on them nor drains or releases them.
+    serving = [w for w in pool.workers.values() if w.holds_sessions]
+    gpu_names = {w.pk: w.name for w in serving}
+    gpu_specs = {w.pk: profiles.get(w.gpu_type, spec) for w in serving}
     views = [
         _session_view(s, gpu_specs.get(s.worker_id, spec), clock, placed_at, gpu_names)
         for s in pool.sessions.values()
@@ -189,7 +193,7 @@ def _snapshot(pool: Pool, config: SchedulerConfig, clock: float) -> Snapshot:
                 else None,
                 requested_at=w.requested_at.timestamp(),
             )
-            for w in pool.workers.values()
+            for w in serving
         ],
         gpu_types=profiles,
         min_gpus=config.min_gpus,
@@ -332,6 +336,9 @@ def _run_pool(*, preset: str, trigger: EventKind, session_id: str | None, was_ac
             )
             if record_id is not None:
                 recorded.append(record_id)
+        # Stage roles (TridentServe; off unless STAGE_PLACEMENT says otherwise): after the sessions'
+        # decisions, on the same locked rows; its set_role commands leave with theirs after commit.
+        stage_placement_step(preset=preset, workers=pool.workers, now=now, outbox=outbox)
         transaction.on_commit(outbox.send)
     return recorded
 
@@ -387,6 +394,14 @@ def _record_and_apply(
     changed = applied.placements
     acted = changed or decision.add_gpus or decision.drain or decision.undrain or decision.release
     sent = len(outbox.commands) > commands_before
+    if applied.waiting_for_encoder:
+        record.inputs = {**record.inputs, "waiting_for_encoder": applied.waiting_for_encoder}
+        record.save(update_fields=["inputs"])
+        logger.warning(
+            "scheduler.waiting_for_encoder preset=%s sessions=%s",
+            pool.preset,
+            sorted(applied.waiting_for_encoder),
+        )
     if event.kind == EventKind.TICK and not acted and not sent and not applied.queue and not rerouted:
         # Periodic ticks that change nothing are not history: keep the table to real decisions.
         record.delete()

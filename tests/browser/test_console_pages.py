@@ -62,6 +62,7 @@ def test_console_shows_workers_updates_live_and_records_actions(browser_context,
     expect(cards.nth(0)).to_contain_text("63 %")
     expect(cards.nth(0)).to_contain_text("412 W")
     expect(cards.nth(1)).to_contain_text("Provisioning")
+    expect(cards.nth(0)).to_contain_text("EDC (whole pipeline)")  # its stage role (docs/stages.md)
     expect(cards.nth(1).get_by_role("button", name="Drain gpu-b")).to_be_hidden()
     expect(page.locator("#console-connection")).to_have_text("Live")
     expect(page.locator("#stat-budget")).to_have_text("2 / 3")
