@@ -11,6 +11,7 @@ from scheduling.api import (
     SchedulerConfigView,
     SchedulerDecisionViewSet,
     SessionMigrateView,
+    StagePlacementAuditView,
 )
 from sessions.api import JobAuditView, JobViewSet, LatencyAuditView, ModelCatalogView, SessionViewSet
 
@@ -30,6 +31,7 @@ urlpatterns = [
     path("parameter-pool/", ParameterPoolView.as_view(), name="parameter-pool"),
     path("audit/latency/", LatencyAuditView.as_view(), name="audit-latency"),
     path("audit/jobs/", JobAuditView.as_view(), name="audit-jobs"),
+    path("audit/placements/", StagePlacementAuditView.as_view(), name="audit-placements"),
     path("audit/region-moves/", RegionMovesAuditView.as_view(), name="audit-region-moves"),
     # The operator's request lives with the scheduler; the URL stays under the session it moves.
     path("sessions/<uuid:pk>/migrate/", SessionMigrateView.as_view(), name="session-migrate"),

@@ -448,14 +448,28 @@ STREAMSERVE = {
     # Raise each region's autoscaler target to TORTA's Eq. 6 floor on the plan's share of the forecast
     # (off by default, like `simulate` without --forecast; σ = 0.5 as its --forecast-sigma default).
     "REGION_FORECAST_FLOOR": _strict_bool("REGION_FORECAST_FLOOR", False),
-    # Parked (idle, suspended) sessions the plan may move to another region per slot (0: none).
+    # Moves of sessions to another region per slot, parked and running together (0: none).
     "REGION_MOVES_PER_SLOT": _typed("REGION_MOVES_PER_SLOT", env.int, 4),
+    # Live stage placement (docs/stages.md, "Live placement"): off (every worker keeps its role,
+    # today's behaviour) or tridentserve (Alg. 2 plans the workers' roles each scheduler tick and
+    # re-places them when the §5.3 trigger fires). The stage profile the planner costs the live mix
+    # with, the GPU spec of workers whose gpu_type has none (cpu), the trigger's window, threshold and
+    # minimum ops, and how many workers may change role at once.
+    "STAGE_PLACEMENT": env.str("STAGE_PLACEMENT", default="off"),
+    "STAGE_PIPELINE": env.str("STAGE_PIPELINE", default="wan-1.3b"),
+    "STAGE_GPU": env.str("STAGE_GPU", default="h100"),
+    "STAGE_WINDOW_S": _typed("STAGE_WINDOW_S", env.float, 60.0),
+    "STAGE_THRESHOLD": _typed("STAGE_THRESHOLD", env.float, 1.5),
+    "STAGE_MIN_OPS": _typed("STAGE_MIN_OPS", env.int, 25),
+    "STAGE_MAX_CHANGING": _typed("STAGE_MAX_CHANGING", env.int, 1),
     # Moves of running sessions across regions (same per-slot limit): the WAN bandwidth their state
     # crosses (Gbit/s; per pair of regions in REGION_WAN_GBPS_PAIRS, {"east:west": 0.5}, either
     # direction) and how long a moved session is expected to go on (the saving's horizon).
     "REGION_WAN_GBPS": _typed("REGION_WAN_GBPS", env.float, 1.0),
     "REGION_WAN_GBPS_PAIRS": _typed("REGION_WAN_GBPS_PAIRS", env.json, {}),
     "REGION_MOVE_HORIZON_S": _typed("REGION_MOVE_HORIZON_S", env.float, 300.0),
+    # Hysteresis: a running session moved less than this ago (s) is not moved again (0: no cooldown).
+    "REGION_MOVE_COOLDOWN_S": _typed("REGION_MOVE_COOLDOWN_S", env.float, 300.0),
     # The fewest GPUs a region keeps when it has no demand and a forecast of none ({"east": 1};
     # 0 for a region not named: an idle region scales to zero).
     "REGION_MIN_GPUS": _typed("REGION_MIN_GPUS", env.json, {}),
@@ -471,6 +485,7 @@ for _name in (
     "JOB_DEFAULT_SLO_S",
     "REGION_RTT_BUDGET_MS",
     "REGION_FORECAST_SEASON_SLOTS",
+    "STAGE_WINDOW_S",
     "REGION_WAN_GBPS",
     "REGION_MOVE_HORIZON_S",
 ):
@@ -480,6 +495,8 @@ if STREAMSERVE["REGION_FORECAST"] not in ("ets", "seasonal-naive", "last-value")
     raise ImproperlyConfigured(
         "Environment variable REGION_FORECAST must be ets, seasonal-naive or last-value"
     )
+if STREAMSERVE["REGION_MOVE_COOLDOWN_S"] < 0:
+    raise ImproperlyConfigured("Environment variable REGION_MOVE_COOLDOWN_S must be 0 or more")
 if STREAMSERVE["REGION_MOVES_PER_SLOT"] < 0:
     raise ImproperlyConfigured("Environment variable REGION_MOVES_PER_SLOT must be 0 or more")
 _pairs = STREAMSERVE["REGION_WAN_GBPS_PAIRS"]
@@ -504,6 +521,14 @@ if not isinstance(_minimum, dict) or not all(
     )
 if not 0.0 < STREAMSERVE["REGION_PLAN_BETA"] <= 1.0:
     raise ImproperlyConfigured("Environment variable REGION_PLAN_BETA must be in (0, 1]")
+if STREAMSERVE["STAGE_PLACEMENT"] not in ("off", "tridentserve"):
+    raise ImproperlyConfigured("Environment variable STAGE_PLACEMENT must be off or tridentserve")
+if STREAMSERVE["STAGE_PIPELINE"] not in ("wan-t2v", "sd3-image", "wan-1.3b"):
+    raise ImproperlyConfigured("Environment variable STAGE_PIPELINE must be wan-t2v, sd3-image or wan-1.3b")
+if STREAMSERVE["STAGE_GPU"].lower() not in ("l20", "h100", "h200"):
+    raise ImproperlyConfigured("Environment variable STAGE_GPU must be l20, h100 or h200")
+if STREAMSERVE["STAGE_THRESHOLD"] <= 1.0:
+    raise ImproperlyConfigured("Environment variable STAGE_THRESHOLD must be above 1")
 if STREAMSERVE["WORKER_WEIGHTS_FROM"] not in ("auto", "pool", "disk"):
     raise ImproperlyConfigured("Environment variable WORKER_WEIGHTS_FROM must be auto, pool or disk")
 for _name in (
@@ -515,6 +540,8 @@ for _name in (
     "MAX_JOBS_IN_FLIGHT_PER_USER",
     "JOB_MAX_STEPS",
     "JOB_MAX_FRAMES",
+    "STAGE_MIN_OPS",
+    "STAGE_MAX_CHANGING",
 ):
     if STREAMSERVE[_name] < 1:
         raise ImproperlyConfigured(f"Environment variable {_name} must be at least 1")

@@ -18,6 +18,7 @@ class GpuWorkerAdmin(admin.ModelAdmin):
         "name",
         "status",
         "gpu_type",
+        "stage_role",
         "device",
         "host",
         "capacity",
@@ -29,7 +30,7 @@ class GpuWorkerAdmin(admin.ModelAdmin):
         "requested_at",
         "released_at",
     ]
-    list_filter = ["status", "gpu_type", "provider", "model_preset", "region"]
+    list_filter = ["status", "gpu_type", "stage_role", "provider", "model_preset", "region"]
     search_fields = ["name", "host", "external_id"]
     date_hierarchy = "requested_at"
     readonly_fields = [

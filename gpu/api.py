@@ -92,6 +92,7 @@ class GpuWorkerSerializer(serializers.ModelSerializer):
             "expected_ready_at",
             "weights_plan",
             "region",
+            "stage_role",
         ]
         read_only_fields = fields
 
@@ -99,7 +100,7 @@ class GpuWorkerSerializer(serializers.ModelSerializer):
 class GpuWorkerFilter(django_filters.FilterSet):
     class Meta:
         model = GpuWorker
-        fields = ["status", "gpu_type", "provider", "model_preset"]
+        fields = ["status", "gpu_type", "provider", "model_preset", "stage_role"]
 
 
 class GpuWorkerViewSet(viewsets.ReadOnlyModelViewSet):

@@ -97,6 +97,11 @@ class Region(models.Model):
         return self.name
 
 
+# Stage roles of a worker (TridentServe §6.1; docs/stages.md): the stages it hosts, E (text encoder),
+# D (diffusion transformer), C (VAE decoder). EDC is today's monolithic worker.
+STAGE_ROLES = ("EDC", "ED", "DC", "D", "E", "C")
+
+
 class GpuWorker(models.Model):
     """One GPU (or, in development, one CPU process) hosting a model replica.
 
@@ -158,6 +163,12 @@ class GpuWorker(models.Model):
     region = models.ForeignKey(
         Region, null=True, blank=True, on_delete=models.PROTECT, related_name="workers"
     )
+    # The stages this worker hosts, as it last reported them (heartbeat, registration) or as a
+    # ``set_role`` it acknowledged set them. An ``E`` worker serves prompt encodings to the others
+    # and holds no sessions (docs/stages.md, "Live placement").
+    stage_role = models.CharField(
+        max_length=3, choices=[(r, r) for r in STAGE_ROLES], default="EDC", help_text="stages it hosts"
+    )
 
     class Meta:
         ordering = ["name"]
@@ -176,6 +187,9 @@ class GpuWorker(models.Model):
                 condition=Q(released_at__isnull=True) | Q(released_at__gte=models.F("requested_at")),
             ),
             models.CheckConstraint(name="gpuworker_capacity_positive", condition=Q(capacity__gte=1)),
+            models.CheckConstraint(
+                name="gpuworker_stage_role_known", condition=Q(stage_role__in=STAGE_ROLES)
+            ),
             models.CheckConstraint(name="gpuworker_price_nonnegative", condition=Q(price_per_hour__gte=0)),
             models.CheckConstraint(
                 name="gpuworker_weights_complete_has_source",
@@ -189,6 +203,19 @@ class GpuWorker(models.Model):
     @property
     def is_live(self) -> bool:
         return self.status in self.LIVE_STATUSES
+
+    @property
+    def holds_sessions(self) -> bool:
+        """A stream runs where its diffusion model and its decoder are (the causal decoder keeps a
+        per-session cache next to the state): EDC or DC, never E or C (nor ED or D)."""
+        return "D" in self.stage_role and "C" in self.stage_role
+
+    @property
+    def encoder_load(self) -> int:
+        """An E worker's queue of prompt encodes, as its last heartbeat reported it."""
+        encoder = (self.telemetry or {}).get("encoder") if isinstance(self.telemetry, dict) else None
+        queue = encoder.get("queue") if isinstance(encoder, dict) else None
+        return queue if isinstance(queue, int) and not isinstance(queue, bool) and queue >= 0 else 0
 
 
 class CostLedgerEntry(models.Model):

@@ -11,7 +11,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max, Sum
 from django.utils import timezone
 
-from gpu.models import CostLedgerEntry, GpuWorker, HostCache, WeightHolding, WeightsSource
+from gpu.models import STAGE_ROLES, CostLedgerEntry, GpuWorker, HostCache, WeightHolding, WeightsSource
 
 logger = logging.getLogger(__name__)
 Status = GpuWorker.Status
@@ -140,14 +140,17 @@ def worker_register(
     memory_bytes: int,
     migration_address: str,
     mark_ready: bool = True,
+    stage_role: str | None = None,
 ) -> GpuWorker:
     """A worker process announces itself: adopt the provisioner's row or create one.
 
     A worker started by hand (no provisioner row) is registered as provider ``static``. With
     ``mark_ready=False`` this is the scale-out's *process up* phase (its weights still load; the
     row stays provisioning and records ``process_up_at``); by default the model is loaded and the
-    worker becomes ready.
+    worker becomes ready. ``stage_role``: the stages it hosts (``--stages``; ``None`` keeps the row's).
     """
+    if stage_role is not None and stage_role not in STAGE_ROLES:
+        raise ValueError(f"stage_role: {stage_role!r} is not one of {', '.join(STAGE_ROLES)}")
     now = timezone.now()
     with transaction.atomic():
         worker = GpuWorker.objects.select_for_update().filter(name=name).first()
@@ -173,6 +176,8 @@ def worker_register(
         worker.capacity = capacity
         worker.memory_bytes = memory_bytes
         worker.migration_address = migration_address
+        if stage_role is not None:
+            worker.stage_role = stage_role
         worker.last_heartbeat = now
         if worker.process_up_at is None:
             worker.process_up_at = now
@@ -187,12 +192,25 @@ def worker_undrain(*, worker: GpuWorker) -> GpuWorker:
 
 
 def worker_heartbeat(*, worker_id: int, telemetry: dict) -> None:
-    """Store the latest telemetry sample (NVML on GPUs; host figures where NVML is absent)."""
+    """Store the latest telemetry sample (NVML on GPUs; host figures where NVML is absent).
+
+    A stage worker's report also names its role (``"stage_role": "DC"``) and, for an E worker, its
+    encoder load (``"encoder": {"queue", "served", "encode_ms_p50"}``, kept in ``telemetry``: the
+    encoder choice reads it). The reported role is the truth: it overrides what a ``set_role`` the
+    control plane still waits on would set. An unknown role is logged and ignored, never stored.
+    """
     devices = telemetry.get("devices") or []
     device = devices[0] if devices else {}
     host = telemetry.get("host") or {}
     now = timezone.now()
+    role = telemetry.get("stage_role")
+    fields = {}
+    if role in STAGE_ROLES:
+        fields["stage_role"] = role
+    elif role is not None:
+        logger.warning("worker.heartbeat worker_id=%s unknown stage_role=%r ignored", worker_id, role)
     GpuWorker.objects.filter(pk=worker_id, status__in=GpuWorker.LIVE_STATUSES).update(
+        **fields,
         last_heartbeat=now,
         telemetry_at=now,
         telemetry=telemetry,

@@ -2,7 +2,14 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from scheduling.models import Migration, ScalingAction, SchedulerConfig, SchedulerDecision
+from scheduling.models import (
+    Migration,
+    ScalingAction,
+    SchedulerConfig,
+    SchedulerDecision,
+    StagePlacement,
+    StageRoleChange,
+)
 from sessions.admin import ReadOnlyAdmin
 
 
@@ -67,3 +74,32 @@ class ScalingActionAdmin(ReadOnlyAdmin):
     list_display = ["created_at", "direction", "from_budget", "to_budget", "gpu_type", "reason", "outcome"]
     list_filter = ["direction", "outcome", "gpu_type"]
     date_hierarchy = "created_at"
+
+
+class StageRoleChangeInline(admin.TabularInline):
+    model = StageRoleChange
+    fields = [
+        "order",
+        "worker",
+        "from_role",
+        "to_role",
+        "status",
+        "reason",
+        "load_ms",
+        "sent_at",
+        "answered_at",
+    ]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(StagePlacement)
+class StagePlacementAdmin(ReadOnlyAdmin):
+    list_display = ["created_at", "preset", "reason", "status", "finished_at"]
+    list_filter = ["reason", "status", "preset"]
+    date_hierarchy = "created_at"
+    inlines = [StageRoleChangeInline]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import django_filters
 from django.db import models
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, permissions, serializers, status, viewsets
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
@@ -14,6 +16,7 @@ from rest_framework.views import APIView
 
 from controlplane.api import (
     AUDIT_PARAMETERS,
+    NO_NUL,
     StrictCharField,
     audit_format,
     audit_responses,
@@ -24,7 +27,7 @@ from controlplane.timerange import UtcIsoDateTimeFilter, parse_time_range
 from scheduling import selectors
 from scheduling.core.policy import PolicyError, resolve_policy_class
 from scheduling.live.operator import MigrationRefused, migration_request
-from scheduling.models import Migration, ScalingAction, SchedulerConfig, SchedulerDecision
+from scheduling.models import Migration, ScalingAction, SchedulerConfig, SchedulerDecision, StagePlacement
 from sessions.models import GenerationSession
 
 
@@ -244,6 +247,82 @@ class SessionMigrateView(generics.GenericAPIView):
         return Response(
             {"migration": migration.pk, "epoch": migration.epoch}, status=status.HTTP_202_ACCEPTED
         )
+
+
+# One CSV row per worker role change, with its placement's columns repeated.
+PLACEMENT_CSV_HEADER = [
+    "placement_id",
+    "created_at",
+    "finished_at",
+    "preset",
+    "reason",
+    "placement_status",
+    "worker",
+    "from_role",
+    "to_role",
+    "order",
+    "change_status",
+    "change_reason",
+    "load_ms",
+    "sent_at",
+    "answered_at",
+    "throughput_e_per_s",
+    "throughput_d_per_s",
+    "throughput_c_per_s",
+    "backlog",
+]
+
+
+def _placement_csv_rows(report: dict) -> list[list[str]]:
+    rows = []
+    for p in report["placements"]:
+        figures = p["trigger"] if isinstance(p["trigger"], dict) else {}
+        rates = figures.get("throughputs_per_s") or {}
+        head = [p["id"], p["created_at"], p["finished_at"], p["preset"], p["reason"], p["status"]]
+        tail = [rates.get("E"), rates.get("D"), rates.get("C"), figures.get("backlog")]
+        for c in p["changes"]:
+            body = [c["worker"], c["from_role"], c["to_role"], c["order"], c["status"], c["reason"]]
+            body += [c["load_ms"], c["sent_at"], c["answered_at"]]
+            rows.append([csv_cell(v) for v in (*head, *body, *tail)])
+    return rows
+
+
+class StagePlacementAuditView(APIView):
+    """Stage placements and re-placements (TridentServe, docs/stages.md) in a time range: each worker's
+    role change with its outcome, and the trigger's figures (JSON, or one CSV row per change)."""
+
+    permission_classes = [permissions.IsAdminUser]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("start", OpenApiTypes.DATETIME, description="ISO-8601; default: end − 1 day"),
+            OpenApiParameter("end", OpenApiTypes.DATETIME, description="ISO-8601; default: now"),
+            OpenApiParameter("format", OpenApiTypes.STR, enum=["json", "csv"]),
+            OpenApiParameter(
+                "preset",
+                {"type": "string", "minLength": 1, "maxLength": 64, "pattern": NO_NUL},
+                description="model preset",
+            ),
+            OpenApiParameter("status", OpenApiTypes.STR, enum=StagePlacement.Status.values),
+        ],
+        responses=audit_responses(OpenApiTypes.OBJECT),
+    )
+    def get(self, request):
+        params = request.query_params
+        time_range = parse_time_range(params, default_span=timedelta(days=1), default_bucket="day")
+        output = audit_format(params)
+        preset = params.get("preset")
+        if preset is not None and (not 1 <= len(preset) <= 64 or "\x00" in preset):
+            raise ValidationError({"preset": "must be a model preset name (1 to 64 characters)"})
+        placement_status = params.get("status")
+        if placement_status is not None and placement_status not in StagePlacement.Status.values:
+            raise ValidationError({"status": f"must be one of {', '.join(StagePlacement.Status.values)}"})
+        report = selectors.stage_placement_audit(
+            time_range=time_range, preset=preset, status=placement_status
+        )
+        if output == "csv":
+            return csv_response("placements.csv", PLACEMENT_CSV_HEADER, _placement_csv_rows(report))
+        return Response(report)
 
 
 class RegionMovesAuditView(APIView):

@@ -4,8 +4,9 @@ The snapshot is what `/console/` renders first and what the `/ws/console/` consu
 interval: the workers with their telemetry and load against K, session counts, the GPU budget against
 the autoscaler's latest target, the last minute's worst and p99 chunk latency against the SLO, the
 cost rate, each region's GPUs, sessions and cost rate with each origin's load against its forecast
-(docs/regions.md), one-shot jobs per state and per worker, and a merged timeline of decisions,
-migrations, scaling actions and operator actions.
+(docs/regions.md), one-shot jobs per state and per worker, each worker's stage role
+(docs/stages.md), and a merged timeline of decisions, migrations, scaling actions, stage placements
+and operator actions.
 
 Console actions wrap the owning apps' services and add an admin ``LogEntry`` naming the operator, so
 every change made from the console is in one audit trail next to the admin's own history.
@@ -27,12 +28,21 @@ from django.db import connection, transaction
 from django.db.models import Count, Max, Q, Sum
 from django.utils import timezone
 
+from controlplane.timerange import TimeRange
 from gpu import selectors as pool_selectors
 from gpu import services as gpu_services
 from gpu.models import GpuWorker, HostCache, Region
 from scheduling.api import SchedulerConfigSerializer
 from scheduling.live.regions import origin_demand
-from scheduling.models import Migration, ScalingAction, SchedulerConfig, SchedulerDecision
+from scheduling.models import (
+    Migration,
+    ScalingAction,
+    SchedulerConfig,
+    SchedulerDecision,
+    StagePlacement,
+    StageRoleChange,
+)
+from scheduling.selectors import region_moves_audit
 from sessions import services as session_services
 from sessions.models import ChunkRecord, GenerationSession, Job
 from sessions.selectors import PercentileCont, job_queue_positions
@@ -94,6 +104,9 @@ def _workers(now) -> list[dict[str, Any]]:
                 "device": w.device,
                 "host": w.host,
                 "capacity": w.capacity,
+                # Stages it hosts (docs/stages.md); an E worker's encoder load from its heartbeat.
+                "stage_role": w.stage_role,
+                "encoder": (w.telemetry or {}).get("encoder") if w.stage_role == "E" else None,
                 "sessions": w.resident,
                 "parked": parked.get(w.pk, 0),
                 "jobs": {
@@ -238,6 +251,10 @@ def _timeline(limit: int = TIMELINE_LENGTH) -> list[dict[str, Any]]:
                 "detail": _scaling_detail(s),
             }
         )
+    for p in StagePlacement.objects.prefetch_related("changes__worker").order_by("-created_at", "-id")[
+        :limit
+    ]:
+        items.append(_placement_item(p))
     audited = ContentType.objects.get_for_models(GpuWorker, GenerationSession, SchedulerConfig).values()
     for entry in (
         LogEntry.objects.filter(content_type__in=list(audited))
@@ -254,6 +271,31 @@ def _timeline(limit: int = TIMELINE_LENGTH) -> list[dict[str, Any]]:
         )
     items.sort(key=lambda item: item["at"], reverse=True)
     return [{**item, "at": _iso(item["at"])} for item in items[:limit]]
+
+
+def _placement_item(p: StagePlacement) -> dict[str, Any]:
+    """A stage placement as the timeline words it, like a scaling action: what changed, its outcome,
+    and the trigger's figures that made it."""
+    changes = sorted(p.changes.all(), key=lambda c: c.order)
+    done = sum(1 for c in changes if c.status == StageRoleChange.Status.APPLIED)
+    words = "Stage placement" if p.reason == StagePlacement.Reason.BOOTSTRAP else "Stage re-placement"
+    moves = ", ".join(
+        f"{c.worker.name} {c.from_role}→{c.to_role} ({c.status}{': ' + c.reason if c.reason else ''})"
+        for c in changes
+    )
+    figures = p.trigger if isinstance(p.trigger, dict) else {}
+    rates = figures.get("throughputs_per_s") or {}
+    detail = f"reason: {p.get_reason_display()}; {moves}"
+    if rates:
+        detail += "; ops/s " + " ".join(f"{k} {v:.2f}" for k, v in sorted(rates.items()))
+    if figures.get("backlog") is not None:
+        detail += f"; backlog {figures['backlog']}"
+    return {
+        "kind": "placement",
+        "at": p.created_at,
+        "title": f"{words} of {p.preset}: {done}/{len(changes)} workers changed role ({p.status})",
+        "detail": detail,
+    }
 
 
 def _sessions(limit: int = SESSION_LIST_LENGTH) -> list[dict[str, Any]]:
@@ -321,11 +363,19 @@ def _jobs(now, limit: int = SESSION_LIST_LENGTH) -> dict[str, Any]:
     }
 
 
+MOVES_WINDOW = timedelta(hours=1)
+
+
 def _regions(live: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per region: its live GPUs by type against its limits, ready slots, load on them, live
-    sessions routed there and the cost rate of its live workers. Regions with a row are listed; the
-    local region (no row needed) also when it holds a worker or a session."""
+    sessions routed there, the cost rate of its live workers, and its cross-region moves of running
+    sessions started over the last hour (``region_moves_audit``: out, in, and the rule's estimated
+    saving against the switching cost of the moves out). Regions with a row are listed; the local
+    region (no row needed) also when it holds a worker, a session or a move."""
     rows = {r.name: r for r in Region.objects.all()}
+    now = timezone.now()
+    moves = region_moves_audit(time_range=TimeRange(start=now - MOVES_WINDOW, end=now, bucket="hour"))
+    moved = moves["totals"]["by_region"]
     sessions = dict(
         GenerationSession.objects.exclude(status=Status.TERMINATED)
         .values(region_label=pool_selectors.region_name())
@@ -333,9 +383,10 @@ def _regions(live: list[dict[str, Any]]) -> list[dict[str, Any]]:
         .values_list("region_label", "n")
     )
     out = []
-    for name in sorted(set(rows) | {w["region"] for w in live} | set(sessions)):
+    for name in sorted(set(rows) | {w["region"] for w in live} | set(sessions) | set(moved)):
         mine = [w for w in live if w["region"] == name]
         region = rows.get(name)
+        figures = moved.get(name, {})
         out.append(
             {
                 "name": name,
@@ -349,6 +400,10 @@ def _regions(live: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "cost_rate_per_hour": float(
                     sum((Decimal(str(w["price_per_hour"])) for w in mine), Decimal(0))
                 ),
+                "moves_out": figures.get("moves_out", 0),
+                "moves_in": figures.get("moves_in", 0),
+                "move_saving_ms": round(figures.get("estimated_saving_ms", 0.0), 1),
+                "move_switch_cost_ms": round(figures.get("switch_cost_ms", 0.0), 1),
             }
         )
     return out

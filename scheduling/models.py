@@ -262,6 +262,7 @@ class WorkerCommand(models.Model):
         JOB_PAUSE = "job_pause"
         JOB_RESUME = "job_resume"
         JOB_CANCEL = "job_cancel"
+        SET_ROLE = "set_role"
 
     class Status(models.TextChoices):
         SENT = "sent"
@@ -301,3 +302,104 @@ class WorkerCommand(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} → {self.worker_id} ({self.status})"
+
+
+class StagePlacement(models.Model):
+    """One stage placement of a model's pool (TridentServe Alg. 2) and why it was made: the first one
+    (``bootstrap``) or a re-placement the trigger fired (§5.3), with the trigger's figures.
+
+    Its worker role changes (``StageRoleChange``) are applied one worker at a time, never more than
+    ``STAGE_MAX_CHANGING`` at once, so the pool never pauses as a whole: ``planned`` → ``applying``
+    → ``applied`` (every change acknowledged, or cancelled as moot) or ``partial`` (some refused or
+    failed). No new plan is made while one is applied.
+    """
+
+    class Reason(models.TextChoices):
+        BOOTSTRAP = "bootstrap"
+        SKEW = "skew", "stage throughput skew"
+        UNSERVED = "unserved", "request type without replicas"
+
+    class Status(models.TextChoices):
+        PLANNED = "planned"
+        APPLYING = "applying"
+        APPLIED = "applied"
+        PARTIAL = "partial"
+
+    ENDED = (Status.APPLIED, Status.PARTIAL)
+
+    decision = models.ForeignKey(
+        SchedulerDecision, null=True, blank=True, on_delete=models.SET_NULL, related_name="stage_placements"
+    )
+    created_at = models.DateTimeField(db_index=True)
+    preset = models.CharField(max_length=64)
+    reason = models.CharField(max_length=16, choices=Reason.choices)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PLANNED)
+    # {worker name: role} before and as planned.
+    roles_before = models.JSONField(default=dict, blank=True)
+    roles_after = models.JSONField(default=dict, blank=True)
+    # The trigger's figures: per-stage throughputs over the window, backlog, unserved requests, the
+    # mix the plan was made from (job shapes, stream encode seconds), threshold and window.
+    trigger = models.JSONField(default=dict, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                name="stageplacement_ended_has_time",
+                condition=Q(status__in=["planned", "applying"]) | Q(finished_at__isnull=False),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"stage placement {self.pk} of {self.preset} ({self.reason}, {self.status})"
+
+
+class StageRoleChange(models.Model):
+    """One worker's role change within a ``StagePlacement``: ``planned`` → ``sent`` (a ``set_role``
+    command in the outbox) → ``applied`` | ``refused`` | ``failed`` (the worker's answer, or no answer
+    before the command timeout), or ``cancelled`` before it was sent (its worker is no longer ready, or
+    already has the role)."""
+
+    class Status(models.TextChoices):
+        PLANNED = "planned"
+        SENT = "sent"
+        APPLIED = "applied"
+        REFUSED = "refused"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    IN_FLIGHT = (Status.SENT,)
+    ENDED = (Status.APPLIED, Status.REFUSED, Status.FAILED, Status.CANCELLED)
+
+    placement = models.ForeignKey(StagePlacement, on_delete=models.CASCADE, related_name="changes")
+    worker = models.ForeignKey("gpu.GpuWorker", on_delete=models.CASCADE, related_name="stage_changes")
+    from_role = models.CharField(max_length=3)
+    to_role = models.CharField(max_length=3)
+    order = models.PositiveSmallIntegerField(help_text="position in the placement's one-at-a-time order")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PLANNED)
+    command = models.ForeignKey(
+        WorkerCommand, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    reason = models.TextField(blank=True, default="")
+    load_ms = models.FloatField(null=True, blank=True, help_text="stage load time the worker reported")
+    created_at = models.DateTimeField()
+    sent_at = models.DateTimeField(null=True, blank=True)
+    answered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["placement_id", "order"]
+        indexes = [models.Index(fields=["status", "worker"])]
+        constraints = [
+            models.CheckConstraint(
+                name="stagechange_changes_role", condition=~Q(from_role=models.F("to_role"))
+            ),
+            models.CheckConstraint(
+                name="stagechange_sent_has_time",
+                condition=Q(status__in=["planned", "cancelled"]) | Q(sent_at__isnull=False),
+            ),
+            models.UniqueConstraint(fields=["placement", "worker"], name="stagechange_one_per_worker"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.worker_id}: {self.from_role}→{self.to_role} ({self.status})"

@@ -11,8 +11,8 @@ from gpu.provisioners.registry import provisioners_by_backend
 from scheduling.live.enqueue import JOBS_DISPATCH, SCHEDULER_EVENT, SCHEDULER_TICK, WORKER_RELEASE
 from scheduling.live.jobs import jobs_dispatch as dispatch
 from scheduling.live.liveness import workers_check
-from scheduling.live.region_moves import running_sessions_move
-from scheduling.live.regions import parked_sessions_reroute, region_forecast_step
+from scheduling.live.region_moves import slot_moves
+from scheduling.live.regions import region_forecast_step
 from scheduling.live.run import scheduler_run
 from scheduling.live.scaling import release
 
@@ -71,6 +71,5 @@ def region_forecast() -> dict[str, float]:
     saving beats their switching cost (``docs/regions.md``)."""
     close_old_connections()
     forecast = region_forecast_step()
-    parked_sessions_reroute()
-    running_sessions_move()
+    slot_moves()
     return forecast

@@ -972,7 +972,10 @@ class WorkerDaemon:
             try:
                 resident = [s for s, o in self.sessions.items() if o.parked is None]
                 parked = [s for s, o in self.sessions.items() if o.parked is not None]
-                self.reporter.heartbeat(sample(), resident, parked, self.stage.report())
+                # job_devices: how many devices a video job's step can be split across here
+                # (the dispatcher's SP degree for this worker, docs/jobs.md).
+                telemetry = {**sample(), "job_devices": len(self.jobs.devices)}
+                self.reporter.heartbeat(telemetry, resident, parked, self.stage.report())
             except Exception:
                 logger.exception("heartbeat failed worker=%s", self.name)
             # The same beat in Redis: a PostgreSQL outage leaves the rows' heartbeats stale, and

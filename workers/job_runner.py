@@ -7,6 +7,11 @@ chunk, `run_step` plans one batched denoising step that ends before the next chu
 paused job's state region goes to host memory (the engine's offload path, like a parked session) and
 a paused job can leave for another worker through the daemon's migration commands.
 
+A video job runs with the sequence-parallel degree its ``job_run`` (or ``job_resume``) names,
+``sp_degree``, at most the worker's job devices (`job_devices`: every CUDA device of the host when
+the engine is on CUDA and there are several; the daemon reports how many in its heartbeat): each
+step splits the video's tokens across that many devices (``StreamingVideoModel.sequence_parallel``).
+
 A finished job is decoded on the hot loop (one small call) and encoded (PNG or MP4) on a thread
 beside it; the result goes to the control plane through the ``Reporter``'s job methods. Every report
 carries the job's epoch: the control plane ignores one from a worker that lost the job.
@@ -17,10 +22,12 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from workers.runtime.encoding import encode_mp4, encode_png
 from workers.runtime.engine import ChunkEngine, HostStateRecord
@@ -54,6 +61,7 @@ class OwnedJob:
     fps: float
     parked: HostStateRecord | None = None
     run_s: float = 0.0  # seconds of denoising steps spent on it so far, on every worker it visited
+    sp_degree: int = 1  # devices a step of this video is split across (elastic SP)
     last_progress: float = -math.inf
 
     @property
@@ -91,6 +99,29 @@ def job_run_fields(command: dict[str, Any]) -> None:
         value = command.get(name)
         if value is None or isinstance(value, bool) or not isinstance(value, types):
             raise JobRefused(f"job_run field {name!r} is missing or not {types[0].__name__}")
+    sp_degree_field(command)
+
+
+def sp_degree_field(command: dict[str, Any]) -> int | None:
+    """The optional ``sp_degree`` of a ``job_run``/``job_resume`` (None when absent)."""
+    value = command.get("sp_degree")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise JobRefused(f"{command.get('kind', 'job_run')} field 'sp_degree' is not an int >= 1")
+    return value
+
+
+def job_devices(device: torch.device | str) -> list[torch.device]:
+    """The devices this worker's video steps may be split across: with the engine on CUDA and several
+    CUDA devices, all of them (the engine's first); otherwise the engine's device alone."""
+    device = torch.device(device)
+    if device.type != "cuda" or torch.cuda.device_count() < 2:
+        return [device]
+    own = device.index if device.index is not None else torch.cuda.current_device()
+    return [torch.device("cuda", own)] + [
+        torch.device("cuda", i) for i in range(torch.cuda.device_count()) if i != own
+    ]
 
 
 class JobRunner:
@@ -103,7 +134,10 @@ class JobRunner:
         capacity: int,
         clock: Callable[[], float],
         wall_clock: Callable[[], float] = time.time,
+        devices: Sequence[torch.device | str] | None = None,
     ) -> None:
+        """``devices``: what video steps may be split across (`job_devices` of the engine's device
+        when None); a list that repeats ``"cpu"`` runs the split for real on one CPU."""
         self.engine = engine
         self.reporter = reporter
         self.worker_name = worker_name
@@ -111,6 +145,7 @@ class JobRunner:
         self.clock = clock
         self.wall_clock = wall_clock
         self.jobs: dict[str, OwnedJob] = {}
+        self.devices = [torch.device(d) for d in devices] if devices else job_devices(engine.device)
         self.times = StepTimes()
         self._admitted = 0
         # Encoding an MP4 takes longer than a step: it runs beside the hot loop, one job at a time.
@@ -155,8 +190,9 @@ class JobRunner:
             steps=command["steps"],
             travel={"deadline": float(command["deadline"]), "priority": command["priority"]},
         )
+        owned.sp_degree = self._degree(owned, sp_degree_field(command))
         self._report(owned, force=True)
-        return {"admitted": True}
+        return {"admitted": True} | ({"sp_degree": owned.sp_degree} if owned.sp_degree > 1 else {})
 
     def pause(self, command: dict[str, Any]) -> dict[str, Any]:
         """``job_pause``: the daemon applies commands between steps, so this is a step boundary."""
@@ -170,6 +206,9 @@ class JobRunner:
 
     def resume(self, command: dict[str, Any]) -> dict[str, Any]:
         owned = self.owned(command)
+        asked = sp_degree_field(command)
+        if asked is not None:  # a resume after a move: the degree for this worker's devices
+            owned.sp_degree = self._degree(owned, asked)
         if owned.parked is None:
             return {"step": owned.step, "already": True}
         report = self.engine.resume(owned.job_id, owned.parked)
@@ -247,8 +286,11 @@ class JobRunner:
         )
         if not chosen:
             return False
+        lead = self.jobs[chosen[0]]
         try:
-            report = self.engine.job_step(chosen)
+            # A video runs alone (``plan_job_batch``), split across its degree's devices.
+            with self.engine.model.sequence_parallel(self.devices[: lead.sp_degree]):
+                report = self.engine.job_step(chosen)
         except Exception as exc:
             logger.exception("job step failed worker=%s jobs=%s", self.worker_name, chosen)
             for job_id in chosen:
@@ -302,6 +344,13 @@ class JobRunner:
         self.reporter.job_failed(owned.job_id, owned.epoch, self.worker_name, reason=reason)
 
     # --- internals ---------------------------------------------------------------------------------
+
+    def _degree(self, owned: OwnedJob, asked: int | None) -> int:
+        """A video's SP degree: what the control plane asked, at most this worker's devices; an image
+        (batched with others of its shape) or a model without SP runs on one device."""
+        if asked is None or owned.kind != "video" or not self.engine.model.SEQUENCE_PARALLEL:
+            return 1
+        return min(asked, len(self.devices))
 
     def _own(
         self,

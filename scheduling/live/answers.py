@@ -13,6 +13,7 @@ from django.utils import timezone
 from scheduling.live.enqueue import scheduler_trigger
 from scheduling.live.jobs import job_command_failed
 from scheduling.live.outbox import Outbox
+from scheduling.live.stages import stage_change_answered
 from scheduling.live.state import delivered_index
 from scheduling.models import Migration, WorkerCommand
 from sessions import lifecycle
@@ -25,7 +26,8 @@ Status = GenerationSession.Status
 
 def command_answered(*, command: dict, status: str, reason: str, result: dict) -> None:
     """A worker answered a command; a refused start or resume puts the session back in the queue (a
-    refused job command, its job: ``jobs.job_command_failed``)."""
+    refused job command, its job: ``jobs.job_command_failed``; a ``set_role``, its stage role change:
+    ``stages.stage_change_answered``)."""
     updated = WorkerCommand.objects.filter(pk=command["id"], status=WorkerCommand.Status.SENT).update(
         status=status, reason=reason[:2000], result=result, answered_at=timezone.now()
     )
@@ -34,6 +36,10 @@ def command_answered(*, command: dict, status: str, reason: str, result: dict) -
         Prompt.objects.filter(pk=command.get("prompt_id"), from_chunk__lt=result["from_chunk"]).update(
             from_chunk=result["from_chunk"]
         )
+    if updated and command.get("kind") == WorkerCommand.Kind.SET_ROLE:
+        # A stage role change of a placement (scheduling.live.stages): applied, refused or failed.
+        stage_change_answered(command_id=str(command["id"]), status=status, reason=reason, result=result)
+        return
     if not updated or status == "acked":
         return
     logger.warning(
@@ -103,6 +109,11 @@ def migration_completed(*, command: dict, report: dict) -> None:
             return
         migration.outcome = Migration.Outcome.SUCCEEDED
         migration.save()
+        if migration.cross_region:
+            # A move across regions: the session is in the target region from the flip on, not
+            # before (a failed move leaves it where it runs; scheduling.live.region_moves).
+            session.region_id = migration.target_region_id
+            session.save(update_fields=["region"])
         if migration.reason != "handoff":
             outbox.command(
                 target,

@@ -8,7 +8,7 @@ for a transition that applied.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.db.models import Q
 
@@ -18,6 +18,7 @@ from scheduling.core.types import Decision
 from scheduling.live.moves import migration_start
 from scheduling.live.outbox import Outbox
 from scheduling.live.scaling import scale_in, scale_out
+from scheduling.live.stages import EncoderMissing, encoder_for
 from scheduling.live.state import checkpoint_file, delivered_index, prompt_history
 from scheduling.models import Migration, SchedulerConfig, SchedulerDecision
 from sessions import lifecycle
@@ -45,6 +46,8 @@ class Pool:
 class Applied:
     placements: int = 0  # sessions started, resumed, suspended or moved
     queue: int = 0  # sessions whose queue position changed, or that the full queue turned away
+    # Sessions not started because their worker lacks E and no E worker is ready: session → why.
+    waiting_for_encoder: dict[str, str] = field(default_factory=dict)
 
 
 def decision_apply(
@@ -99,12 +102,18 @@ def decision_apply(
         ):
             changed += 1
     # 4. Assignments: start, resume from host memory (here or handed over), or restart.
+    waiting_for_encoder: dict[str, str] = {}
     for sid, name in decision.assign:
         target = workers.get(name)
-        if target is None or target.status != GpuWorker.Status.READY:
+        if target is None or target.status != GpuWorker.Status.READY or not target.holds_sessions:
             continue
-        if _assign(sessions[sid], target, record, outbox):
-            changed += 1
+        try:
+            if _assign(sessions[sid], target, record, outbox):
+                changed += 1
+        except EncoderMissing as exc:
+            # The session keeps waiting (queued, as it was) until an E worker is ready; the decision
+            # records why, and the stage planner counts it as unserved (docs/stages.md).
+            waiting_for_encoder[sid] = f"waiting for an encoder: {exc}"
     # 5. Admission queue: active sessions with no GPU memory left wait, oldest first. queue_max
     # bounds admission, not the sessions already admitted: after an operator lowers it, those
     # waiting keep their turn, and only arrivals that would make the queue longer are refused.
@@ -139,7 +148,7 @@ def decision_apply(
             continue
         scale_in(decision=record, worker=worker, budget=budget, outbox=outbox)
         budget -= 1
-    return Applied(placements=changed, queue=queue_changes)
+    return Applied(placements=changed, queue=queue_changes, waiting_for_encoder=waiting_for_encoder)
 
 
 def _waiting(session: GenerationSession) -> bool:
@@ -181,10 +190,14 @@ def _assign(session: GenerationSession, target: GpuWorker, record: SchedulerDeci
             )
             is not None
         )
+    # A worker without E encodes the prompts on the encoder the pool chose (raises when none is ready).
+    encoder = encoder_for(target)
     checkpoint = checkpoint_file(str(session.pk))
     delivered = delivered_index(session)
     restart = None
     payload = {"seed": session.seed, "prompts": prompt_history(session), "deliver_from": delivered + 1}
+    if encoder is not None:
+        payload["encoder"] = encoder
     if delivered >= 0:  # it ran before, on a worker that is gone: restart, from its checkpoint if any
         if checkpoint.exists():
             payload["checkpoint"] = str(checkpoint)

@@ -97,6 +97,9 @@ def jobs_dispatch() -> DispatchResult:
             w.name: w
             for w in GpuWorker.objects.select_for_update(no_key=True)
             .filter(model_preset__in=models, status__in=[GpuWorker.Status.READY, GpuWorker.Status.DRAINING])
+            # Job commands carry no encoder nor stage hand-off yet: jobs run on whole-pipeline workers
+            # only (docs/stages.md, "Live placement").
+            .filter(stage_role="EDC")
             .order_by("pk")
         }
         held = list(
@@ -229,6 +232,7 @@ def _assign(job: Job, worker: GpuWorker, outbox: Outbox) -> bool:
         seed=job.seed,
         deadline=job.deadline.timestamp(),
         priority=job.priority,
+        **sp_degree(job, worker),
     )
     return True
 
@@ -236,8 +240,21 @@ def _assign(job: Job, worker: GpuWorker, outbox: Outbox) -> bool:
 def _resume(job: Job, outbox: Outbox) -> bool:
     if not job_services.job_resume(job=job):
         return False
-    outbox.command(job.worker, WorkerCommand.Kind.JOB_RESUME, job=job, epoch=job.epoch)
+    outbox.command(
+        job.worker, WorkerCommand.Kind.JOB_RESUME, job=job, epoch=job.epoch, **sp_degree(job, job.worker)
+    )
     return True
+
+
+def sp_degree(job: Job, worker: GpuWorker) -> dict[str, int]:
+    """``{"sp_degree": n}`` for a video on a worker that reports n ≥ 2 job devices in its heartbeat
+    (``job_devices``), else nothing (one device). A worker runs one video step at a time, so its
+    other devices would sit idle through that step: the video takes them all (elastic SP within a
+    worker; the degree is re-chosen for the worker a moved job resumes on)."""
+    devices = (worker.telemetry or {}).get("job_devices", 1)
+    if job.kind != Job.Kind.VIDEO or isinstance(devices, bool) or not isinstance(devices, int) or devices < 2:
+        return {}
+    return {"sp_degree": devices}
 
 
 def preempt_job(job: Job, *, reason: str, outbox: Outbox) -> bool:

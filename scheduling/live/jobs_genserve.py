@@ -14,7 +14,9 @@ Each dispatch is one round, solved per pool (the workers serving one model):
    their deadline, and a paused one resumes when its slack tightens or slots free up.
 3. *Placement.* A video to run resumes on its worker if that worker has room, else moves to the
    pool's worker with the most room (resumed there once its state has landed, as with ``edf``); a
-   queued job goes to the worker with the most room. Never more running jobs than a worker's room.
+   queued image joins a worker running images of its size (``batch_worker``) when the batch's step
+   time from the profile still meets every member's deadline, any other queued job goes to the
+   worker with the most room. Never more running jobs than a worker's room.
 
 What the live platform cannot do is left out of the solver's input: every option is SP degree 1 (one
 job per slot, no sequence parallelism across workers) and image batches have one member (the
@@ -32,11 +34,20 @@ longest video step in the round.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from scheduling.core.jobs.profiles import JobCatalog, JobProfile, load_job_catalog
 from scheduling.core.jobs.solver import ImageRequest, RoundInput, VideoRequest, job_policy
-from scheduling.live.jobs_policy import JobPlan, JobPolicy, JobRound, JobView, roomiest
+from scheduling.live.jobs_policy import (
+    JobPlan,
+    JobPolicy,
+    JobRound,
+    JobView,
+    batch_worker,
+    image_batches,
+    note_image,
+    roomiest,
+)
 
 # Δ: a round covers this many denoising steps (the simulator's default ``round_steps``).
 ROUND_STEPS = 5
@@ -72,6 +83,21 @@ class GenServeJobPolicy(JobPolicy):
 
     def slack(self, job: JobView, now: float) -> float:
         return job.deadline - now - self.costs.remaining_s(job)
+
+    def batch_meets(self, now: float) -> Callable[[JobView, list[JobView]], bool]:
+        """Whether ``job`` joining a worker's images ``members`` of its size keeps the batch within
+        every member's deadline: the most steps left × the profile's step at the batch's size (+
+        decode), by the earliest deadline — the worker engine's batching rule, costed here."""
+
+        def meets(job: JobView, members: list[JobView]) -> bool:
+            batch = [*members, job]
+            profile = self.costs.profile(job)
+            step = profile.step_ms(job.width, job.height, 1, batch=len(batch)) / 1000.0
+            steps_left = max(j.steps - j.steps_done for j in batch)
+            decode = profile.decode_ms(job.width, job.height, 1, job.steps) / 1000.0
+            return now + steps_left * step + decode <= min(j.deadline for j in batch)
+
+        return meets
 
     def plan(self, job_round: JobRound) -> JobPlan:
         plan = JobPlan()
@@ -154,13 +180,18 @@ class GenServeJobPolicy(JobPolicy):
             key=lambda j: (self.slack(j, now), j.id),
         )
         to_run += [by_id[i] for batch in solution.batches for i in batch.ids]
+        batches = image_batches(jobs, exclude=set(plan.pause))
         for job in to_run:
             if job.state == "paused" and room.get(job.worker, 0) >= 1:
                 plan.resume.append(job.id)
                 room[job.worker] -= 1
                 continue
-            target = roomiest(workers, room, exclude=job.worker)
+            target = (
+                batch_worker(job, batches, room, self.batch_meets(now)) if job.state == "queued" else None
+            )
+            target = target or roomiest(workers, room, exclude=job.worker)
             if target is None:
                 continue
             room[target] -= 1
             (plan.move if job.state == "paused" else plan.assign).append((job.id, target))
+            note_image(job, target, batches)

@@ -16,7 +16,7 @@ streams wait for a GPU gets no new job. The ``JOB_POLICY`` setting names the pol
 from __future__ import annotations
 
 import pkgutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 
@@ -87,8 +87,9 @@ class EdfJobPolicy(JobPolicy):
        (latest deadline, lowest priority) until it fits: the stream never waits for a job.
     2. Then paused and queued jobs in dispatch order take the room left: a paused job resumes on its
        worker if it has room, else moves to the worker of its pool with the most room (and resumes
-       there next round, once its state has landed); a queued job goes to the worker of its pool with
-       the most room — unless that pool's streams are waiting.
+       there next round, once its state has landed); a queued image joins a worker running images of
+       its size (`batch_worker`: the worker's engine batches them), any other queued job goes to the
+       worker of its pool with the most room — unless that pool's streams are waiting.
     """
 
     def plan(self, job_round: JobRound) -> JobPlan:
@@ -102,6 +103,7 @@ class EdfJobPolicy(JobPolicy):
             plan.pause.append(job.id)
             room[job.worker] += 1
         preempted = set(plan.pause)
+        batches = image_batches(job_round.jobs, exclude=preempted)
         waiting = [
             j
             for j in job_round.jobs
@@ -116,11 +118,13 @@ class EdfJobPolicy(JobPolicy):
                 continue
             if job.state == "queued" and job_round.streams_waiting.get(job.model, 0) > 0:
                 continue
-            target = roomiest(pools.get(job.model, []), room, exclude=job.worker)
+            target = batch_worker(job, batches, room) if job.state == "queued" else None
+            target = target or roomiest(pools.get(job.model, []), room, exclude=job.worker)
             if target is None:
                 continue
             room[target] -= 1
             (plan.move if job.state == "paused" else plan.assign).append((job.id, target))
+            note_image(job, target, batches)
         return plan
 
     @staticmethod
@@ -141,6 +145,47 @@ def roomiest(workers: list[str], room: dict[str, int], exclude: str | None) -> s
         if worker != exclude and room[worker] >= 1 and (best is None or room[worker] > room[best]):
             best = worker
     return best
+
+
+ImageShape = tuple[str, int, int]  # (model, width, height): images a worker's engine batches together
+# Per image shape, the images each worker runs (or was given this round), workers in name order.
+ImageBatches = dict[ImageShape, dict[str, list[JobView]]]
+
+
+def image_batches(jobs: list[JobView], *, exclude: set[str] = frozenset()) -> ImageBatches:
+    """The running images of each shape by worker, the ``exclude``d jobs left out."""
+    batches: ImageBatches = {}
+    for job in sorted(jobs, key=lambda j: (j.worker or "", j.id)):
+        if job.kind == "image" and job.state == "running" and job.worker and job.id not in exclude:
+            note_image(job, job.worker, batches)
+    return batches
+
+
+def note_image(job: JobView, worker: str, batches: ImageBatches) -> None:
+    if job.kind == "image":
+        batches.setdefault((job.model, job.width, job.height), {}).setdefault(worker, []).append(job)
+
+
+def batch_worker(
+    job: JobView,
+    batches: ImageBatches,
+    room: dict[str, int],
+    fits: Callable[[JobView, list[JobView]], bool] | None = None,
+) -> str | None:
+    """A worker with room that already runs images of ``job``'s model and size, for a queued image
+    (``fits(job, members)``, when given, must also accept joining that worker's batch).
+
+    The worker's engine batches the images of one size it holds into one step while the batch still
+    meets its earliest member's deadline (``workers.runtime.jobs.plan_job_batch``; GenServe §4), so
+    an image there costs a fraction of a step, where on another worker it would take turns with that
+    worker's video or images of another size. Without such a worker: the roomiest (``roomiest``).
+    """
+    if job.kind != "image":
+        return None
+    for worker, members in batches.get((job.model, job.width, job.height), {}).items():
+        if room.get(worker, 0) >= 1 and (fits is None or fits(job, members)):
+            return worker
+    return None
 
 
 BUILTIN_JOB_POLICIES = {

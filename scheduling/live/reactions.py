@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+
 from gpu.models import GpuWorker
 from scheduling.live.outbox import Outbox
+from scheduling.live.stages import EncoderMissing, encoder_for
 from scheduling.models import Migration
 from sessions.models import GenerationSession, Job, Prompt
+
+logger = logging.getLogger("scheduling.live")
 
 Status = GenerationSession.Status
 
@@ -22,6 +27,14 @@ def prompt_forward(*, session_id: str, prompt_id: int) -> None:
         )
         holders += [m.target for m in pending]
     for worker in {w.pk: w for w in holders}.values():
+        # A holder without E encodes the new prompt on the pool's encoder (docs/stages.md).
+        try:
+            encoder = encoder_for(worker)
+        except EncoderMissing as exc:
+            # Sent all the same: the worker refuses it naming the missing encoder, and the refusal is
+            # the command's recorded answer (the audit and the console show it).
+            logger.warning("prompt.no_encoder session=%s worker=%s: %s", session.pk, worker.name, exc)
+            encoder = None
         outbox.command(
             worker,
             "prompt",
@@ -30,6 +43,7 @@ def prompt_forward(*, session_id: str, prompt_id: int) -> None:
             text=prompt.text,
             from_chunk=prompt.from_chunk,
             prompt_id=prompt.pk,
+            **({"encoder": encoder} if encoder is not None else {}),
         )
     outbox.send()
 

@@ -23,12 +23,19 @@ from django.db import transaction
 from django.utils import timezone
 
 from gpu.models import GpuWorker, Region
-from scheduling.core.regions.moves import MoveSettings, RegionMove, RegionNow, RunningSession, running_moves
+from scheduling.core.regions.moves import (
+    MoveSettings,
+    PastMove,
+    RegionMove,
+    RegionNow,
+    RunningSession,
+    running_moves,
+)
 from scheduling.core.regions.transport import CostWeights
 from scheduling.live.moves import migration_start
 from scheduling.live.outbox import Outbox, redis_client, scheduler_lock
 from scheduling.live.profiles import default_gpu_type, profile_for
-from scheduling.live.regions import PLAN_KEY
+from scheduling.live.regions import PLAN_KEY, ParkedMove, parked_sessions_reroute
 from scheduling.models import Migration
 from sessions.models import GenerationSession
 
@@ -61,6 +68,7 @@ def move_settings() -> MoveSettings:
         limit=config["REGION_MOVES_PER_SLOT"],
         wan_gbps=config["REGION_WAN_GBPS"],
         wan_gbps_pairs=pairs,
+        cooldown_s=config["REGION_MOVE_COOLDOWN_S"],
     )
 
 
@@ -75,7 +83,8 @@ def _stored_plan(names: list[str]) -> tuple[list[str], np.ndarray] | None:
 
 def _excess(rows: dict[str, Region], names: list[str]) -> dict[tuple[str, str], float]:
     """Each origin's load routed to each region beyond the plan's share of that origin's routed load
-    (negative: below it), as ``parked_sessions_reroute`` computes it."""
+    (negative: below it), as ``parked_sessions_reroute`` computes it; a session with a cross-region
+    migration under way counts in its target region (its ``region`` flips when the migration ends)."""
     stored = _stored_plan(names)
     if stored is None:
         return {}
@@ -85,7 +94,13 @@ def _excess(rows: dict[str, Region], names: list[str]) -> dict[tuple[str, str], 
     live = GenerationSession.objects.exclude(status=Status.TERMINATED).filter(
         origin__in=origins, region__isnull=False
     )
-    for origin, region_id, load in live.values_list("origin", "region_id", "load"):
+    bound_for = dict(
+        Migration.objects.filter(
+            outcome=Migration.Outcome.PENDING, cross_region=True, session__in=live
+        ).values_list("session_id", "target_region_id")
+    )
+    for sid, origin, region_id, load in live.values_list("pk", "origin", "region_id", "load"):
+        region_id = bound_for.get(sid) or region_id
         if region_id in by_pk:
             placed[origins.index(origin), names.index(by_pk[region_id])] += load
     excess = placed - plan * placed.sum(axis=1, keepdims=True)
@@ -141,12 +156,21 @@ def _region_of(worker: GpuWorker, rows: dict[str, Region]) -> str:
     return next((name for name, r in rows.items() if r.pk == worker.region_id), Region.DEFAULT_NAME)
 
 
-def running_sessions_move() -> list[StartedMove]:
+def slot_moves() -> tuple[list[ParkedMove], list[StartedMove]]:
+    """The slot's moves after its forecast: parked sessions first, then running ones, within one
+    budget of ``REGION_MOVES_PER_SLOT`` (the running moves get what the parked ones left)."""
+    parked = parked_sessions_reroute()
+    return parked, running_sessions_move(spent=len(parked))
+
+
+def running_sessions_move(*, spent: int = 0) -> list[StartedMove]:
     """Once a slot: start the moves ``running_moves`` chooses (at most ``REGION_MOVES_PER_SLOT``
-    over all served models); returns them. Runs under the scheduler's lock, so no decision of the
-    scheduler places or migrates these sessions at the same time, and locks workers then sessions
-    in primary-key order as a scheduler run does."""
+    over all served models, less the ``spent`` moves of parked sessions this slot: one budget for
+    both); returns them. Runs under the scheduler's lock, so no decision of the scheduler places or
+    migrates these sessions at the same time, and locks workers then sessions in primary-key order
+    as a scheduler run does."""
     config = move_settings()
+    config = replace(config, limit=max(0, config.limit - spent))
     if config.limit == 0 or Region.objects.count() < 2:
         return []  # nothing can move: no lock taken
     started: list[StartedMove] = []
@@ -203,6 +227,8 @@ def _move_pool(preset: str, config: MoveSettings, limit: int) -> list[StartedMov
             and by_pk[s.worker_id].status == GpuWorker.Status.READY
             and _region_of(by_pk[s.worker_id], rows) in rows
         ]
+        past = _last_moves(candidates, rows)
+        candidates = [replace(c, last_move=past.get(c.id)) for c in candidates]
         names = sorted(rows)
         moves = running_moves(regions, candidates, replace(config, limit=limit), excess=_excess(rows, names))
         sessions = {str(s.pk): s for s in running}
@@ -229,11 +255,11 @@ def _move_pool(preset: str, config: MoveSettings, limit: int) -> list[StartedMov
                 estimated_saving_ms=move.saving_ms,
                 switch_cost_ms=move.switch_cost_ms,
             )
-            GenerationSession.objects.filter(pk=session.pk).update(region=rows.get(move.target))
             residents.setdefault(target.pk, []).append(session)
             started.append(StartedMove(move, migration.pk, by_pk[session.worker_id].name, target.name))
             log.info(
-                "running session %s moves from region %s (%s) to %s (%s): %s, saving %.0f ms > switch %.0f ms",
+                "running session %s moves from region %s (%s) to %s (%s): %s, saving %.0f ms > switch %.0f ms"
+                " (charged %.0f ms)",
                 move.session,
                 move.source,
                 by_pk[session.worker_id].name,
@@ -242,9 +268,36 @@ def _move_pool(preset: str, config: MoveSettings, limit: int) -> list[StartedMov
                 move.why,
                 move.saving_ms,
                 move.switch_cost_ms,
+                move.charged_ms,
             )
         transaction.on_commit(outbox.send)
     return started
+
+
+def _last_moves(candidates: list[RunningSession], rows: dict[str, Region]) -> dict[str, PastMove]:
+    """Each candidate's last cross-region move that succeeded (the move rule's hysteresis): how long
+    ago it ended, the region it left and the switching cost it was charged."""
+    names = {r.pk: name for name, r in rows.items()}
+    now = timezone.now()
+    out: dict[str, PastMove] = {}
+    done = (
+        Migration.objects.filter(
+            session_id__in=[c.id for c in candidates],
+            cross_region=True,
+            outcome=Migration.Outcome.SUCCEEDED,
+            finished_at__isnull=False,
+        )
+        .order_by("session_id", "-finished_at")
+        .distinct("session_id")
+        .values_list("session_id", "finished_at", "source_region_id", "switch_cost_ms")
+    )
+    for sid, finished, source_id, cost in done:
+        out[str(sid)] = PastMove(
+            age_s=(now - finished).total_seconds(),
+            source=names.get(source_id, Region.DEFAULT_NAME),
+            switch_cost_ms=float(cost or 0.0),
+        )
+    return out
 
 
 def _target_worker(

@@ -49,7 +49,7 @@ from scheduling.core.regions.transport import (
     solve_plan,
 )
 from scheduling.live.outbox import redis_client
-from scheduling.live.profiles import gpu_profiles
+from scheduling.live.profiles import default_gpu_type, gpu_profiles
 from sessions.models import GenerationSession
 
 log = logging.getLogger(__name__)
@@ -199,7 +199,8 @@ def region_forecast_step() -> dict[str, float]:
 def region_floor_load() -> dict[str, float] | None:
     """Each region's predictive-floor input F (TORTA Eq. 6): the plan's share of each origin's
     forecast active load (``region_forecast_step``'s ``floor``), summed by region. The plan is the
-    one routing follows (the latest ``region_plan`` stored); the share of an origin the plan leaves
+    one routing follows (the latest ``region_plan`` stored), except for a region at zero, which gets
+    the share a plan with its standby capacity gives it (``_floor_plan``); the share of an origin the plan leaves
     unrouted (no region within its budget) and, with fewer than two regions, all of it, is the local
     region's (``Region.DEFAULT_NAME``), where unrouted sessions run. ``None`` when no forecast or
     plan matches the current regions and origins (no floor this run)."""
@@ -219,7 +220,7 @@ def region_floor_load() -> dict[str, float] | None:
     if planned.get("regions") != names or planned.get("origins") != origins:
         return None
     plan = np.array(planned["plan"])
-    out = dict(zip(names, (floor @ plan).tolist(), strict=True))
+    out = dict(zip(names, (floor @ _stored_floor_plan(planned)).tolist(), strict=True))
     unrouted = float(floor @ np.clip(1.0 - plan.sum(axis=1), 0.0, None))
     out[Region.DEFAULT_NAME] = out.get(Region.DEFAULT_NAME, 0.0) + unrouted
     return out
@@ -247,7 +248,7 @@ def region_idle_forecast() -> set[str]:
         or planned.get("origins") != origins
     ):
         return set()
-    plan = np.array(planned["plan"])
+    plan = _stored_floor_plan(planned)  # a region at zero the floor brings back is not idle
     demand = np.maximum(np.array(stored["demand"]), np.array(stored.get("floor", stored["demand"])))
     expected = np.clip(demand, 0.0, None) @ plan
     return {n for n, e in zip(names, expected.tolist(), strict=True) if e < 1e-6 and n != Region.DEFAULT_NAME}
@@ -275,8 +276,63 @@ def region_plan() -> tuple[list[Region], list[str], np.ndarray, np.ndarray] | No
             previous = np.array(stored["plan"])
     smoothed = smooth_plan(previous, probs, settings.STREAMSERVE["REGION_PLAN_BETA"])
     smoothed = smoothed * allowed  # the previous plan may predate a budget change
-    client.set(PLAN_KEY, json.dumps({"regions": names, "origins": origins, "plan": smoothed.tolist()}))
+    floor_plan = _floor_plan(regions, demand, capacity, cost, allowed, smoothed)
+    client.set(
+        PLAN_KEY,
+        json.dumps(
+            {
+                "regions": names,
+                "origins": origins,
+                "plan": smoothed.tolist(),
+                "floor_plan": floor_plan.tolist(),
+            }
+        ),
+    )
     return regions, origins, smoothed, allowed
+
+
+def _standby_capacity(region: Region) -> float:
+    """What a region at zero could bring up: Σ K over its GPU limits (one GPU of the default type
+    when it names none)."""
+    profiles = gpu_profiles()
+    limits = {t: n for t, n in region.gpu_limits.items() if t in profiles}
+    if not limits:
+        return float(profiles[default_gpu_type()].capacity)
+    return float(sum(n * profiles[t].capacity for t, n in limits.items()))
+
+
+def _floor_plan(
+    regions: list[Region],
+    demand: np.ndarray,
+    capacity: np.ndarray,
+    cost: np.ndarray,
+    allowed: np.ndarray,
+    plan: np.ndarray,
+) -> np.ndarray:
+    """The shares the predictive floor sizes each region for: the routing plan's, except for a
+    region at zero (no live GPU; never the local region). The routing plan gives such a region no
+    share, since it has no capacity, so its floor would never ask for a GPU and it would come back
+    only for a session routed to it. Its column here is the one a plan solved with its standby
+    capacity (``_standby_capacity``) gives it: when its origins' forecast demand makes it worth
+    routing there, Eq. 6 requests its GPUs one provisioning delay ahead; once they boot (live,
+    counted in ``_state``) the routing plan gives it its share."""
+    zero = [i for i, r in enumerate(regions) if capacity[i] <= 0 and r.name != Region.DEFAULT_NAME]
+    if not zero or demand.sum() <= 0:
+        return plan
+    standby = capacity.copy()
+    for i in zero:
+        standby[i] = _standby_capacity(regions[i])
+    solved = solve_plan(demand, standby, cost, allowed)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        probs = np.nan_to_num(routing_probabilities(solved, allowed, fallback=standby + 1e-6))
+    out = plan.copy()
+    out[:, zero] = (probs * allowed)[:, zero]
+    return out
+
+
+def _stored_floor_plan(planned: dict) -> np.ndarray:
+    """The stored plan's floor shares (``_floor_plan``; the routing plan for one stored without)."""
+    return np.array(planned.get("floor_plan", planned["plan"]))
 
 
 @transaction.atomic

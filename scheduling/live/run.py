@@ -47,6 +47,7 @@ from scheduling.live.regions import (
     region_layout,
     sessions_reroute,
 )
+from scheduling.live.stages import stage_placement_step
 from scheduling.models import SchedulerConfig, SchedulerDecision, SchedulerState, WorkerCommand
 from sessions.models import GenerationSession
 
@@ -169,8 +170,11 @@ def _snapshot(pool: Pool, config: SchedulerConfig, clock: float) -> Snapshot:
         .annotate(last=Max("created_at"))
         .values_list("session_id", "last")
     )
-    gpu_names = {w.pk: w.name for w in pool.workers.values()}
-    gpu_specs = {w.pk: profiles.get(w.gpu_type, spec) for w in pool.workers.values()}
+    # Workers without the diffusion model (stage roles E and C, docs/stages.md) hold no sessions:
+    # the policy never sees them, so it neither places on them nor drains or releases them.
+    serving = [w for w in pool.workers.values() if w.holds_sessions]
+    gpu_names = {w.pk: w.name for w in serving}
+    gpu_specs = {w.pk: profiles.get(w.gpu_type, spec) for w in serving}
     views = [
         _session_view(s, gpu_specs.get(s.worker_id, spec), clock, placed_at, gpu_names)
         for s in pool.sessions.values()
@@ -189,7 +193,7 @@ def _snapshot(pool: Pool, config: SchedulerConfig, clock: float) -> Snapshot:
                 else None,
                 requested_at=w.requested_at.timestamp(),
             )
-            for w in pool.workers.values()
+            for w in serving
         ],
         gpu_types=profiles,
         min_gpus=config.min_gpus,
@@ -256,12 +260,15 @@ def _run_pool(*, preset: str, trigger: EventKind, session_id: str | None, was_ac
         kind = trigger if trigger in POLICY_EVENT_KINDS else EventKind.TICK
         event = Event(time=clock, kind=kind, session=session_id, was_active=was_active)
         layout = region_layout(sessions=list(pool.sessions.values()), workers=list(pool.workers.values()))
+        floors = region_floor_load() if settings.STREAMSERVE["REGION_FORECAST_FLOOR"] else None
         snapshots = partition_snapshot(
             snapshot,
             session_region=layout.session_region,
             gpu_region=layout.gpu_region,
             gpu_limits=layout.gpu_limits,
             default=Region.DEFAULT_NAME,
+            # A region at zero decides (and its floor asks for GPUs) once its forecast load is coming.
+            include=[r for r, f in (floors or {}).items() if f > 0 and r in layout.gpu_limits],
         )
         snapshots = _with_jobs(snapshots, jobs_backlog(preset), layout.gpu_region, clock)
         state_rows = {
@@ -274,7 +281,6 @@ def _run_pool(*, preset: str, trigger: EventKind, session_id: str | None, was_ac
         if config.target_utilization is not None:
             options["rho_hat"] = config.target_utilization
         policies = {}
-        floors = region_floor_load() if settings.STREAMSERVE["REGION_FORECAST_FLOOR"] else None
         for region, row in state_rows.items():
             policies[region] = make_policy(config.policy, **options)
             if row.state:
@@ -287,14 +293,22 @@ def _run_pool(*, preset: str, trigger: EventKind, session_id: str | None, was_ac
         decisions, rerouted = decide_by_region(
             policies, snapshots, event, event_region=event_region, alternatives=layout.alternatives
         )
+        to_zero: dict[str, list[str]] = {}
         if len(snapshots) > 1:
             # An idle region with a forecast of none scales to zero (TurboServe keeps its last GPU).
+            own = decisions
             decisions = regions_to_zero(
                 snapshots,
-                decisions,
+                own,
                 idle=region_idle_forecast(),
                 minimum=settings.STREAMSERVE["REGION_MIN_GPUS"],
             )
+            # The releases the to-zero rule added, so their scale-in says why (not "consolidated").
+            to_zero = {
+                r: sorted(set(d.release) - set(own[r].release))
+                for r, d in decisions.items()
+                if d is not own[r]
+            }
         for region, row in state_rows.items():
             row.state = policies[region].state_dict()
             row.save(update_fields=["state", "updated_at"])
@@ -318,9 +332,13 @@ def _run_pool(*, preset: str, trigger: EventKind, session_id: str | None, was_ac
                 outbox=outbox,
                 started=started,
                 floor_load=getattr(policies[region], "floor_load", None),
+                released_to_zero=to_zero.get(region, []),
             )
             if record_id is not None:
                 recorded.append(record_id)
+        # Stage roles (TridentServe; off unless STAGE_PLACEMENT says otherwise): after the sessions'
+        # decisions, on the same locked rows; its set_role commands leave with theirs after commit.
+        stage_placement_step(preset=preset, workers=pool.workers, now=now, outbox=outbox)
         transaction.on_commit(outbox.send)
     return recorded
 
@@ -338,9 +356,11 @@ def _record_and_apply(
     outbox: Outbox,
     started: float,
     floor_load: float | None,
+    released_to_zero: list[str] | None = None,
 ) -> int | None:
     """Record one region's decision with its inputs and apply it; a tick that changed nothing is
-    not kept (returns ``None``). ``floor_load``: the predictive floor's input F (None: off)."""
+    not kept (returns ``None``). ``floor_load``: the predictive floor's input F (None: off);
+    ``released_to_zero``: the GPUs the idle-region rule releases (``regions_to_zero``)."""
     now = timezone.now()
     record = SchedulerDecision.objects.create(
         trigger=trigger,
@@ -364,6 +384,7 @@ def _record_and_apply(
             "pending": list(snapshot.pending),
             "rerouted_in": rerouted,
             "floor_load": floor_load,
+            "released_to_zero": released_to_zero or [],
             "gpus": {g: {"status": v.status, "load": snapshot.gpu_load[g]} for g, v in snapshot.gpus.items()},
         },
         outputs=decision.to_json(),
@@ -373,6 +394,14 @@ def _record_and_apply(
     changed = applied.placements
     acted = changed or decision.add_gpus or decision.drain or decision.undrain or decision.release
     sent = len(outbox.commands) > commands_before
+    if applied.waiting_for_encoder:
+        record.inputs = {**record.inputs, "waiting_for_encoder": applied.waiting_for_encoder}
+        record.save(update_fields=["inputs"])
+        logger.warning(
+            "scheduler.waiting_for_encoder preset=%s sessions=%s",
+            pool.preset,
+            sorted(applied.waiting_for_encoder),
+        )
     if event.kind == EventKind.TICK and not acted and not sent and not applied.queue and not rerouted:
         # Periodic ticks that change nothing are not history: keep the table to real decisions.
         record.delete()

@@ -269,6 +269,18 @@ def scaling_phase_record(*, worker_id: int, phase: str, source: str = "", at: da
         action.save(update_fields=fields)
 
 
+TO_ZERO_REASON = "idle region to zero"
+
+
+def scale_in_reason(*, decision: SchedulerDecision, worker: GpuWorker) -> str:
+    """Why a worker is released: TurboServe's consolidation, or an idle region with a forecast of no
+    demand going to its ``REGION_MIN_GPUS`` (``regions_to_zero``, named in the decision's inputs)."""
+    if worker.name in (decision.inputs or {}).get("released_to_zero", ()):
+        region = decision.inputs.get("region", "")
+        return f"{TO_ZERO_REASON}: region {region} has no session and a forecast of none"
+    return f"consolidated; ρ_max={decision.rho_max:.2f} vs ρ̂={decision.rho_hat:.2f}"
+
+
 def scale_in(*, decision: SchedulerDecision, worker: GpuWorker, budget: int, outbox: Outbox) -> ScalingAction:
     action = ScalingAction.objects.create(
         decision=decision,
@@ -277,7 +289,7 @@ def scale_in(*, decision: SchedulerDecision, worker: GpuWorker, budget: int, out
         from_budget=budget,
         to_budget=budget - 1,
         gpu_type=worker.gpu_type,
-        reason=f"consolidated; ρ_max={decision.rho_max:.2f} vs ρ̂={decision.rho_hat:.2f}",
+        reason=scale_in_reason(decision=decision, worker=worker),
     )
     action.workers.set([worker.pk])
     if worker.status == GpuWorker.Status.READY:

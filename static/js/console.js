@@ -148,6 +148,7 @@ function workerCard(worker) {
     <h3><span id="worker-${worker.id}-name"></span> <span class="badge" data-field="status"></span></h3>
     <dl>
       <dt>GPU</dt><dd data-field="gpu"></dd>
+      <dt>Stage role</dt><dd data-field="stage-role"></dd>
       <dt>Sessions</dt><dd data-field="sessions"></dd>
       <dt>Load / K</dt><dd data-field="load"></dd>
     </dl>
@@ -165,6 +166,16 @@ function workerCard(worker) {
   card.querySelector('[data-field="drain"]').addEventListener("click", () => drainWorker(card.dataset.id, card.dataset.name));
   return card;
 }
+
+// Stage roles (docs/stages.md): E encodes prompts, D diffuses, C decodes.
+const STAGE_WORDS = {
+  EDC: "EDC (whole pipeline)",
+  ED: "ED (encode + diffuse)",
+  DC: "DC (diffuse + decode)",
+  D: "D (diffuse)",
+  E: "E (shared encoder)",
+  C: "C (decoder)",
+};
 
 const SOURCE_WORDS = { peer: "peer GPU", host_cache: "host cache", disk: "local disk", init: "seeded init" };
 
@@ -232,10 +243,12 @@ function renderRegions(regions, origins) {
       el("td", { class: "num", text: String(r.sessions) }),
       el("td", { class: "num", text: fmtMoney(r.cost_rate_per_hour) }),
       el("td", { class: "num", text: String(r.price_multiplier) }),
+      el("td", { class: "num", text: `${r.moves_out} / ${r.moves_in}` }),
+      el("td", { class: "num", text: `${r.move_saving_ms} / ${r.move_switch_cost_ms} ms` }),
     ),
   );
   $("region-rows").replaceChildren(
-    ...(rows.length ? rows : [el("tr", {}, el("td", { colspan: "6", class: "muted", text: "No region." }))]),
+    ...(rows.length ? rows : [el("tr", {}, el("td", { colspan: "8", class: "muted", text: "No region." }))]),
   );
   // Forecast against actual: each origin's load now and the router's forecast for the next slot.
   $("region-origins").textContent = (origins || []).length
@@ -263,6 +276,8 @@ function renderWorkers(workers) {
     field("status").textContent = STATUS_WORDS[w.status] || w.status;
     field("status").dataset.state = w.status;
     field("gpu").textContent = `${w.gpu_type} · ${w.device}${w.host ? ` @ ${w.host}` : ""}`;
+    const encoder = w.encoder ? ` · encoder queue ${w.encoder.queue ?? "?"}, ${w.encoder.served ?? "?"} served` : "";
+    field("stage-role").textContent = `${STAGE_WORDS[w.stage_role] || w.stage_role}${encoder}`;
     const jobs = w.jobs && (w.jobs.running || w.jobs.paused) ? ` · jobs: ${w.jobs.running} running, ${w.jobs.paused} paused` : "";
     field("sessions").textContent = `${w.sessions} executing${w.parked ? ` · ${w.parked} parked in host memory` : ""}${jobs}`;
     field("load").textContent = `${w.load} / ${w.capacity}`;

@@ -15,7 +15,7 @@ from django.test import Client
 from django.utils import timezone
 from playwright.sync_api import expect
 
-from gpu.models import GpuWorker
+from gpu.models import GpuWorker, Region
 from scheduling.models import Migration, ScalingAction, SchedulerConfig, SchedulerDecision
 from sessions.models import ChunkRecord
 from tests.browser.conftest import PHONE, log_in, screenshot
@@ -62,6 +62,7 @@ def test_console_shows_workers_updates_live_and_records_actions(browser_context,
     expect(cards.nth(0)).to_contain_text("63 %")
     expect(cards.nth(0)).to_contain_text("412 W")
     expect(cards.nth(1)).to_contain_text("Provisioning")
+    expect(cards.nth(0)).to_contain_text("EDC (whole pipeline)")  # its stage role (docs/stages.md)
     expect(cards.nth(1).get_by_role("button", name="Drain gpu-b")).to_be_hidden()
     expect(page.locator("#console-connection")).to_have_text("Live")
     expect(page.locator("#stat-budget")).to_have_text("2 / 3")
@@ -89,6 +90,18 @@ def test_console_shows_workers_updates_live_and_records_actions(browser_context,
     expect(region).to_contain_text("local")
     expect(region).to_contain_text("h100 1, l4 1")
     expect(region).to_contain_text("3 / 4")
+    # A running session's move from east to west (last hour): out / in, and saving against switching cost.
+    east, west = Region.objects.create(name="east", rtt_ms={}), Region.objects.create(name="west", rtt_ms={})
+    Migration.objects.create(
+        session=sessions[1], source=ready, target=GpuWorker.objects.get(name="gpu-b"), reason="cross-region",
+        cross_region=True, source_region=east, target_region=west, started_at=timezone.now(),
+        estimated_saving_ms=30252.0, switch_cost_ms=29.3,
+    )  # fmt: skip
+    expect(region).to_have_count(3)
+    expect(page.locator("#region-rows tr", has_text="east")).to_contain_text("1 / 0")
+    expect(page.locator("#region-rows tr", has_text="east")).to_contain_text("30252 / 29.3 ms")
+    expect(page.locator("#region-rows tr", has_text="west")).to_contain_text("0 / 1")
+    expect(page.locator("#region-rows tr", has_text="local")).to_contain_text("0 / 0")
     points = page.evaluate("window.streamserveConsole.history.t.length")
     assert points >= 2
 

@@ -43,6 +43,7 @@ CROSS_FIELD_RULES = {
     "GET /api/audit/cost/": "start < end; at most 10,000 buckets in the range",
     "GET /api/audit/latency/": "start < end; at most 10,000 buckets in the range",
     "GET /api/audit/jobs/": "start < end; at most 10,000 buckets in the range",
+    "GET /api/audit/placements/": "start < end; a range of at most 10,000 days",
     "GET /api/audit/region-moves/": "start < end; at most 10,000 buckets in the range",
     "POST /api/jobs/": "a video has frames, an image none; the model's resolutions; slo_s or a future deadline",
     "POST /api/sessions/": "origin names an origin some region has an RTT for (Region.rtt_ms)",

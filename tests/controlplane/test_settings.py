@@ -56,6 +56,7 @@ def load_settings(expression: str = "settings.DEBUG", **env: str) -> subprocess.
         ("REGION_WAN_GBPS_PAIRS", '{"east": 1}'),
         ("REGION_WAN_GBPS_PAIRS", '{"east:west": -1}'),
         ("REGION_MOVE_HORIZON_S", "forever"),
+        ("REGION_MOVE_COOLDOWN_S", "-5"),
         ("REGION_MIN_GPUS", '{"east": 0.5}'),
         ("REGION_MIN_GPUS", "[1]"),
         ("MAX_JOBS_IN_FLIGHT_PER_USER", "0"),

@@ -8,6 +8,7 @@ import pytest
 from scheduling.core.regions.moves import (
     MoveCase,
     MoveSettings,
+    PastMove,
     RegionNow,
     RunningSession,
     move_saving_ms,
@@ -121,6 +122,53 @@ def test_the_plan_sheds_an_origins_excess_when_the_price_pays_for_the_move():
     # and without the price difference, 5 ms more RTT never pays
     regions["east"] = region(4, 2, 2, rtt={"chi": 20.0}, price_ms=50.0)
     assert running_moves(regions, chi_sessions(2), settings(), excess=excess) == []
+
+
+# -- hysteresis: a session that moved recently stays, and a move back pays both switches ------------
+
+
+def test_a_session_moved_within_the_cooldown_is_held():
+    case = MoveCase(
+        load=1.0, source_load=6.0, source_capacity=4.0, target_load=0.0, target_capacity=4.0,
+        source_rtt_ms=20.0, target_rtt_ms=25.0, neighbours=5, chunk_ms=600.0, chunks=10.0,
+    )  # fmt: skip
+    recent = PastMove(age_s=60.0, source="south", switch_cost_ms=100.0)
+    # given a move that pays (10,450 ms saved against 127 ms), by a session that moved 60 s ago
+    verdict = move_verdict(case, switch_cost_ms=127.0, target="west", last_move=recent, cooldown_s=300.0)
+    # then it is held by the cooldown, and pays once the cooldown has passed
+    assert (verdict.pays, verdict.held) == (False, "cooldown")
+    assert move_verdict(case, switch_cost_ms=127.0, target="west", last_move=recent, cooldown_s=60.0).pays
+
+
+def test_a_move_back_is_charged_the_switch_that_brought_the_session_too():
+    case = MoveCase(
+        load=1.0, source_load=6.0, source_capacity=4.0, target_load=0.0, target_capacity=4.0,
+        source_rtt_ms=20.0, target_rtt_ms=25.0, neighbours=5, chunk_ms=600.0, chunks=10.0,
+    )  # fmt: skip
+    came_from_west = PastMove(age_s=900.0, source="west", switch_cost_ms=10_000.0)
+    # back to west: 127 + 10,000 ms charged against 10,450 saved — pays; with a dearer first switch not
+    back = move_verdict(case, switch_cost_ms=127.0, target="west", last_move=came_from_west, cooldown_s=300.0)
+    assert (back.switch_cost_ms, back.charged_ms, back.pays) == (127.0, 10_127.0, True)
+    dearer = PastMove(age_s=900.0, source="west", switch_cost_ms=10_400.0)
+    assert not move_verdict(case, switch_cost_ms=127.0, target="west", last_move=dearer).pays
+    # and onward to a third region only its own switch is charged
+    onward = move_verdict(case, switch_cost_ms=127.0, target="north", last_move=dearer)
+    assert (onward.charged_ms, onward.pays) == (127.0, True)
+
+
+def test_the_slot_skips_sessions_in_their_cooldown_and_charges_a_move_back():
+    sessions = chi_sessions()
+    # given every session but s5 moved into east 60 s ago (s5 long ago), with a 300 s cooldown
+    recent = PastMove(age_s=60.0, source="west", switch_cost_ms=127.4)
+    old = PastMove(age_s=3600.0, source="west", switch_cost_ms=127.4)
+    held = [RunningSession(s.id, s.origin, s.region, s.load, s.state_bytes, recent) for s in sessions[:5]]
+    held.append(RunningSession("s5", "chi", "east", 1.0, 12.8 * MB, old))
+    moves = running_moves(overloaded_east(), held, settings(cooldown_s=300.0))
+    # then only s5 moves, charged its own switch (west is 25 ms from chi) and the one that brought it
+    assert [(m.session, m.target) for m in moves] == [("s5", "west")]
+    assert (moves[0].switch_cost_ms, moves[0].charged_ms) == pytest.approx((127.4, 2 * 127.4))
+    # and without the cooldown the slot sheds two as before
+    assert len(running_moves(overloaded_east(), held, settings(cooldown_s=0.0))) == 2
 
 
 # -- an idle region to zero ------------------------------------------------------------------------

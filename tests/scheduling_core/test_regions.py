@@ -364,6 +364,39 @@ def test_torta_moves_a_session_only_when_the_saving_beats_its_stall():
     assert never["cross_region_moves"] == 0
 
 
+def test_torta_never_moves_a_session_again_within_its_cooldown():
+    # Eager moves (no penalty, a slow boot) with and without hysteresis; every move is recorded.
+    def run(cooldown_s):
+        sim = _short_run(
+            make_region_policy("torta", forecast="none", switch_penalty=0.0, move_cooldown_s=cooldown_s),
+            provisioning_delay_s=240.0,
+        )
+        moved: list[tuple[float, str]] = []
+        move = sim.move
+
+        def recording_move(sid, region):
+            moved.append((sim.now, sid))
+            move(sid, region)
+
+        sim.move = recording_move
+        return sim.run(), moved
+
+    def soon_again(moves):
+        last: dict[str, float] = {}
+        count = 0
+        for at, sid in moves:
+            count += sid in last and at - last[sid] < 900.0
+            last[sid] = at
+        return count
+
+    held, held_moves = run(900.0)
+    free, free_moves = run(0.0)
+    # without hysteresis some session moves again within 900 s (seed 0); with it, none does
+    assert soon_again(free_moves) > 0
+    assert soon_again(held_moves) == 0
+    assert 0 < held["cross_region_moves"] < free["cross_region_moves"]
+
+
 def test_the_predictive_floor_provisions_ahead_of_demand():
     with_floor = _short_run(make_region_policy("torta", forecast="last-value", sigma=1.0)).run()
     without = _short_run(make_region_policy("torta", forecast="none")).run()
@@ -374,6 +407,8 @@ def test_the_predictive_floor_provisions_ahead_of_demand():
 def test_policy_options_are_checked():
     with pytest.raises(ValueError, match="beta"):
         make_region_policy("torta", beta=0)
+    with pytest.raises(ValueError, match="move_cooldown_s"):
+        make_region_policy("torta", move_cooldown_s=-1)
     with pytest.raises(ValueError, match="unknown policy"):
         make_region_policy("random")
     with pytest.raises(ValueError, match="nearest"):

@@ -15,11 +15,16 @@ A move pays when what it saves over the chunks it is counted for beats its switc
 - **switching cost** = the session's state crossing the WAN (bytes over the link's bandwidth) plus one
   RTT for the user to reconnect: the stall of its first chunk in the new region.
 
+Hysteresis (``PastMove``): a session that moved less than ``cooldown_s`` ago does not move again, and
+a move back to the region it last left is charged that earlier switch as well as its own — a plan
+that flips between slots would otherwise pay for the same pair of switches over and over.
+
 Pure Python (no numpy needed): both callers pass plain numbers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 
@@ -47,10 +52,21 @@ class MoveCase:
 
 
 @dataclass(frozen=True)
+class PastMove:
+    """A session's last move: how long ago it ended (s), the region it left, and its switching cost."""
+
+    age_s: float
+    source: Hashable
+    switch_cost_ms: float
+
+
+@dataclass(frozen=True)
 class MoveVerdict:
     saving_ms: float
-    switch_cost_ms: float
+    switch_cost_ms: float  # the move's own switching cost (the stall it causes)
     pays: bool
+    charged_ms: float = 0.0  # what the saving must beat: its own switch, plus the previous one on a move back
+    held: str = ""  # "cooldown": the session moved too recently to be considered
 
 
 def switch_cost_ms(*, state_bytes: float, wan_gbps: float, rtt_ms: float) -> float:
@@ -78,10 +94,26 @@ def move_saving_ms(case: MoveCase) -> float:
     )
 
 
-def move_verdict(case: MoveCase, *, switch_cost_ms: float, switch_penalty: float = 1.0) -> MoveVerdict:
-    """Move only when the saving beats the switching cost × ``switch_penalty`` (strictly)."""
+def move_verdict(
+    case: MoveCase,
+    *,
+    switch_cost_ms: float,
+    switch_penalty: float = 1.0,
+    target: Hashable | None = None,
+    last_move: PastMove | None = None,
+    cooldown_s: float = 0.0,
+) -> MoveVerdict:
+    """Move only when the saving beats the switching cost × ``switch_penalty`` (strictly).
+
+    With the session's ``last_move``: held when it ended less than ``cooldown_s`` ago; a move to
+    ``target`` == the region it then left is charged both switches (the round trip's)."""
     saving = move_saving_ms(case)
-    return MoveVerdict(saving, switch_cost_ms, saving > switch_penalty * switch_cost_ms)
+    charged = switch_cost_ms
+    if last_move is not None and target is not None and target == last_move.source:
+        charged += last_move.switch_cost_ms
+    if last_move is not None and last_move.age_s < cooldown_s:
+        return MoveVerdict(saving, switch_cost_ms, False, charged, held="cooldown")
+    return MoveVerdict(saving, switch_cost_ms, saving > switch_penalty * charged, charged)
 
 
 # -- the live scheduler's slot: which running sessions move ------------------------------------
@@ -110,6 +142,7 @@ class RunningSession:
     region: str
     load: float
     state_bytes: float
+    last_move: PastMove | None = None  # its last completed cross-region move (hysteresis)
 
 
 @dataclass(frozen=True)
@@ -122,6 +155,7 @@ class MoveSettings:
     wan_gbps: float
     wan_gbps_pairs: dict[tuple[str, str], float]  # (source, target) -> Gbit/s, overriding wan_gbps
     switch_penalty: float = 1.0
+    cooldown_s: float = 0.0  # a session moved less than this ago stays (REGION_MOVE_COOLDOWN_S)
 
     def bandwidth(self, source: str, target: str) -> float:
         pairs = self.wan_gbps_pairs
@@ -135,7 +169,8 @@ class RegionMove:
     target: str
     why: str  # "overload" (the source's load exceeds its ready capacity) or "plan" (its origin's excess)
     saving_ms: float
-    switch_cost_ms: float
+    switch_cost_ms: float  # its own (recorded on the Migration, summed by the audit)
+    charged_ms: float = 0.0  # what the saving beat: its own switch, plus the previous one on a move back
 
 
 def running_moves(
@@ -154,8 +189,9 @@ def running_moves(
     whose ready capacity has room for the session (and memory for one more), least utilised after
     it, then nearest; for a plan move it must be below the plan's share for that origin by at least
     the session's load. A session moves only when ``move_verdict`` says the saving beats the
-    switching cost (``switch_cost_ms`` over the pair's WAN bandwidth); at most ``settings.limit``
-    moves. Loads are updated after each move, so later decisions see the earlier ones."""
+    switching cost (``switch_cost_ms`` over the pair's WAN bandwidth, plus the previous switch on a
+    move back to the region the session last left), and never within ``settings.cooldown_s`` of its
+    last move; at most ``settings.limit`` moves. Loads are updated after each move, so later decisions see the earlier ones."""
     excess = dict(excess or {})
     load = {name: r.load for name, r in regions.items()}
     count = {name: r.sessions for name, r in regions.items()}
@@ -208,10 +244,17 @@ def running_moves(
                 rtt_ms=t.rtt_ms[s.origin],
             ),
             switch_penalty=settings.switch_penalty,
+            target=target,
+            last_move=s.last_move,
+            cooldown_s=settings.cooldown_s,
         )
         if not verdict.pays:
             return
-        out.append(RegionMove(s.id, s.region, target, why, verdict.saving_ms, verdict.switch_cost_ms))
+        out.append(
+            RegionMove(
+                s.id, s.region, target, why, verdict.saving_ms, verdict.switch_cost_ms, verdict.charged_ms
+            )
+        )
         moved.add(s.id)
         load[s.region] -= s.load
         load[target] += s.load

@@ -44,9 +44,11 @@ def partition_snapshot(
     gpu_region: Mapping[str, str],
     gpu_limits: Mapping[str, Mapping[str, int]],
     default: str,
+    include: Collection[str] = (),
 ) -> dict[str, Snapshot]:
     """One snapshot per region (the default region always, others when they hold a GPU or a
-    session); ids missing from ``session_region``/``gpu_region`` are in ``default``."""
+    session, or are in ``include``: a region at zero whose predictive floor asks for GPUs); ids
+    missing from ``session_region``/``gpu_region`` are in ``default``."""
     gpus_in: dict[str, list] = {default: []}
     for gid, gpu in snapshot.gpus.items():
         gpus_in.setdefault(gpu_region.get(gid, default), []).append(gpu)
@@ -60,7 +62,7 @@ def partition_snapshot(
     live = {r: sum(g.status in LIVE_GPU for g in gpus) for r, gpus in gpus_in.items()}
     total_live = sum(live.values())
     out = {}
-    for region in sorted(set(gpus_in) | set(sessions_in)):
+    for region in sorted(set(gpus_in) | set(sessions_in) | set(include)):
         out[region] = Snapshot.build(
             time=snapshot.time,
             sessions=sessions_in.get(region, ()),

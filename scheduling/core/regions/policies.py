@@ -140,7 +140,8 @@ class TortaPolicy(RegionPolicy):
     blurred by ``oracle_noise``), ``sigma`` (Eq. 6 safety factor),
     ``refit_every`` (slots between ETS refits), ``w_rtt``/``w_transfer``/``w_price`` (cost weights,
     ms-equivalents per ms and per $/load-unit-hour), ``switch_penalty`` (how many ms of saving one ms
-    of stall must buy before a session moves).
+    of stall must buy before a session moves), ``move_cooldown_s`` (a session moved less than this ago
+    stays; a move back also pays the switch that brought it: ``moves.PastMove``).
     """
 
     name = "torta"
@@ -157,6 +158,7 @@ class TortaPolicy(RegionPolicy):
         w_transfer: float = 100.0,
         w_price: float = 100.0,
         switch_penalty: float = 1.0,
+        move_cooldown_s: float = 300.0,
         reactive_utilisation: float = 1.0,
         oracle_noise: float = 0.0,
     ):
@@ -171,8 +173,11 @@ class TortaPolicy(RegionPolicy):
         if oracle_noise < 0:
             raise RegionPolicyError(f"oracle_noise must be >= 0, got {oracle_noise!r}")
         self.oracle_noise = oracle_noise
-        if sigma < 0 or refit_every < 1 or switch_penalty < 0:
-            raise RegionPolicyError("sigma and switch_penalty must be >= 0, refit_every >= 1")
+        if sigma < 0 or refit_every < 1 or switch_penalty < 0 or move_cooldown_s < 0:
+            raise RegionPolicyError(
+                "sigma, switch_penalty and move_cooldown_s must be >= 0, refit_every >= 1"
+            )
+        self.move_cooldown_s = move_cooldown_s
         self.method = method
         self.beta = beta
         self.forecast_name = forecast
@@ -345,6 +350,9 @@ class TortaPolicy(RegionPolicy):
                     ),
                     switch_cost_ms=sim.stall_ms(session.origin, target),
                     switch_penalty=self.switch_penalty,
+                    target=target,
+                    last_move=sim.last_move(sid),
+                    cooldown_s=self.move_cooldown_s,
                 )
                 if verdict.pays:
                     sim.move(sid, target)

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from .demand import RegionTrace
-from .moves import switch_cost_ms
+from .moves import PastMove, switch_cost_ms
 from .topology import Topology
 
 
@@ -84,6 +84,7 @@ class Session:
     load: float
     active: bool
     arrived_s: float
+    moved: tuple[float, int, float] | None = None  # its last move: (time, region left, switching cost ms)
 
 
 class RegionSimulator:
@@ -253,6 +254,7 @@ class RegionSimulator:
         if region == session.region:
             return
         self._unplace(sid, session)
+        session.moved = (self.now, session.region, self.stall_ms(session.origin, region))
         session.region = region
         self._place(sid, session)
         if self.now < self.config.warmup_s:
@@ -268,6 +270,14 @@ class RegionSimulator:
         self.worst_ms = max(self.worst_ms, ordinary + stall)
         if ordinary <= self.config.slo_ms < ordinary + stall:
             self.slo_chunks -= 1
+
+    def last_move(self, sid: str) -> PastMove | None:
+        """The session's last move as the move rule's hysteresis takes it (``moves.PastMove``)."""
+        moved = self.sessions[sid].moved
+        if moved is None:
+            return None
+        at, source, cost = moved
+        return PastMove(age_s=self.now - at, source=source, switch_cost_ms=cost)
 
     def stall_ms(self, origin: int, region: int) -> float:
         """A move's switching cost (``moves.switch_cost_ms``, shared with the live scheduler)."""

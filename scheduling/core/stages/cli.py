@@ -19,7 +19,7 @@ import numpy as np
 from scheduling.core.traces import TraceError, read_mixed_trace, write_mixed_trace
 
 from .encoder_pool import StreamModel, encoder_pool_gain
-from .placement import PlacementError, plan_placement
+from .placement import LIVE_ROLE, PlacementError, plan_placement, role_changes
 from .profiles import GPUS, L20, Shape, StageProfileError, get_gpu, get_pipeline
 from .simulator import (
     ABLATIONS,
@@ -214,6 +214,57 @@ def run_bench_dispatch(
         "solve_ms_p99": float(np.percentile(solve_ms, 99)),
         "dispatched_mean": float(np.mean(dispatched)),
         "target_ms": 50.0,
+        "machine": MACHINE,
+    }
+
+
+def run_bench_replan(
+    *,
+    workers: int,
+    chunks: int = 2048,
+    jobs: int = 100,
+    encodes: int = 300,
+    repeats: int = 7,
+    gpu: str = "h100",
+) -> dict[str, Any]:
+    """Time one live re-placement's planning (``plan_placement`` + ``role_changes``) on a pool of
+    ``workers`` whole-pipeline workers, half of them busy: the streams' chunks (832×480, 12 frames)
+    as the live planner feeds them (at most 2048), ``jobs`` videos of 81 frames and ``encodes``
+    prompt encodes, on the ``wan-1.3b`` profile."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise StagesCliError("workers", f"must be an integer >= 1, got {workers!r}")
+    for name, value in (("chunks", chunks), ("jobs", jobs), ("encodes", encodes)):
+        if value < 0:
+            raise StagesCliError(name, f"must be >= 0, got {value!r}")
+    if repeats < 1:
+        raise StagesCliError("repeats", f"must be >= 1, got {repeats!r}")
+    try:
+        spec = get_gpu(gpu)
+    except StageProfileError as exc:
+        raise StagesCliError("gpu", str(exc)) from exc
+    pipeline = get_pipeline("wan-1.3b")
+    shapes = [Shape(832, 480, 12, pipeline.default_steps)] * chunks + [
+        Shape(832, 480, 81, pipeline.default_steps)
+    ] * jobs
+    encode_s = encodes * pipeline.encode_s(Shape(64, 64, 1, 1), spec)
+    current = {f"w{i:03d}": "EDC" for i in range(workers)}
+    busy = set(list(current)[: workers // 2])
+    times, changes, live = [], [], []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        plan = plan_placement(pipeline, shapes, workers, spec, encode_only_s=encode_s)
+        live = [LIVE_ROLE[r] for r in plan.roles]
+        changes = role_changes(current, live, busy)
+        times.append((time.perf_counter() - started) * 1000)
+    return {
+        "workers": workers,
+        "shapes": len(shapes),
+        "repeats": repeats,
+        "plan_ms_p50": float(np.percentile(times, 50)),
+        "plan_ms_max": float(max(times)),
+        "plan_roles": {role: plan.roles.count(role) for role in sorted(set(plan.roles))},
+        "live_roles": {role: live.count(role) for role in sorted(set(live))},
+        "changes": len(changes),
         "machine": MACHINE,
     }
 

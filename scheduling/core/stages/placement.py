@@ -34,6 +34,12 @@ VR_TYPES = ("V0", "V1", "V2", "V3")
 PRIMARY_ROLE = {"V0": "EDC", "V1": "ED", "V2": "DC", "V3": "D"}
 AUX_STAGES = {"V0": "", "V1": "C", "V2": "E", "V3": "EC"}
 ROLES = ("EDC", "ED", "DC", "D", "E", "C")
+# Roles the live platform serves (docs/stages.md, "Live placement"): a session needs its decoder
+# next to its diffusion model (the causal decoder's per-session cache) and live commands carry no
+# decode hand-off, so the virtual replicas with a decode auxiliary (V1: ED + C, V3: D + E + C) run as
+# whole primaries there: ED → EDC, D → DC, and their C auxiliaries become EDC. E stays: the shared
+# encoder pool.
+LIVE_ROLE = {"EDC": "EDC", "DC": "DC", "E": "E", "ED": "EDC", "D": "DC", "C": "EDC"}
 
 
 class PlacementError(ValueError):
@@ -298,7 +304,8 @@ def plan_placement(
         job_work = sum(
             sum(_work(pipeline, s, gpu, preferred_type(pipeline, s, gpu), stage_level)) for s in shapes
         )
-        pool = max(1, round(gpus * encode_only_s / (job_work + encode_only_s)))
+        # At least one GPU for the pool and at least one left for the diffusion model.
+        pool = min(gpus - 1, max(1, round(gpus * encode_only_s / (job_work + encode_only_s))))
     gpus -= pool
     allowed = list(VR_TYPES)
     while True:
@@ -397,6 +404,14 @@ class ReplacementTrigger:
         counts = Counter(stage for _, stage in self._events)
         return {stage: counts.get(stage, 0) / self.window_s for stage in ("E", "D", "C")}
 
+    def state_dict(self) -> dict:
+        """What must survive between two live scheduler runs (the ops are re-read from the database)."""
+        return {"last_fire": None if self._last_fire == -math.inf else self._last_fire}
+
+    def load_state_dict(self, state: dict) -> None:
+        last = state.get("last_fire")
+        self._last_fire = -math.inf if last is None else float(last)
+
     def should_replace(self, now: float, backlog: int, unserved: bool = False) -> bool:
         if backlog == 0 or now - self._last_fire < self.window_s:
             return False
@@ -407,3 +422,32 @@ class ReplacementTrigger:
                 return False
         self._last_fire = now
         return True
+
+
+def role_changes(
+    current: dict[str, str], target: Sequence[str], busy: frozenset[str] | set[str] = frozenset()
+) -> list[tuple[str, str, str]]:
+    """Which live workers change role so that the pool's roles become the multiset ``target``.
+
+    ``current``: worker → role; ``busy``: workers holding sessions or jobs. A live pool has no fixed
+    machine layout, so only the role counts of the plan matter. Fewest changes: a worker keeps its
+    role while the plan still has a slot of that role, busy workers first (their residents need D).
+    Roles without the diffusion model (E, C) go to idle workers first, since a worker with residents
+    refuses to drop a stage they need. Returns ``(worker, from, to)`` in the order to apply them, one
+    at a time: to the auxiliary roles first (an encoder is up before a worker drops its own), then
+    idle workers (nothing waits on them), then by name.
+    """
+    if len(target) != len(current):
+        raise PlacementError(f"a plan of {len(target)} roles for {len(current)} workers")
+    slots = Counter(target)
+    order = sorted(current, key=lambda w: (w not in busy, w))
+    keep: dict[str, str] = {}
+    for worker in order:
+        if slots[current[worker]] > 0:
+            slots[current[worker]] -= 1
+            keep[worker] = current[worker]
+    moving = [w for w in order if w not in keep]
+    left = sorted(slots.elements(), key=lambda role: ("D" in role, role))
+    idle_first = sorted(moving, key=lambda w: (w in busy, w))
+    changes = [(worker, current[worker], role) for worker, role in zip(idle_first, left, strict=True)]
+    return sorted(changes, key=lambda change: ("D" in change[2], change[0] in busy, change[0]))

@@ -131,6 +131,8 @@ class Command(BaseCommand):
             "capacity": capacity,
             "memory_bytes": memory,
             "migration_address": listener.address,
+            # Registered with its role so no session is placed on an E worker before its first heartbeat.
+            "stage_role": role,
         }
         try:
             # Phase "process up": the row is adopted (or created), still provisioning.

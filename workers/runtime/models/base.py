@@ -24,8 +24,9 @@ a job paused, offloaded or migrated at any step boundary continues bit-identical
 from __future__ import annotations
 
 import abc
+import contextlib
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -232,6 +233,8 @@ class StreamingVideoModel(abc.ABC):
       step 0; `job_layout` is its layout from meta; `job_step` advances a batch of jobs of one
       shape (`job_shape`) by one denoising step each, in place; `job_frames` decodes a finished
       job to uint8 [F, H, W, 3]. Like `generate`, a job's result depends only on its own region.
+      `sequence_parallel(devices)` (optional, `SEQUENCE_PARALLEL`): a video's step split across
+      several devices inside that block, with the result of one device.
     """
 
     transferable_weights: bool = True
@@ -283,6 +286,18 @@ class StreamingVideoModel(abc.ABC):
 
     def job_frames(self, state: SessionState) -> torch.Tensor:
         raise OneShotUnsupported(f"{type(self).__name__} ({self.preset}) has no one-shot mode")
+
+    # Elastic sequence parallelism (GenServe's SP degree of a video): how many devices a model
+    # can split one video job's step across; 1 = it cannot (the default).
+    SEQUENCE_PARALLEL = False
+
+    @contextlib.contextmanager
+    def sequence_parallel(self, devices: Sequence[torch.device | str]) -> Iterator[None]:
+        """Inside the block, a video `job_step` splits its token sequence across ``devices`` (the
+        first is the model's own; a device may repeat, e.g. ``["cpu", "cpu"]``) where the model
+        supports it (`SEQUENCE_PARALLEL`); the result is the same as on one device. The default
+        runs every step on the model's device."""
+        yield
 
     @staticmethod
     def job_meta(

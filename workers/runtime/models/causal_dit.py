@@ -29,9 +29,11 @@ splitmix64(seed, c), so it depends only on (seed, chunk index), never on the bat
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import math
 import zlib
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -210,14 +212,10 @@ class DiTBlock(nn.Module):
         """One block over x [B, N, D]; returns (x, k, v) where k, v [B, N, D] are this chunk's
         RoPE'd keys/values (what the cache pass writes into the ring)."""
         b, n, d = x.shape
-        h, hd = self.heads, d // self.heads
-        mod = (self.modulation + e.view(b, 6, d)).chunk(6, dim=1)  # each [B, 1, D]
-        shift1, scale1, gate1, shift2, scale2, gate2 = mod
-        y = self.norm1(x) * (1 + scale1) + shift1
-        q = apply_rope(self.norm_q(self.q(y)).view(b, n, h, hd), rope)
-        k = apply_rope(self.norm_k(self.k(y)).view(b, n, h, hd), rope)
-        v = self.v(y).view(b, n, h, hd)
+        mod = self.modulations(e, b)
+        q, k, v = self.self_attention_inputs(x, mod, rope)
         if cache_k is not None:
+            h, hd = self.heads, d // self.heads
             keys = torch.cat([cache_k.view(b, -1, h, hd), k], dim=1)
             values = torch.cat([cache_v.view(b, -1, h, hd), v], dim=1)
         else:
@@ -229,6 +227,36 @@ class DiTBlock(nn.Module):
         attn = F.scaled_dot_product_attention(
             q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask
         )
+        x = self.after_attention(x, attn, mod, context)
+        return x, k.reshape(b, n, d), v.reshape(b, n, d)
+
+    # The block in its three parts, so that a sequence-parallel step (`CausalDiTModel.job_step`
+    # across devices) can run every per-token part on its own shard and gather only keys/values.
+
+    def modulations(self, e: torch.Tensor, b: int) -> tuple[torch.Tensor, ...]:
+        """(shift1, scale1, gate1, shift2, scale2, gate2), each [B, 1, D]."""
+        return (self.modulation + e.view(b, 6, -1)).chunk(6, dim=1)
+
+    def self_attention_inputs(
+        self, x: torch.Tensor, mod: tuple[torch.Tensor, ...], rope: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k (RoPE'd) and v [B, N, H, hd] of the tokens x [B, N, D] (per token)."""
+        b, n, d = x.shape
+        h, hd = self.heads, d // self.heads
+        shift1, scale1 = mod[0], mod[1]
+        y = self.norm1(x) * (1 + scale1) + shift1
+        q = apply_rope(self.norm_q(self.q(y)).view(b, n, h, hd), rope)
+        k = apply_rope(self.norm_k(self.k(y)).view(b, n, h, hd), rope)
+        return q, k, self.v(y).view(b, n, h, hd)
+
+    def after_attention(
+        self, x: torch.Tensor, attn: torch.Tensor, mod: tuple[torch.Tensor, ...], context: torch.Tensor
+    ) -> torch.Tensor:
+        """Output projection, cross-attention to the prompt and the MLP (per token);
+        attn [B, H, N, hd] is the self-attention of x's tokens."""
+        b, n, d = x.shape
+        h, hd = self.heads, d // self.heads
+        _shift1, _scale1, gate1, shift2, scale2, gate2 = mod
         x = x + gate1 * self.o(attn.transpose(1, 2).reshape(b, n, d))
         # Cross-attention to the prompt embeddings.
         y = self.norm3(x)
@@ -237,8 +265,7 @@ class DiTBlock(nn.Module):
         cv = self.cv(context).view(b, -1, h, hd)
         cross = F.scaled_dot_product_attention(cq.transpose(1, 2), ck.transpose(1, 2), cv.transpose(1, 2))
         x = x + self.co(cross.transpose(1, 2).reshape(b, n, d))
-        x = x + gate2 * self.ffn(self.norm2(x) * (1 + scale2) + shift2)
-        return x, k.reshape(b, n, d), v.reshape(b, n, d)
+        return x + gate2 * self.ffn(self.norm2(x) * (1 + scale2) + shift2)
 
 
 def rope_axis_dims(head_dim: int) -> tuple[int, int, int]:
@@ -384,6 +411,10 @@ class CausalDiTModel(StagewiseModel):
         else:
             seeded_init(net, weights_seed)
         self.net = net.to(self.dtype).eval().requires_grad_(False)
+        # Sequence parallelism (`sequence_parallel`): the devices of the current job step, and the
+        # DiT's copies on devices other than the model's own.
+        self._sp_devices: list[torch.device] = [self.device]
+        self._dit_replicas: dict[torch.device, CausalDiT] = {}
         # Flow-matching sigmas for the few-step sampler, e.g. [1.0, 0.75, 0.5, 0.25] for 4 steps.
         steps = cfg.denoising_steps
         self.sigmas = [1.0 - i / steps for i in range(steps)]
@@ -566,8 +597,97 @@ class CausalDiTModel(StagewiseModel):
         rope = rope_tables(grid, positions, self.device)
         context = torch.stack([s.tensors["prompt_embeds"] for s in states])
         sigmas = self.job_sigmas(states, self.device)
-        velocity = self._forward(x, sigmas, context, rope, states, (0, None), write_slots=None)
+        if len(self._sp_devices) > 1 and states[0].meta["kind"] == "video":
+            velocity = self._job_velocity_split(x, sigmas, context, rope)
+        else:
+            velocity = self._forward(x, sigmas, context, rope, states, (0, None), write_slots=None)
         self.advance_jobs(states, x - sigmas.view(b, 1, 1, 1, 1) * velocity)
+
+    # -- elastic sequence parallelism (GenServe: a video's SP degree) ------------------------------
+    # A video job's tokens (latent frames × patches) are split into contiguous shards, one per
+    # device. Everything in a block but self-attention is per token, so each device runs it on its
+    # own shard; for self-attention every device gathers all shards' keys and values (all-gather
+    # of K/V, as in ring attention without the ring) and attends its own queries over the whole
+    # sequence. Chosen over Ulysses (all-to-all from sequence shards to head shards): it places no
+    # constraint on the head count (Ulysses needs heads divisible by the degree; the presets have
+    # 4 to 12 heads, 12 does not split 8 ways) nor on the sequence length, and each query row sees
+    # exactly the keys in the order one device would, which keeps the result equal to SP 1. The
+    # price is O(N·D) K/V traffic per device per block instead of Ulysses' O(N·D/P) — fine within
+    # one worker's NVLink; across nodes Ulysses would be the better trade.
+
+    SEQUENCE_PARALLEL = True
+
+    @contextlib.contextmanager
+    def sequence_parallel(self, devices: Sequence[torch.device | str]) -> Iterator[None]:
+        previous = self._sp_devices
+        chosen = [torch.device(d) for d in devices] or [self.device]
+        self._sp_devices = [
+            self.device if d == self.device or d.type == self.device.type == "cpu" else d for d in chosen
+        ]
+        try:
+            yield
+        finally:
+            self._sp_devices = previous
+
+    def _dit_on(self, device: torch.device) -> CausalDiT:
+        """The DiT's weights on ``device`` (the model's own, or a copy made once and kept)."""
+        if device == self.device:
+            return self.net.dit
+        replica = self._dit_replicas.get(device)
+        if replica is None:
+            replica = self._dit_replicas[device] = copy.deepcopy(self.net.dit).to(device)
+        return replica
+
+    def _job_velocity_split(
+        self,
+        latents: torch.Tensor,
+        sigmas: torch.Tensor,
+        context: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        """`_forward` of a job batch (no KV cache) with the token sequence split across
+        ``self._sp_devices`` (see above); the flow velocity [B, F, C, h, w] on the model's device."""
+        cfg, p, devices = self.cfg, self.cfg.patch, self._sp_devices
+        b, f, c, h, w = latents.shape
+        tokens = (
+            latents.to(self.dtype)
+            .view(b, f, c, h // p, p, w // p, p)
+            .permute(0, 1, 3, 5, 2, 4, 6)
+            .reshape(b, f * (h // p) * (w // p), c * p * p)
+        )
+        dits = [self._dit_on(d) for d in devices]
+        temb = self.net.dit.time_embed(timestep_embedding(sigmas * 1000.0).to(self.dtype))
+        e = self.net.dit.time_proj(temb)
+        degree = len(devices)
+        token_shards = torch.tensor_split(tokens, degree, dim=1)
+        cos_shards = torch.tensor_split(rope[0], degree, dim=1)
+        sin_shards = torch.tensor_split(rope[1], degree, dim=1)
+        ropes = [(cs.to(d), sn.to(d)) for cs, sn, d in zip(cos_shards, sin_shards, devices, strict=True)]
+        es = [e.to(d) for d in devices]
+        contexts = [context.to(d) for d in devices]
+        xs = [dit.patch_embed(shard.to(d)) for dit, shard, d in zip(dits, token_shards, devices, strict=True)]
+        for index in range(cfg.blocks):
+            blocks = [dit.blocks[index] for dit in dits]
+            mods = [blk.modulations(ei, b) for blk, ei in zip(blocks, es, strict=True)]
+            qkv = [
+                blk.self_attention_inputs(x, m, r)
+                for blk, x, m, r in zip(blocks, xs, mods, ropes, strict=True)
+            ]
+            for i, device in enumerate(devices):
+                # All-gather: every shard's keys and values, in sequence order, onto this device.
+                keys = torch.cat([k.to(device) for _, k, _ in qkv], dim=1)
+                values = torch.cat([v.to(device) for _, _, v in qkv], dim=1)
+                attn = F.scaled_dot_product_attention(
+                    qkv[i][0].transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2)
+                )
+                xs[i] = blocks[i].after_attention(xs[i], attn, mods[i], contexts[i])
+        outputs = []
+        for dit, x, device in zip(dits, xs, devices, strict=True):
+            shift, scale = (dit.head_modulation + temb.to(device).unsqueeze(1)).chunk(2, dim=1)
+            outputs.append(dit.head(dit.head_norm(x) * (1 + scale) + shift).to(self.device))
+        out = torch.cat(outputs, dim=1)
+        out = out.view(b, f, h // p, w // p, c, p, p).permute(0, 1, 4, 2, 5, 3, 6).reshape(b, f, c, h, w)
+        return out.float()
 
     @torch.inference_mode()
     def job_frames(self, state: SessionState) -> torch.Tensor:
