@@ -463,7 +463,18 @@ def run_unit(unit: Unit) -> tuple[str, dict[str, Any]]:
 # The plan
 
 
-EXPERIMENTS = ("fig4", "fig7", "fig7delay", "fig7peer", "fig7forecast", "fig9", "table2", "table6", "tables8_10", "sweep")
+EXPERIMENTS = (
+    "fig4",
+    "fig7",
+    "fig7delay",
+    "fig7peer",
+    "fig7forecast",
+    "fig9",
+    "table2",
+    "table6",
+    "tables8_10",
+    "sweep",
+)
 
 
 def plan(*, quick: bool, seed: int, experiments: Sequence[str] = EXPERIMENTS) -> list[Unit]:
