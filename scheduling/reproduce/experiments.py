@@ -546,7 +546,9 @@ def plan(*, quick: bool, seed: int, experiments: Sequence[str] = EXPERIMENTS) ->
                 weight = {"T4": 6, "T5": 12, "T6": 10}.get(trace, 1)
                 if forecast != FIG7_FORECASTS[0]:
                     policies.remove("turboserve")
-                    weight /= 100.0  # after every ETS unit: a run cut short still has the whole ETS grid
+                    # After every ETS unit (a run cut short still has the whole ETS grid), shortest first
+                    # (it then has as many seasonal-naive cells as its time allowed).
+                    weight = 0.01 / weight
                 units.append(
                     Unit(
                         f"fig7forecast/{trace}/{profile}/{forecast}",
