@@ -1071,6 +1071,16 @@ def fig7_forecast_figures(data: dict[str, Any], summary: dict[str, Any]) -> dict
             }
         )
     per_unit.sort(key=lambda r: (r["trace"], r["profile"], r["forecast"] != "ets", r["forecast"]))
+    for row in rows:
+        # Cost at the SLO with the floor against without it, over cells where both meet the SLO.
+        changes = [
+            u["cost_vs_no_floor_pct"]
+            for u in per_unit
+            if u["forecast"] == row["forecast"] and u["cost_vs_no_floor_pct"] is not None
+        ]
+        row["cost_higher"] = len([c for c in changes if c < 0])
+        row["cost_same"] = len([c for c in changes if c == 0])
+        row["cost_lower"] = len([c for c in changes if c > 0])
     return {
         "rows": rows,
         "without": without,
