@@ -67,6 +67,13 @@ FIG7_DELAYS_S = (0.0, 10.0)
 # loads its weights by the scale planner from the GPUs already serving and the host copy
 # (scheduling/core/provisioning.py, the profile's documented links), per scale-out.
 FIG7_SCALE_OUT = "peer"
+# The grid once more at the profiles' own cold boot with TurboServe's predictive floor (issue 16, TORTA
+# Eq. 6; scheduling/core/forecast_floor.py) as the reference, beside TurboServe without it and the
+# baselines. The floor's settings are its defaults (30-s slots, σ 0.5, 600-s season): nothing is tuned
+# to the grid. ETS first; the seasonal-naive units run after every ETS unit (they reuse the ETS unit's
+# TurboServe-without-floor row, so they run the floor and the baselines only).
+FIG7_FORECASTS = ("ets", "seasonal-naive")
+FORECAST_POLICY = "turboserve-forecast"
 
 
 @dataclass(frozen=True)
@@ -241,6 +248,8 @@ def fig7_compare(p: dict[str, Any]) -> dict[str, Any]:
         trace=p["trace"],
         policies=p["policies"],
         rho_grid=p["rho_grid"],
+        reference=p.get("reference", "turboserve"),
+        policy_options=p.get("policy_options"),
     )
     out.update(
         {
@@ -248,6 +257,7 @@ def fig7_compare(p: dict[str, Any]) -> dict[str, Any]:
             "max_gpus": max_gpus,
             "provisioning_delay_s": spec.provisioning_delay_s,
             "scale_out": p.get("scale_out"),
+            "reference": p.get("reference", "turboserve"),
             "duration_s": duration,
             "shape": demand_shape(events, duration),
             "events": len(events),
@@ -453,7 +463,18 @@ def run_unit(unit: Unit) -> tuple[str, dict[str, Any]]:
 # The plan
 
 
-EXPERIMENTS = ("fig4", "fig7", "fig7delay", "fig7peer", "fig9", "table2", "table6", "tables8_10", "sweep")
+EXPERIMENTS = (
+    "fig4",
+    "fig7",
+    "fig7delay",
+    "fig7peer",
+    "fig7forecast",
+    "fig9",
+    "table2",
+    "table6",
+    "tables8_10",
+    "sweep",
+)
 
 
 def plan(*, quick: bool, seed: int, experiments: Sequence[str] = EXPERIMENTS) -> list[Unit]:
@@ -517,6 +538,33 @@ def plan(*, quick: bool, seed: int, experiments: Sequence[str] = EXPERIMENTS) ->
                     {"T4": 6, "T5": 12, "T6": 10}.get(trace, 1),
                 )
             )
+    if "fig7forecast" in experiments:
+        pairs = [("T1", "h20-1.3b")] if quick else [(t, p) for t, ps in FIG7_PROFILES.items() for p in ps]
+        for forecast in FIG7_FORECASTS[:1] if quick else FIG7_FORECASTS:
+            for trace, profile in pairs:
+                policies = [FORECAST_POLICY, *SWEEP_POLICIES]
+                weight = {"T4": 6, "T5": 12, "T6": 10}.get(trace, 1)
+                if forecast != FIG7_FORECASTS[0]:
+                    policies.remove("turboserve")
+                    # After every ETS unit (a run cut short still has the whole ETS grid), shortest first
+                    # (it then has as many seasonal-naive cells as its time allowed).
+                    weight = 0.01 / weight
+                units.append(
+                    Unit(
+                        f"fig7forecast/{trace}/{profile}/{forecast}",
+                        "fig7",
+                        {
+                            **base,
+                            "trace": trace,
+                            "profile": profile,
+                            "reference": FORECAST_POLICY,
+                            "policy_options": {FORECAST_POLICY: {"forecast": forecast}},
+                            "policies": policies,
+                            "rho_grid": rho_grid,
+                        },
+                        weight,
+                    )
+                )
     if "fig9" in experiments:
         sizes = [4, 16] if quick else [4, 16, 64, 256, 1024]
         units.append(

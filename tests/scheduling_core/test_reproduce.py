@@ -18,7 +18,7 @@ from scheduling.core.profiles import BUILTIN_PROFILES
 from scheduling.core.simulator import SimConfig, simulate
 from scheduling.reproduce.experiments import EXPERIMENTS, demand_shape, plan, truncate
 from scheduling.reproduce.policies import WindowRhoPolicy
-from scheduling.reproduce.report import write_report
+from scheduling.reproduce.report import _fig7_summary, write_report
 
 PNGS = (
     "fig4_motivation.png",
@@ -133,6 +133,66 @@ def test_fig7_grid_is_rerun_with_the_delay_computed_by_the_scale_planner(quick_r
     text = (out / "README.md").read_text()
     assert any("with peer scale-out" in line and "37.5 % / 37.2 %" in line for line in text.splitlines())
     assert "| T1 | h20-1.3b | peer (" in text
+
+
+def test_fig7_grid_is_rerun_with_the_predictive_floor_as_the_reference(quick_report):
+    out, _ = quick_report
+    data = json.loads((out / "results.json").read_text())
+    unit = data["units"]["fig7forecast/T1/h20-1.3b/ets"]
+    own = data["units"]["fig7/T1/h20-1.3b"]
+    # Same cell, protocol and cold boot as Fig. 7; only the reference differs.
+    assert unit["reference"] == "turboserve-forecast" and unit["provisioning_delay_s"] == 30.0
+    assert unit["slo_ms"] == own["slo_ms"] and unit["events"] == own["events"]
+    for b in ("base", "lag", "mag"):
+        assert unit["policies"][b]["cost_at_slo_usd"] == own["policies"][b]["cost_at_slo_usd"]
+    # TurboServe without the floor runs the same search as in fig7, so it finds the same configuration.
+    for k in ("config_at_slo", "cost_at_slo_usd"):
+        assert unit["policies"]["turboserve"][k] == own["policies"]["turboserve"][k]
+    floor = unit["policies"]["turboserve-forecast"]
+    forecast = floor["forecast"]
+    assert forecast["forecast"] == "ets" and forecast["slots"] >= 1 and 0 < forecast["accuracy_eq12"] <= 1
+    # Reductions are the floor's: against lag, (lag − floor) / lag at the SLO.
+    lag = unit["policies"]["lag"]["cost_at_slo_usd"]
+    if floor["meets_slo"] and lag:
+        expected = round((lag - floor["cost_at_slo_usd"]) / lag * 100, 2)
+        assert unit["reduction_vs"]["lag"]["cost_pct"] == pytest.approx(expected, abs=0.01)
+    summary = data["summary"]["fig7_forecast"]["ets"]
+    negative = [
+        [unit["trace"], unit["profile"], metric, b]
+        for b in ("base", "lag", "mag")
+        for metric in ("latency", "cost")
+        if (unit["reduction_vs"][b][f"{metric}_pct"] or 0) < 0
+    ]
+    assert summary["units"] == 1 and sorted(summary["baseline_win_cells"]) == sorted(negative)
+    text = (out / "README.md").read_text()
+    assert "## 10. The Fig. 7 grid with a predictive floor from a demand forecast (issue 16)" in text
+    row = next(line for line in text.splitlines() if line.startswith("| T1 | h20-1.3b | 30 s | ets |"))
+    if floor["meets_slo"]:
+        assert f"{floor['cost_at_slo_usd']:,.3f} ({floor['config_at_slo']})" in row
+    # Baseline wins with the floor / without it (the fig7 unit of the same cell).
+    without = len(data["summary"]["fig7"]["baseline_win_cells"])
+    assert f"| {len(negative)} / {without} |" in row
+    assert "**Issue 16's target**" in text
+
+
+def test_a_baseline_that_meets_the_slo_where_the_reference_does_not_wins_on_cost():
+    def entry(meets, cost):
+        return {"meets_slo": meets, "cost_at_slo_usd": cost}
+
+    unit = {
+        "trace": "T9",
+        "profile": "p",
+        "policies": {
+            "turboserve-forecast": entry(False, None),
+            "base": entry(False, None),
+            "lag": entry(True, 2.0),
+            "mag": entry(True, 2.0),
+        },
+        "reduction_vs": {b: {"latency_pct": 1.0, "cost_pct": None} for b in ("base", "lag", "mag")},
+    }
+    s = _fig7_summary({"u": unit}, reference="turboserve-forecast")
+    assert s["baseline_win_cells"] == [["T9", "p", "cost", "lag"], ["T9", "p", "cost", "mag"]]
+    assert s["turboserve_misses_slo"] == ["u"] and s["baseline_never_meets_slo"] == []
 
 
 def test_bad_experiment_name_names_the_flag():
@@ -255,7 +315,7 @@ def test_report_template_renders_the_figures_it_is_given(tmp_path):
     headings = [line for line in text.splitlines() if line.startswith("## ")]
     assert [h.split(" ")[1] for h in headings] == [
         "Headline",
-        *[f"{n}." for n in range(1, 10)],
+        *[f"{n}." for n in range(1, 11)],
         "Seed",
         "Limits",
         "Unit",
@@ -290,6 +350,7 @@ def test_report_template_renders_the_figures_it_is_given(tmp_path):
         in text
     )
     assert "Not run (`--experiments fig7delay`)." in text
+    assert "Not run (`--experiments fig7forecast`)." in text
     assert f"--export-summary-to {tmp_path}` and regenerate this report" in text
     # Unit run times, last line of the file.
     assert text.endswith("| fig4 | 0.5 |\n| fig9/bench | 2.0 |\n| fig9/gap | 1.2 |\n")
