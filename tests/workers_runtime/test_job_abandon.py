@@ -16,8 +16,8 @@ from workers.runtime.models import build_model
 PROMPT = "a red circle moving left on a blue background"
 # (kind, width, height, frames) per model, and the block boundaries one of its steps checks.
 CASES = {
-    "demo": (("video", 40, 32, 5), 2),
-    "tiny": (("video", 32, 16, 4), 4),
+    "demo": (("video", 40, 32, 5), 3),  # after the heads, after the render, after the noise
+    "tiny": (("video", 32, 16, 4), 5),  # before each of its 4 blocks, after the noise
 }
 STEPS = 4
 

@@ -387,15 +387,20 @@ class StreamingVideoModel(abc.ABC):
         fresh counter-based noise at sigma_{k+1} (Self-Forcing's few-step sampler); the last step
         keeps the prediction itself.
         """
+        updates = []
         for i, state in enumerate(states):
             step, steps = int(state.meta["step"]) + 1, int(state.meta["steps"])
             latents = state.tensors["latents"]
             if step < steps:
                 sigma = 1.0 - step / steps
                 noise = job_noise(state.meta["seed"], step, tuple(latents.shape)).to(latents.device)
-                latents.copy_((1.0 - sigma) * clean[i] + sigma * noise)
+                updates.append((step, (1.0 - sigma) * clean[i] + sigma * noise))
             else:
-                latents.copy_(clean[i])
+                updates.append((step, clean[i]))
+        # The noise is drawn: the last block boundary, before anything of the step is written.
+        self.check_abandon()
+        for state, (step, latents) in zip(states, updates, strict=True):
+            state.tensors["latents"].copy_(latents)
             state.meta["step"] = step
 
     @staticmethod
