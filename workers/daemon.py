@@ -410,13 +410,7 @@ class WorkerDaemon:
             # Chunks first: a job step runs only in the time left before the next chunk is due.
             free_s = window_s(self._next_chunk_start(), now)
             # When no job step fits, the next turn blocks until a chunk or a command is due.
-            self.claims.arm(self.commands.last_id)
-            try:
-                self._job_stepped = self.jobs.run_step(
-                    now=now, free_s=free_s, probe_s=self.chunk_generation_s, abandon=self.claims.claimed
-                )
-            finally:
-                self.claims.disarm()
+            self._job_stepped = self._job_step(now, free_s)
             return self._job_stepped or did
         results = self.engine.step(max_batch=self.capacity, due=due)
         if results:
@@ -439,6 +433,19 @@ class WorkerDaemon:
             if result.chunk_index - owned.last_checkpoint >= self.checkpoint_every:
                 self._checkpoint(result.session_id)
         return True
+
+    def _job_step(self, now: float, free_s: float) -> bool:
+        """One job step, abandoned at a block boundary if a stream claims the device meanwhile."""
+        if not self.jobs.jobs:
+            self.jobs.abandoned = None  # what a claim cost was answered by now
+            return False
+        self.claims.arm(self.commands.last_id)
+        try:
+            return self.jobs.run_step(
+                now=now, free_s=free_s, probe_s=self.chunk_generation_s, abandon=self.claims.claimed
+            )
+        finally:
+            self.claims.disarm()
 
     def _earliest_due(self) -> float | None:
         times = [o.next_due for o in self.sessions.values() if self._runnable(o)]
