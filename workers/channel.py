@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import enum
 import json
+import threading
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -96,6 +97,8 @@ class CommandReader:
             if "BUSYGROUP" not in str(exc):
                 raise
         self._backlog = True  # first read our own unacknowledged entries (after a restart)
+        # The newest entry delivered to us: a `StreamClaimWatch` looks at what comes after it.
+        self.last_id = _group_last_delivered(self.client, self.key)
 
     def read(self, block_ms: int | None, count: int = 100) -> list[ReceivedCommand]:
         start = "0" if self._backlog else ">"
@@ -112,12 +115,106 @@ class CommandReader:
                 except (TypeError, json.JSONDecodeError):
                     command = {"id": entry, "kind": "malformed"}
                 out.append(ReceivedCommand(entry, command))
+                self.last_id = max(self.last_id, entry, key=_entry_order)
         if self._backlog and not out:
             self._backlog = False
         return out
 
     def ack(self, entry_id: str) -> None:
         self.client.xack(self.key, GROUP, entry_id)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _entry_order(entry_id: str) -> tuple[int, int]:
+    millis, _, seq = entry_id.partition("-")
+    return int(millis), int(seq or 0)
+
+
+def _group_last_delivered(client: redis.Redis, key: str) -> str:
+    for group in client.xinfo_groups(key):
+        if _text(group.get("name", group.get(b"name", ""))) == GROUP:
+            return _text(group.get("last-delivered-id", group.get(b"last-delivered-id", "0-0")))
+    return "0-0"
+
+
+# Commands that give a session this worker's device: a job step in flight is abandoned for them.
+STREAM_CLAIMS = frozenset({"start", "resume", "activate"})
+
+
+def claims_the_device(command: dict[str, Any]) -> bool:
+    """Whether ``command`` brings a stream onto the device (a session's start, resume, migrate_in
+    or activate; a job's migrate_in does not)."""
+    kind = command.get("kind")
+    return kind in STREAM_CLAIMS or (kind == "migrate_in" and "job" not in command)
+
+
+class StreamClaimWatch(threading.Thread):
+    """Watches a worker's command stream while a job step runs, and sets `claimed` as soon as a
+    command that claims the device for a stream arrives (`claims_the_device`).
+
+    The hot loop reads commands only between steps; this thread reads the same stream beside it
+    with plain XREAD (which leaves the consumer group's delivery untouched) from the last entry the
+    hot loop received, so a command that arrived just before the step is seen too. The job step
+    polls `claimed` (a `threading.Event`) at its block boundaries.
+    """
+
+    def __init__(self, client: redis.Redis, worker_name: str, *, poll_ms: int = 50) -> None:
+        super().__init__(name=f"claims-{worker_name}", daemon=True)
+        self.client = client
+        self.key = stream_key(worker_name)
+        self.poll_ms = poll_ms
+        self.claimed = threading.Event()
+        self._armed = threading.Event()
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
+        self._generation = 0
+        self._after = "0-0"
+
+    def arm(self, after_id: str) -> None:
+        """A job step starts: watch for claims after ``after_id`` (the hot loop's last entry)."""
+        with self._lock:
+            self._generation += 1
+            self._after = after_id
+            self.claimed.clear()
+        self._armed.set()
+
+    def disarm(self) -> None:
+        self._armed.clear()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._armed.set()
+
+    def run(self) -> None:
+        while not self._stopped.is_set():
+            if not self._armed.wait(0.5) or self._stopped.is_set():
+                continue
+            with self._lock:
+                generation, after = self._generation, self._after
+            try:
+                reply = self.client.xread({self.key: after}, count=100, block=self.poll_ms)
+            except redis.RedisError:
+                self._stopped.wait(self.poll_ms / 1000.0)  # the hot loop handles the outage
+                continue
+            last, claim = after, False
+            for _stream, entries in reply or []:
+                for entry_id, fields in entries:
+                    last = _text(entry_id)
+                    try:
+                        claim = claim or claims_the_device(
+                            json.loads(fields.get(b"json") or fields.get("json"))
+                        )
+                    except (TypeError, json.JSONDecodeError):
+                        continue
+            with self._lock:
+                if generation != self._generation:
+                    continue  # the step this read was for has ended
+                self._after = last
+                if claim:
+                    self.claimed.set()
 
 
 # --- the publish lease ------------------------------------------------------------------------

@@ -45,7 +45,9 @@ from workers.channel import (
     CommandReader,
     PublishFence,
     ReceivedCommand,
+    StreamClaimWatch,
     Verdict,
+    claims_the_device,
     heartbeat_beat,
     send_command,
 )
@@ -314,6 +316,9 @@ class WorkerDaemon:
         self.liveness_ttl_s = liveness_ttl_s
         self.clock = clock
         self.commands = CommandReader(redis_client, name)
+        # Sets its flag when a stream claims the device while a job step runs: the step is
+        # abandoned at its next block boundary and the command is applied at once.
+        self.claims = StreamClaimWatch(redis_client, name)
         self.publisher = ChunkPublisher(name, redis_client)
         self.sessions: dict[str, OwnedSession] = {}
         self.answered: dict[str, str] = {}  # command id → status (idempotency)
@@ -340,6 +345,7 @@ class WorkerDaemon:
     def start(self) -> None:
         self.publisher.start()
         self._heartbeat.start()
+        self.claims.start()
         self.stage.start()
 
     def run(self) -> None:
@@ -373,6 +379,7 @@ class WorkerDaemon:
             # Jobs are not checkpointed: the control plane re-runs them from step 0 elsewhere.
             logger.warning("worker %s stops with %d job(s) unfinished", self.name, len(self.jobs.jobs))
         self.jobs.close()
+        self.claims.stop()
         self.publisher.stop()
         self.publisher.join(timeout=10)
         self.reporter.close()
@@ -403,7 +410,7 @@ class WorkerDaemon:
             # Chunks first: a job step runs only in the time left before the next chunk is due.
             free_s = window_s(self._next_chunk_start(), now)
             # When no job step fits, the next turn blocks until a chunk or a command is due.
-            self._job_stepped = self.jobs.run_step(now=now, free_s=free_s, probe_s=self.chunk_generation_s)
+            self._job_stepped = self._job_step(now, free_s)
             return self._job_stepped or did
         results = self.engine.step(max_batch=self.capacity, due=due)
         if self.stage.needs_encoder:
@@ -430,6 +437,19 @@ class WorkerDaemon:
             if result.chunk_index - owned.last_checkpoint >= self.checkpoint_every:
                 self._checkpoint(result.session_id)
         return True
+
+    def _job_step(self, now: float, free_s: float) -> bool:
+        """One job step, abandoned at a block boundary if a stream claims the device meanwhile."""
+        if not self.jobs.jobs:
+            self.jobs.abandoned = None  # what a claim cost was answered by now
+            return False
+        self.claims.arm(self.commands.last_id)
+        try:
+            return self.jobs.run_step(
+                now=now, free_s=free_s, probe_s=self.chunk_generation_s, abandon=self.claims.claimed
+            )
+        finally:
+            self.claims.disarm()
 
     def _earliest_due(self) -> float | None:
         times = [o.next_due for o in self.sessions.values() if self._runnable(o)]
@@ -478,6 +498,10 @@ class WorkerDaemon:
             self._answer(command, "failed", f"{type(exc).__name__}: {exc}")
         else:
             if result is not _DEFERRED:
+                if self.jobs.abandoned is not None and claims_the_device(command):
+                    # This stream's claim stopped a job step part-way: say what it cost.
+                    result = result | {"job_step_abandoned": self.jobs.abandoned.as_result()}
+                    self.jobs.abandoned = None
                 self._answer(command, "acked", result=result)
         self.commands.ack(item.entry_id)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +42,17 @@ logger = logging.getLogger("workers.jobs")
 
 PROGRESS_EVERY_S = 0.25  # docs/jobs.md: at most ~4 progress reports a second per running job
 RUNNING, PAUSED = "running", "paused"
+
+
+@dataclass
+class AbandonedStep:
+    """A job step stopped part-way for a stream: its jobs, and the milliseconds of work lost."""
+
+    jobs: list[str]
+    lost_ms: float
+
+    def as_result(self) -> dict[str, Any]:
+        return {"jobs": self.jobs, "lost_ms": round(self.lost_ms, 3)}
 
 
 class JobRefused(Exception):
@@ -147,6 +159,9 @@ class JobRunner:
         self.jobs: dict[str, OwnedJob] = {}
         self.devices = [torch.device(d) for d in devices] if devices else job_devices(engine.device)
         self.times = StepTimes()
+        self.abandoned: AbandonedStep | None = None  # the last abandoned step, until taken
+        self.abandoned_steps = 0
+        self.abandoned_s = 0.0  # job work lost to abandoned steps, in all
         self._admitted = 0
         # Encoding an MP4 takes longer than a step: it runs beside the hot loop, one job at a time.
         self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="job-encode")
@@ -276,8 +291,15 @@ class JobRunner:
     def runnable(self) -> list[OwnedJob]:
         return [o for o in self.jobs.values() if o.parked is None and not self.engine.is_frozen(o.job_id)]
 
-    def run_step(self, *, now: float, free_s: float, probe_s: float) -> bool:
-        """Run one batched job step that fits in `free_s`; returns whether one ran."""
+    def run_step(
+        self, *, now: float, free_s: float, probe_s: float, abandon: threading.Event | None = None
+    ) -> bool:
+        """Run one batched job step that fits in `free_s`; returns whether one ran.
+
+        Once ``abandon`` is set (a stream claims the device: the daemon's `StreamClaimWatch`) the
+        step stops at its next block boundary and its work is lost: the jobs stay at the step
+        boundary before it, runnable, and the step runs again later (`abandoned`)."""
+        self.abandoned = None  # the commands applied since the last step have been answered
         tickets = [o.ticket for o in self.runnable()]
         if not tickets:
             return False
@@ -290,11 +312,23 @@ class JobRunner:
         try:
             # A video runs alone (``plan_job_batch``), split across its degree's devices.
             with self.engine.model.sequence_parallel(self.devices[: lead.sp_degree]):
-                report = self.engine.job_step(chosen)
+                report = self.engine.job_step(chosen, abandon=abandon)
         except Exception as exc:
             logger.exception("job step failed worker=%s jobs=%s", self.worker_name, chosen)
             for job_id in chosen:
                 self._fail(self.jobs[job_id], f"{type(exc).__name__}: {exc}")
+            return True
+        if report.abandoned:
+            # Not a measurement of the step (it stopped part-way): the planner's times stay as were.
+            self.abandoned = AbandonedStep(jobs=list(chosen), lost_ms=report.step_ms)
+            self.abandoned_steps += 1
+            self.abandoned_s += report.step_ms / 1000.0
+            logger.info(
+                "job step abandoned for streams worker=%s jobs=%s lost_ms=%.1f",
+                self.worker_name,
+                chosen,
+                report.step_ms,
+            )
             return True
         step_s = report.step_ms / 1000.0
         self.times.record(self.jobs[chosen[0]].ticket.shape, len(chosen), step_s)

@@ -19,7 +19,8 @@ Model (docs/scheduling.md has the full description):
   κ the policy reported;
 * one-shot jobs (issue 14), when the trace has any, run on the GPUs the streams leave through
   ``jobs.cosim.JobSide``: the simulator hands it job events, its timers and every decision, adds
-  the job step in flight to the stall of a session placed on a job's GPU, and shows the policy the
+  the wait for the job step in flight (abandoned at its next block boundary, ``JobSide.claim``) to
+  the stall of a session placed on a job's GPU, and shows the policy the
   jobs' GPU demand (``Snapshot.job_demand_gpus``).
 """
 
@@ -367,8 +368,9 @@ class Simulator:
     # -- placement mechanics ---------------------------------------------------------------------
     def _attach(self, s: _Session, g: _Gpu) -> None:
         if self.jobs is not None:
-            # Streams first, but a job step in flight is never cut: the chunk waits for its end.
-            s.stall_ms += self.jobs.blocking_ms(g.id)
+            # Streams first: a job step in flight is abandoned at its next block boundary, and the
+            # chunk waits for that boundary (jobs.cosim.JobSide.claim).
+            s.stall_ms += self.jobs.claim(g.id)
         g.members[s.id] = None
         g.load += s.load
         g.bytes += s.bytes

@@ -54,9 +54,10 @@ def _image(t: float, job: str, slo_s: float, side: int = 768) -> JobEvent:
     return JobEvent(t, job, "submit", "image", None, side, side, None, 28, slo_s)
 
 
-def test_a_session_placed_on_a_jobs_gpu_waits_for_the_step_in_flight():
-    # One GPU: a 768² video starts at t=0 (SP 1 steps of 781.57 ms); a session becomes active at
-    # t=0.5 and takes the GPU (streams first), its first chunk waiting for the step's end.
+@pytest.mark.parametrize("abandon", [True, False])
+def test_a_session_placed_on_a_jobs_gpu_waits_for_the_next_block_boundary_or_the_step_end(abandon):
+    # One GPU: a 768² video starts at t=0 (SP 1 steps of 781.57 ms, 30 blocks); a session becomes
+    # active at t=0.5 and takes the GPU (streams first).
     sessions = [TraceEvent(0.5, "s1", "arrive"), TraceEvent(0.5, "s1", "active")]
     config = _fixed_pool(1, 30.0)
     result = simulate(
@@ -64,12 +65,21 @@ def test_a_session_placed_on_a_jobs_gpu_waits_for_the_step_in_flight():
         make_policy("base"),
         config,
         job_events=[_video(0.0, "v", 100.0)],
-        jobs=job_config("genserve"),
+        jobs=job_config("genserve", abandon_steps=abandon),
     )
-    stall_ms = 781.57 - 500.0
     step_ms = config.profiles[0].latency_ms(1.0)
-    assert result.worst_chunk_latency_ms == pytest.approx(step_ms + stall_ms, abs=0.01)
-    # The video lost its GPU to the stream at its step boundary and never got it back.
+    if abandon:
+        # The step is abandoned at its next block boundary: its first chunk waits one block, and
+        # the step's work up to that boundary is lost.
+        block_ms = 781.57 / BUILTIN_JOB_PROFILES["wan2.2-5b"].blocks
+        assert result.worst_chunk_latency_ms == pytest.approx(step_ms + block_ms, abs=0.01)
+        assert result.jobs["abandoned_steps"] == 1
+        assert result.jobs["abandoned_gpu_s"] == pytest.approx(0.5 + block_ms / 1000.0, abs=1e-3)
+    else:
+        # Its first chunk waits for the step's end; the job keeps the step.
+        assert result.worst_chunk_latency_ms == pytest.approx(step_ms + 781.57 - 500.0, abs=0.01)
+        assert result.jobs["abandoned_steps"] == 0
+    # Either way the video lost its GPU to the stream and never got it back.
     assert result.jobs["completed"] == 0 and result.jobs["unfinished"] == 1
     alone = simulate(sessions, make_policy("base"), config)
     assert alone.worst_chunk_latency_ms == pytest.approx(step_ms)

@@ -133,6 +133,11 @@ def test_one_shot_profile_json_loads_and_becomes_the_default():
         job_profile_from_json({**data, "bogus": 1})
     with pytest.raises(JobProfileError, match="batch-1, SP-1"):
         job_profile_from_json({**data, "points": [{**data["points"][0], "batch": 2}]})
+    # Block boundaries (where a step is abandoned for streams): 1 unless the profile says
+    assert profile.blocks == 1 and job_profile_from_json({**data, "blocks": 4}).blocks == 4
+    assert job_profile_from_json(job_profile_from_json({**data, "blocks": 4}).to_json()).blocks == 4
+    with pytest.raises(JobProfileError, match="blocks"):
+        job_profile_from_json({**data, "blocks": 0})
     catalog = load_job_catalog()
     assert catalog.profile("video", None).model == "wan2.2-5b"
     with pytest.raises(JobProfileError, match="not image"):

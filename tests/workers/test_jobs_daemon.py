@@ -188,6 +188,46 @@ def test_a_paused_job_moves_to_another_worker_and_finishes_with_the_uninterrupte
     assert done["content"] == uninterrupted_mp4
 
 
+# Larger frames than JOB: a step of tens of milliseconds, so a command lands inside one.
+ABANDONED_JOB = JOB | {"width": 128, "height": 128, "steps": 60, "seed": 12}
+
+
+def test_a_session_start_abandons_the_job_step_in_flight_and_the_job_still_ends_with_the_uninterrupted_mp4(
+    workers,
+):
+    _, worker = workers  # the other test of this module reads the first worker's next completion
+    engine = ChunkEngine.from_preset("tiny", encode_workers=1)
+    try:
+        fields = {k: ABANDONED_JOB[k] for k in ("prompt", "seed", "width", "height", "frames", "steps")}
+        engine.add_job("reference", kind="video", **fields)
+        while engine.job_progress("reference")[0] < ABANDONED_JOB["steps"]:
+            engine.job_step(["reference"])
+        reference = encode_mp4(engine.job_frames("reference").numpy(), engine.model.fps)
+    finally:
+        engine.close()
+    job = str(uuid.uuid4())
+    # Given a video job stepping back to back on a worker with no stream
+    run = worker.send("job_run", job=job, epoch=1, deadline=time.time() + 600, **ABANDONED_JOB)
+    assert worker.answer(run)[0] == "acked"
+    worker.expect(lambda r: r[0] == "job_progress" and r[1][0] == job and r[2]["step"] > 0)
+    # When a session starts there (one read between two steps abandons nothing: stop it, try again)
+    abandoned = None
+    for attempt in range(10):
+        session = str(uuid.uuid4())
+        start = worker.send("start", session=session, epoch=1, seed=attempt, prompts=[[0, "a heron"]])
+        status, reason, result = worker.answer(start)
+        assert status == "acked", reason
+        assert worker.answer(worker.send("stop", session=session, epoch=1))[0] == "acked"
+        if "job_step_abandoned" in result:
+            abandoned = result["job_step_abandoned"]
+            break
+    # Then a start stopped the job's step in flight, losing part of one step's work
+    assert abandoned is not None and abandoned["jobs"] == [job] and abandoned["lost_ms"] > 0
+    # And the job, which redid that step, ends with the bytes of an uninterrupted run
+    _, _, done = worker.expect(lambda r: r[0] in ("job_completed", "job_failed") and r[1][0] == job)
+    assert "reason" not in done and done["content"] == reference
+
+
 def test_job_commands_with_bad_fields_or_unknown_jobs_are_refused_with_the_reason(workers):
     worker, _ = workers
     job = str(uuid.uuid4())

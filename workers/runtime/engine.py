@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -30,6 +31,7 @@ import torch
 from workers.runtime.encoding import EncodedChunk, encode_jpeg_frames
 from workers.runtime.models import build_model
 from workers.runtime.models.base import (
+    JobStepAbandoned,
     SessionState,
     StateManifestError,
     StreamingVideoModel,
@@ -81,6 +83,9 @@ class JobStepReport:
     steps_done: dict[str, int]
     finished: list[str]
     step_ms: float
+    # The step stopped at a block boundary (`abandon`): nothing was written, `steps_done` are the
+    # counts before it, and `step_ms` is the work lost.
+    abandoned: bool = False
 
     @property
     def batch_size(self) -> int:
@@ -396,21 +401,30 @@ class ChunkEngine:
     def job_shape(self, job_id: str) -> tuple[str, int, int, int]:
         return self.model.job_shape(self._meta(self._job(job_id)))
 
-    def job_step(self, job_ids: list[str]) -> JobStepReport:
+    def job_step(self, job_ids: list[str], *, abandon: threading.Event | None = None) -> JobStepReport:
         """One denoising step of each job in `job_ids` (resident, unfrozen, unfinished, one shape),
         as one batched call. The step is the unit of preemption: between two calls any of them can
-        be suspended, exported or removed."""
+        be suspended, exported or removed. Once ``abandon`` is set the step stops at the model's
+        next block boundary (``StreamingVideoModel.abandon_on``) with the jobs as they were before
+        it; the report says so (`JobStepReport.abandoned`)."""
         states: dict[str, SessionState] = {}
         for job in (self._job(job_id) for job_id in job_ids):
             if job.state is None or job.frozen:
                 raise SessionStateError(f"job {job.session_id!r} is suspended or frozen")
             states[job.session_id] = job.state
         started = time.perf_counter()
-        self.model.job_step(list(states.values()))
+        abandoned = False
+        try:
+            with self.model.abandon_on(abandon):
+                self.model.job_step(list(states.values()))
+        except JobStepAbandoned:
+            abandoned = True
         if self._cuda:
             torch.cuda.synchronize(self.device)  # step_ms covers the work, not its launch
         step_ms = (time.perf_counter() - started) * 1000.0
         done = {job_id: int(state.meta["step"]) for job_id, state in states.items()}
+        if abandoned:
+            return JobStepReport(steps_done=done, finished=[], step_ms=step_ms, abandoned=True)
         finished = [job_id for job_id, state in states.items() if done[job_id] >= int(state.meta["steps"])]
         return JobStepReport(steps_done=done, finished=finished, step_ms=step_ms)
 

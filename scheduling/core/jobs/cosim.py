@@ -4,10 +4,18 @@ The stream simulator (``scheduling/core/simulator.py``) owns the pool and the st
 module (:class:`JobSide`) on job events, on its own timers and after every stream decision. Rules:
 
 * **Streams first.** Jobs run only on *ready GPUs with no resident session*: GPUs the stream
-  policy left empty, including those whose sessions it suspended. A GPU that a session is placed
-  on stops serving jobs at the end of the job step in flight; the session's first chunk waits for
-  that step (the stall is added to the chunk, so any chunk pushed over its SLO by a job is counted).
-  A GPU released (or failed) under a job loses the step in flight; the job goes back to the queue.
+  policy left empty, including those whose sessions it suspended. A GPU released (or failed) under
+  a job loses the step in flight; the job goes back to the queue.
+* **Abandoning a step for streams** (`JobSide.claim`, as the worker does: docs/jobs.md). A session
+  placed on a GPU whose job step is in flight does not wait for the step's end: the step is
+  abandoned at its next transformer-block boundary, ``min(remaining, step_time / blocks)`` from
+  now, with ``blocks`` from the job's profile (``JobProfile.blocks``: 30 for Wan2.2-5B, 24 for
+  SD3.5-Medium; 1 — only the step's end — for a profile that does not say). The session's first
+  chunk waits that long (the stall is added to the chunk, so any chunk pushed over its SLO by a job
+  is counted); the step's work is lost on every GPU of the allocation (the job redoes the step
+  later: it goes back to the queue at the step boundary before), and the allocation's other GPUs
+  are busy until the same boundary. With ``JobConfig.abandon_steps`` off, the session waits for
+  the step's end instead and the job keeps the step.
 * **Steps.** Every job advances one denoising step at a time; a video at SP degree p takes the
   profile's step time at p; an image batch of b takes the batch step time. Pause, resume and SP
   changes take effect at step boundaries (slides Table 7: pause µs, resume < 0.12 % of a step —
@@ -42,10 +50,13 @@ class JobConfig:
     policy: JobPolicy
     catalog: JobCatalog = field(default_factory=load_job_catalog)
     round_steps: int = 5  # Δ: a running video triggers a round every Δ of its steps
+    abandon_steps: bool = True  # a session's claim abandons the job step in flight (`JobSide.claim`)
 
 
-def job_config(policy: str, profiles: tuple[str, ...] = (), round_steps: int = 5) -> JobConfig:
-    return JobConfig(job_policy(policy), load_job_catalog(profiles), round_steps)
+def job_config(
+    policy: str, profiles: tuple[str, ...] = (), round_steps: int = 5, abandon_steps: bool = True
+) -> JobConfig:
+    return JobConfig(job_policy(policy), load_job_catalog(profiles), round_steps, abandon_steps)
 
 
 class _Job:
@@ -103,12 +114,13 @@ class _Job:
 class _Allocation:
     """GPUs running one video or one image batch; ``epoch`` invalidates timers of a stopped one."""
 
-    __slots__ = ("decoding", "epoch", "gpus", "jobs", "step_end", "steps_run", "target")
+    __slots__ = ("decoding", "epoch", "gpus", "jobs", "step_end", "step_start", "steps_run", "target")
 
     def __init__(self, jobs: list[_Job], gpus: list[str], epoch: int):
         self.jobs = jobs
         self.gpus = gpus
         self.epoch = epoch
+        self.step_start = 0.0
         self.step_end = 0.0
         self.steps_run = 0
         self.target: int | None = None  # a video's degree from the last plan, applied at a step end
@@ -163,17 +175,46 @@ class JobSide:
         self.usable_signature: frozenset[str] = frozenset()
         self.round_ms: list[float] = []
         self.cancelled = 0
+        # A GPU whose abandoned step still runs to its block boundary: busy until then.
+        self.busy_until: dict[str, float] = {}
+        self.abandoned_steps = 0
+        self.abandoned_gpu_s = 0.0  # job work lost to abandoned steps (GPU-seconds)
 
     # -- the GPUs jobs may use ----------------------------------------------------------------------
     def _usable(self) -> set[str]:
         return {gid for gid, g in self.host.gpus.items() if g.status == "ready" and not g.members}
 
     def blocking_ms(self, gid: str) -> float:
-        """How long a session placed on ``gid`` now waits for the job step in flight there."""
+        """How long a session placed on ``gid`` now would wait for the job step in flight there
+        (for its end: what `claim` waits without abandoning)."""
+        now = self.host.now
+        busy = max(0.0, self.busy_until.get(gid, now) - now)
         key = self.gpu_owner.get(gid)
         if key is None:
-            return 0.0
-        return max(0.0, self.allocations[key].step_end - self.host.now) * 1000.0
+            return busy * 1000.0
+        return max(busy, self.allocations[key].step_end - now) * 1000.0
+
+    def claim(self, gid: str) -> float:
+        """A session is placed on ``gid`` now: the milliseconds its first chunk waits for the GPU.
+        A job step in flight there is abandoned at its next block boundary (module docstring);
+        without ``abandon_steps`` the session waits for the step's end."""
+        key = self.gpu_owner.get(gid)
+        alloc = self.allocations.get(key) if key is not None else None
+        if alloc is None or alloc.decoding or not self.cfg.abandon_steps:
+            return self.blocking_ms(gid)
+        now = self.host.now
+        duration = alloc.step_end - alloc.step_start
+        if now < alloc.step_start:  # the step waits for an earlier abandoned one: nothing to lose
+            free_at = max(now, self.busy_until.get(gid, now))
+        else:
+            block = duration / max(1, alloc.jobs[0].profile.blocks)
+            free_at = min(alloc.step_end, now + block)
+            self.abandoned_steps += 1
+            self.abandoned_gpu_s += (free_at - alloc.step_start) * len(alloc.gpus)
+        for other in alloc.gpus:
+            self.busy_until[other] = max(self.busy_until.get(other, now), free_at)
+        self._requeue(key)  # the jobs stay at the step boundary before: the step is redone
+        return max(0.0, free_at - now) * 1000.0
 
     # -- events from the host ---------------------------------------------------------------------
     def on_trace(self, event: JobEvent) -> None:
@@ -255,7 +296,10 @@ class JobSide:
         duration = (
             lead.step_s(sp=len(alloc.gpus)) if lead.kind == "video" else lead.step_s(batch=len(alloc.jobs))
         )
-        alloc.step_end = self.host.now + duration
+        now = self.host.now
+        # A GPU still finishing an abandoned step's block starts this step after it.
+        alloc.step_start = max([now] + [self.busy_until.get(g, now) for g in alloc.gpus])
+        alloc.step_end = alloc.step_start + duration
         self.schedule(alloc.step_end, ("job", key, alloc.epoch))
 
     def _open(self, key: str, jobs: list[_Job], gpus: list[str]) -> None:
@@ -407,4 +451,6 @@ class JobSide:
             "round_ms_p99": round(float(np.percentile(rounds, 99)), 4) if rounds.size else None,
             "unfinished": sum(j.done_at is None for j in jobs),
             "met": sum(met(j) for j in jobs),
+            "abandoned_steps": self.abandoned_steps,
+            "abandoned_gpu_s": round(self.abandoned_gpu_s, 3),
         }

@@ -70,6 +70,10 @@ class JobProfile:
     # VAE decode after the last step, as a fraction of the SP-1 DiT time (it never runs under SP).
     decode_fraction: float = 0.0
     source: str = ""
+    # Transformer blocks one step runs through: where a step can be abandoned for streams (the
+    # co-simulation frees a claimed GPU within step_time / blocks). 1 (the default when a profile
+    # does not say) = only at the step's end.
+    blocks: int = 1
 
     def __post_init__(self) -> None:
         if self.kind not in JOB_KINDS:
@@ -91,6 +95,8 @@ class JobProfile:
         for shape, table in shapes.items():
             if (1, 1) not in table:
                 raise JobProfileError(f"{self.model}: shape {shape} has no batch-1, SP-1 point")
+        if self.blocks < 1:
+            raise JobProfileError(f"{self.model}: blocks must be >= 1")
         if not 0 <= self.decode_fraction < 1:
             raise JobProfileError(f"{self.model}: decode_fraction must be in [0, 1)")
         object.__setattr__(self, "_shapes", shapes)
@@ -149,6 +155,7 @@ class JobProfile:
             "temporal_stride": self.temporal_stride,
             "default_steps": self.default_steps,
             "decode_fraction": self.decode_fraction,
+            "blocks": self.blocks,
             "points": [p.__dict__ for p in self.points],
             "source": self.source,
         }
@@ -163,6 +170,7 @@ _PROFILE_OPTIONAL = {
     "temporal_stride",
     "default_steps",
     "decode_fraction",
+    "blocks",
     "source",
     "machine",
 }
@@ -219,6 +227,7 @@ def job_profile_from_json(data: Mapping[str, Any]) -> JobProfile:
             points=points,
             decode_fraction=float(data.get("decode_fraction", 0.0)),
             source=str(data.get("source", data.get("machine", ""))),
+            blocks=int(data.get("blocks", 1)),
         )
     except (TypeError, ValueError) as exc:
         raise JobProfileError(str(exc)) from None
@@ -279,6 +288,7 @@ def _sd35() -> JobProfile:
         temporal_stride=1,
         default_steps=28,
         points=points,
+        blocks=24,  # SD3.5-Medium: 24 MMDiT blocks (model card)
         source=(
             "derived: GenServe slides Table 3 FLOPs/step at the rate implied by Table 7's Wan2.2 step "
             f"({_RATE_TFLOPS:.1f} TFLOP/s) plus an assumed {_FIXED_STEP_MS:g} ms fixed per step; "
@@ -304,6 +314,7 @@ def _wan22() -> JobProfile:
         points=points,
         # Slides: DiT is 95 % of a T2V request, the VAE decode the rest, on one GPU.
         decode_fraction=0.05 / 0.95,
+        blocks=30,  # Wan2.2-TI2V-5B: 30 DiT blocks (its config.json, num_layers)
         source=(
             "derived: 768²/81 f SP 1 = 781.57 ms (slides Table 7); other shapes by Table 3 FLOPs at the "
             "same rate plus an assumed fixed 10 ms; SP: ×7.0 at 768²/SP 8 (Fig. 5), 20 % communication "

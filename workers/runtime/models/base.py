@@ -26,6 +26,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import math
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +52,14 @@ class JobSpecError(ValueError):
 
 class OneShotUnsupported(NotImplementedError):
     """The model has no one-shot (image/video job) mode."""
+
+
+class JobStepAbandoned(Exception):
+    """A job step stopped at a block boundary because streams claimed the device (`abandon_on`).
+
+    Nothing of the step was written: every job's region is as it was at the step boundary before,
+    so running the step again later gives the bytes an uninterrupted run gives.
+    """
 
 
 def splitmix64(*values: int) -> int:
@@ -235,6 +244,10 @@ class StreamingVideoModel(abc.ABC):
       job to uint8 [F, H, W, 3]. Like `generate`, a job's result depends only on its own region.
       `sequence_parallel(devices)` (optional, `SEQUENCE_PARALLEL`): a video's step split across
       several devices inside that block, with the result of one device.
+      `abandon_on(flag)`: inside that block a `job_step` calls `check_abandon` at each block
+      boundary (between transformer blocks) and, once ``flag`` is set, raises `JobStepAbandoned`
+      without writing anything: a job step writes its jobs' regions only at its end
+      (`advance_jobs`). A model that never calls `check_abandon` runs its steps to the end.
     """
 
     transferable_weights: bool = True
@@ -290,6 +303,31 @@ class StreamingVideoModel(abc.ABC):
     # Elastic sequence parallelism (GenServe's SP degree of a video): how many devices a model
     # can split one video job's step across; 1 = it cannot (the default).
     SEQUENCE_PARALLEL = False
+
+    # Set by `abandon_on` around a job step; read by `check_abandon` between blocks.
+    _abandon_flag: threading.Event | None = None
+
+    @contextlib.contextmanager
+    def abandon_on(self, flag: threading.Event | None) -> Iterator[None]:
+        """Inside the block, a `job_step` stops at its next block boundary once ``flag`` is set."""
+        previous = self._abandon_flag
+        self._abandon_flag = flag
+        try:
+            yield
+        finally:
+            self._abandon_flag = previous
+
+    def check_abandon(self) -> None:
+        """A job step's block boundary: raise `JobStepAbandoned` if the daemon's flag is set."""
+        flag = self._abandon_flag
+        if flag is None:
+            return
+        if self.device.type == "cuda":
+            # Kernels run behind their launch: without waiting here, every block of the step would
+            # be queued before the flag is seen, and the GPU would not be free at the boundary.
+            torch.cuda.current_stream(self.device).synchronize()
+        if flag.is_set():
+            raise JobStepAbandoned("streams claimed the device")
 
     @contextlib.contextmanager
     def sequence_parallel(self, devices: Sequence[torch.device | str]) -> Iterator[None]:
@@ -349,15 +387,20 @@ class StreamingVideoModel(abc.ABC):
         fresh counter-based noise at sigma_{k+1} (Self-Forcing's few-step sampler); the last step
         keeps the prediction itself.
         """
+        updates = []
         for i, state in enumerate(states):
             step, steps = int(state.meta["step"]) + 1, int(state.meta["steps"])
             latents = state.tensors["latents"]
             if step < steps:
                 sigma = 1.0 - step / steps
                 noise = job_noise(state.meta["seed"], step, tuple(latents.shape)).to(latents.device)
-                latents.copy_((1.0 - sigma) * clean[i] + sigma * noise)
+                updates.append((step, (1.0 - sigma) * clean[i] + sigma * noise))
             else:
-                latents.copy_(clean[i])
+                updates.append((step, clean[i]))
+        # The noise is drawn: the last block boundary, before anything of the step is written.
+        self.check_abandon()
+        for state, (step, latents) in zip(states, updates, strict=True):
+            state.tensors["latents"].copy_(latents)
             state.meta["step"] = step
 
     @staticmethod

@@ -667,6 +667,7 @@ class CausalDiTModel(StagewiseModel):
         contexts = [context.to(d) for d in devices]
         xs = [dit.patch_embed(shard.to(d)) for dit, shard, d in zip(dits, token_shards, devices, strict=True)]
         for index in range(cfg.blocks):
+            self.check_abandon()  # a job step's block boundary (`abandon_on`)
             blocks = [dit.blocks[index] for dit in dits]
             mods = [blk.modulations(ei, b) for blk, ei in zip(blocks, es, strict=True)]
             qkv = [
@@ -739,16 +740,16 @@ class CausalDiTModel(StagewiseModel):
             .permute(0, 1, 3, 5, 2, 4, 6)
             .reshape(b, f * (h // p) * (w // p), c * p * p)
         )
-        if isinstance(sigma, torch.Tensor):  # one noise level per batch element (one-shot jobs)
-            t = sigma * 1000.0
-        else:
-            t = torch.full((b,), sigma * 1000.0, device=self.device)
+        job_step = isinstance(sigma, torch.Tensor)  # one noise level per batch element (one-shot jobs)
+        t = sigma * 1000.0 if job_step else torch.full((b,), sigma * 1000.0, device=self.device)
         temb = dit.time_embed(timestep_embedding(t).to(self.dtype))
         e = dit.time_proj(temb)
         x = dit.patch_embed(tokens)
         read, mask = cache
         tpf = cfg.tokens_per_frame
         for index, block in enumerate(dit.blocks):
+            if job_step:
+                self.check_abandon()  # a job step's block boundary (`abandon_on`)
             cache_k = cache_v = None
             if read:
                 if b == 1:

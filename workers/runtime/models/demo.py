@@ -359,7 +359,10 @@ class DemoModel(StagewiseModel):
         start = torch.stack([s.tensors["position"] for s in states])
         ticks = torch.arange(frames, device=self.device, dtype=torch.float32)
         centres = torch.remainder(start[:, None, :] + ticks[None, :, None] * step[:, None, :], 1.0)
-        self.advance_jobs(states, self.render_float(centres, fg, bg, code, width=width, height=height))
+        self.check_abandon()  # a block boundary: after the heads, before the render
+        rendered = self.render_float(centres, fg, bg, code, width=width, height=height)
+        self.check_abandon()  # and after it (`advance_jobs` checks once more after the noise)
+        self.advance_jobs(states, rendered)
 
     def job_frames(self, state: SessionState) -> torch.Tensor:
         return quantize(state.tensors["latents"])
