@@ -123,6 +123,11 @@ class WanCausalArchitecture:
     def video_frames_per_chunk(self) -> int:
         return self.frames_per_chunk * self.temporal_upsample
 
+    @property
+    def denoising_steps(self) -> int:
+        """Sampler steps per chunk (a one-shot job takes this many per chunk of its rollout)."""
+        return len(self.denoising_timesteps)
+
     def lora_path(self) -> Path | None:
         """LongLive's LoRA checkpoint merged into the generator, or None."""
         root = Path(self.path)

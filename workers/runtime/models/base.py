@@ -93,13 +93,26 @@ def few_step_sample(
     sigma with that step's draw (``noise[step]``); the last step returns x0."""
     x = noise[0]
     for step, sigma in enumerate(sigmas):
-        x0 = x - sigma * denoise(x, sigma)
-        if step + 1 < len(sigmas):
-            nxt = sigmas[step + 1]
-            x = (1.0 - nxt) * x0 + nxt * noise[step + 1]
-        else:
-            x = x0
+        x = few_step_update(x, sigma * denoise(x, sigma), sigmas, step, lambda i=step + 1: noise[i])
     return x
+
+
+def few_step_update(
+    x: torch.Tensor,
+    scaled_velocity: torch.Tensor,
+    sigmas: Sequence[float],
+    step: int,
+    next_noise: Callable[[], torch.Tensor],
+) -> torch.Tensor:
+    """One step of `few_step_sample` (a job that pauses between its steps runs them one by one):
+    from the sampler's state `x` at ``sigmas[step]`` and σ·v, the state at the next level (the clean
+    estimate re-noised with ``next_noise()``, the next step's draw), or the clean estimate itself
+    after the last step."""
+    x0 = x - scaled_velocity
+    if step + 1 < len(sigmas):
+        nxt = sigmas[step + 1]
+        return (1.0 - nxt) * x0 + nxt * next_noise()
+    return x0
 
 
 def is_job_meta(meta: Mapping[str, Any]) -> bool:

@@ -54,10 +54,12 @@ from workers.runtime.local_models import (
 from workers.runtime.models import UnknownPresetError
 from workers.runtime.models.base import (
     DTYPES_BY_NAME,
+    JobSpecError,
     SessionState,
     StagewiseModel,
     allocate_region,
     few_step_sample,
+    few_step_update,
     region_offsets,
 )
 from workers.runtime.models.causal_dit import apply_rope, rope_tables, splitmix64
@@ -993,6 +995,135 @@ class WanCausalModel(StagewiseModel):
                 c[f"vae_cache.{index:02d}"].copy_(cache[index][j])
         rgb = ((video.float() + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8)
         return rgb.permute(0, 2, 3, 4, 1)  # [B, T, H, W, 3]
+
+    # -- one-shot jobs (issue 14) ---------------------------------------------------------------
+    # A job is the causal generator's own autoregressive rollout for a fixed prompt: chunk after
+    # chunk, each sampled in the few steps of `self.sigmas` over the job's KV ring, exactly as a
+    # session generates it (its noise is the session's: chunk c's draws from splitmix64(seed, c)),
+    # then decoded chunk by chunk through a fresh decoder cache. A job step is one denoising step
+    # of one chunk; the last step of a chunk also writes its keys/values into the ring (the t=0
+    # pass) and puts the next chunk's first draw in place. The region: ``latents`` (every chunk's
+    # latent frames: clean for the chunks done, the sampler's current state for the chunk in
+    # progress, its first draw for the next), ``prompt_embeds`` and ``kv_cache`` (the session's
+    # layout). No bidirectional sampler: the adapter loads the causal few-step generator only.
+
+    MAX_JOB_CHUNKS = 32
+
+    def job_chunks(self, kind: str, frames: int) -> int:
+        """Chunks of the rollout a job takes: an image is the first frame of one chunk."""
+        per_chunk = self.frames_per_chunk
+        return 1 if kind == "image" else -(-int(frames) // per_chunk)
+
+    def check_job(self, *, kind: str, width: int, height: int, frames: int, steps: int) -> None:
+        self.check_job_common(kind=kind, width=width, height=height, frames=frames, steps=steps)
+        if (width, height) != (self.width, self.height):
+            field = "width" if width != self.width else "height"
+            raise JobSpecError(
+                field,
+                f"{self.preset!r} renders {self.width}x{self.height} only (the causal generator's KV "
+                f"cache and VAE decoder cache are laid out at its own size), not {width}x{height}",
+            )
+        chunks = self.job_chunks(kind, frames)
+        if chunks > self.MAX_JOB_CHUNKS:
+            most = self.MAX_JOB_CHUNKS * self.frames_per_chunk
+            raise JobSpecError("frames", f"at most {most} for {self.preset!r}, not {frames}")
+        per_chunk = len(self.sigmas)
+        if steps != chunks * per_chunk:
+            raise JobSpecError(
+                "steps",
+                f"{self.preset!r} samples each chunk in its {per_chunk} steps; this {kind} is {chunks} "
+                f"chunk(s) of {self.frames_per_chunk} frames, so steps must be {chunks * per_chunk}, not {steps}",
+            )
+
+    def job_layout(self, meta: dict[str, Any]) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        arch = self.arch
+        latent_frames = self.job_chunks(str(meta["kind"]), int(meta["frames"])) * arch.frames_per_chunk
+        by_name = {name: (shape, dtype) for name, shape, dtype in self.state_layout()}
+        return [
+            ("latents", (latent_frames, self.latent_channels, arch.latent_height, arch.latent_width),
+             torch.float32),
+            ("prompt_embeds", *by_name["prompt_embeds"]),
+            ("kv_cache", *by_name["kv_cache"]),
+        ]  # fmt: skip
+
+    def _job_draw(self, seed: int, chunk: int, step: int) -> torch.Tensor:
+        """Draw `step` of chunk `chunk`'s noise: what a session with `seed` draws for that chunk."""
+        arch = self.arch
+        shape = (arch.frames_per_chunk, self.latent_channels, arch.latent_height, arch.latent_width)
+        generator = torch.Generator(device="cpu").manual_seed(splitmix64(int(seed), int(chunk)))
+        for _ in range(step):
+            torch.randn(shape, generator=generator)
+        return torch.randn(shape, generator=generator)
+
+    def init_job(self, tensors: dict[str, torch.Tensor], seed: int, embeddings: torch.Tensor) -> None:
+        tensors["prompt_embeds"].copy_(embeddings)
+        tensors["kv_cache"].zero_()
+        latents = tensors["latents"]
+        latents.zero_()
+        latents[: self.arch.frames_per_chunk].copy_(self._job_draw(seed, 0, 0))
+
+    @torch.inference_mode()
+    def job_step(self, states: list[SessionState]) -> None:
+        """One denoising step of one chunk of each job. Jobs at the same step of their chunk run as
+        one batch (at any chunk: positions and cache masks per job, as sessions are batched)."""
+        if not states:
+            return
+        self.check_job_batch(states)
+        per_chunk = len(self.sigmas)
+        groups: dict[int, list[SessionState]] = {}
+        for state in states:
+            groups.setdefault(int(state.meta["step"]) % per_chunk, []).append(state)
+        for k, group in sorted(groups.items()):
+            self._job_group_step(group, k)
+
+    def _job_group_step(self, states: list[SessionState], k: int) -> None:
+        fpc = self.arch.frames_per_chunk
+        chunks = [int(s.meta["step"]) // len(self.sigmas) for s in states]
+        spans = [slice(c * fpc, (c + 1) * fpc) for c in chunks]
+        x = torch.stack([s.tensors["latents"][span] for s, span in zip(states, spans, strict=True)])
+        context = torch.stack([s.tensors["prompt_embeds"] for s in states])
+        frames_written = [c * fpc for c in chunks]
+        positions = torch.tensor([[fw + i for i in range(fpc)] for fw in frames_written], dtype=torch.float64)
+        rope = rope_tables(self.rope_shape, positions, self.device)  # type: ignore[arg-type]
+        cache = self._cache_plan([self._valid_slots(fw) for fw in frames_written])
+        sigma = self.sigmas[k]
+        velocity = self._forward(x, sigma, context, rope, states, cache, write_slots=None)
+        seeds = [int(s.meta["seed"]) for s in states]
+        x = few_step_update(
+            x,
+            sigma * velocity,
+            self.sigmas,
+            k,
+            lambda: torch.stack(
+                [self._job_draw(seed, c, k + 1) for seed, c in zip(seeds, chunks, strict=True)]
+            ).to(self.device),
+        )
+        last = k + 1 == len(self.sigmas)
+        if last:  # the chunk is clean: its keys/values go into the ring, as a session's do
+            slots = torch.tensor([self._ring_slots(fw) for fw in frames_written], device=self.device)
+            self._forward(x, 0.0, context, rope, states, cache, write_slots=slots)
+        for i, state in enumerate(states):
+            latents = state.tensors["latents"]
+            latents[spans[i]].copy_(x[i])
+            following = slice(spans[i].stop, spans[i].stop + fpc)
+            if last and following.start < latents.shape[0]:
+                latents[following].copy_(self._job_draw(seeds[i], chunks[i] + 1, 0))
+            state.meta["step"] = int(state.meta["step"]) + 1
+
+    @torch.inference_mode()
+    def job_frames(self, state: SessionState) -> torch.Tensor:
+        """The finished rollout decoded chunk by chunk through a fresh decoder cache, as a session's
+        chunks are: uint8 [frames, H, W, 3]. Reads only the job's latents and meta (`decode_job`)."""
+        fpc = self.arch.frames_per_chunk
+        latents = state.tensors["latents"]
+        layout = [entry for entry in self.state_layout() if entry[0].startswith(self.DECODER_PREFIX)]
+        region, cache = allocate_region(layout, self.device)
+        region.zero_()
+        pieces = [
+            self.decode(latents[start : start + fpc][None], [cache])[0]
+            for start in range(0, latents.shape[0], fpc)
+        ]
+        return torch.cat(pieces)[: int(state.meta["frames"])]
 
 
 def _check_options(options: dict[str, Any] | None) -> None:
