@@ -25,6 +25,11 @@ per decoder cache entry (`vae_cache.NN`); the metadata holds the seed, counters 
 Noise is counter-based (the generator of chunk c is seeded by splitmix64(seed, c)), so it depends
 only on the session, never on the batch or the device.
 
+One-shot jobs (issue 14) are the same rollout for a fixed prompt, stepped one denoising step of one
+chunk at a time with the session's noise, and decoded at the end through a fresh decoder cache: a
+job's frames are a session's (see "one-shot jobs" below and docs/runtime.md). The adapter has no
+bidirectional (whole-clip) sampler: it loads the causal few-step generator only.
+
 Batching sessions at different stream positions: the caches are stacked into one batch and sessions
 whose cache is not yet full get a boolean key mask (as in `causal_dit`). The VAE decodes the
 sessions whose stream has started in one batch and the new ones in another (their first latent
