@@ -20,6 +20,8 @@ from django.conf import settings
 from tests.workers.test_jobs_daemon import CONTEXT, QueueReporter, Worker
 from tests.workers_runtime.wan_layouts import TINY_SETTINGS, write_diffusers_layout
 from workers.runtime.encoding import encode_mp4, encode_png
+from workers.runtime.local_models import read_wan_architecture
+from workers.runtime.models.wan_causal import WanCausalModel
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
@@ -39,6 +41,7 @@ def _wan_worker_main(name: str, redis_url: str, reports: Any, wan_dir: str) -> N
     import django
 
     django.setup()
+    # The daemon and the engine after django.setup(): the MODEL_PATHS preset is registered there.
     from workers.daemon import WorkerDaemon
     from workers.runtime.engine import ChunkEngine
     from workers.runtime.transport import MigrationListener
@@ -91,9 +94,6 @@ def workers(wan_dir):
 @pytest.fixture(scope="module")
 def reference(wan_dir) -> dict[str, bytes]:
     """The uninterrupted video's MP4 and a streaming session's first frame as a PNG, in this process."""
-    from workers.runtime.local_models import read_wan_architecture
-    from workers.runtime.models.wan_causal import WanCausalModel
-
     torch.set_num_threads(1)
     model = WanCausalModel(read_wan_architecture(wan_dir), preset=PRESET)
     fields = {k: VIDEO[k] for k in ("prompt", "seed", "width", "height", "frames", "steps")}
