@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.workers_runtime.wan_layouts import write_diffusers_layout
+from workers.benchmarks.jobs import bench_pause_resume, step_seconds
 from workers.runtime.encoding import encode_mp4
 from workers.runtime.engine import ChunkEngine
 from workers.runtime.local_models import read_wan_architecture
@@ -179,3 +180,14 @@ def test_jobs_the_wan_adapter_cannot_run_are_refused_naming_the_field(wan_dir, w
     embeddings = model.encode_prompt(PROMPT)
     with pytest.raises(StageNotHosted, match="lacks D"):
         decoder.create_job(embeddings, **image())
+
+
+def test_the_job_benchmarks_run_wan_jobs_past_their_fixed_step_count(wan_model):
+    # An image takes 4 steps; 6 measured rounds (+1 warm-up) start it again when it ends
+    shape = ("image", 64, 64, 1)
+    assert wan_model.job_steps_for(kind="image", frames=1, steps=8) == STEPS_PER_CHUNK
+    assert wan_model.job_steps_for(kind="video", frames=17, steps=8) == 3 * STEPS_PER_CHUNK
+    report = bench_pause_resume(wan_model, shape, repeats=6)
+    layout_bytes = sum(t.numel() * t.element_size() for t in wan_model.create_job(**image()).tensors.values())
+    assert report["state_bytes"] >= layout_bytes and report["step_ms"]["count"] == 6
+    assert step_seconds(wan_model, shape, 2, repeats=6) > 0

@@ -45,7 +45,10 @@ def _sync(model: StreamingVideoModel) -> None:
 
 
 def _add_jobs(engine: ChunkEngine, shape: Shape, count: int, *, steps: int, prefix: str) -> list[str]:
+    """`count` jobs of `shape` taking `steps` steps (or the count the model fixes for that shape:
+    `job_steps_for`; `_readd_finished` starts them again when they end before the rounds do)."""
     kind, width, height, frames = shape
+    steps = engine.model.job_steps_for(kind=kind, frames=frames, steps=steps)
     ids = [f"{prefix}{i}" for i in range(count)]
     for i, job_id in enumerate(ids):
         engine.add_job(
@@ -61,6 +64,15 @@ def _add_jobs(engine: ChunkEngine, shape: Shape, count: int, *, steps: int, pref
     return ids
 
 
+def _readd_finished(engine: ChunkEngine, shape: Shape, ids: list[str], *, prefix: str) -> None:
+    """Start the jobs again (same ids) once they have run all their steps."""
+    step, steps = engine.job_progress(ids[0])
+    if step >= steps:
+        for job_id in ids:
+            engine.remove(job_id)
+        _add_jobs(engine, shape, len(ids), steps=steps, prefix=prefix)
+
+
 def step_seconds(model: StreamingVideoModel, shape: Shape, batch: int, *, repeats: int) -> float:
     """Median seconds of one batched job step of `batch` jobs of `shape` (after one warm-up)."""
     engine = ChunkEngine(model, encode_workers=1)
@@ -68,6 +80,7 @@ def step_seconds(model: StreamingVideoModel, shape: Shape, batch: int, *, repeat
         ids = _add_jobs(engine, shape, batch, steps=repeats + 1, prefix="step")
         times = []
         for round_ in rounds(repeats, warmup=1):
+            _readd_finished(engine, shape, ids, prefix="step")
             report = engine.job_step(ids)
             if round_.measured:
                 times.append(report.step_ms / 1000.0)
@@ -83,6 +96,7 @@ def bench_pause_resume(model: StreamingVideoModel, shape: Shape, *, repeats: int
         (job_id,) = _add_jobs(engine, shape, 1, steps=repeats + 2, prefix="pause")
         pause_ms, resume_ms, step_ms = [], [], []
         for round_ in rounds(repeats, warmup=1):
+            _readd_finished(engine, shape, [job_id], prefix="pause")
             step = engine.job_step([job_id])
             _sync(model)
             started = time.perf_counter()
@@ -121,7 +135,8 @@ def run_jobs_bench(
 ) -> dict[str, Any]:
     model = build_model(preset, device=device)
     for kind, width, height, frames in shapes:
-        model.check_job(kind=kind, width=width, height=height, frames=frames, steps=repeats + 2)
+        steps = model.job_steps_for(kind=kind, frames=frames, steps=repeats + 2)
+        model.check_job(kind=kind, width=width, height=height, frames=frames, steps=steps)
     return {
         "preset": preset,
         "device": str(model.device),
@@ -176,7 +191,8 @@ def profile_one_shot(
     points = []
     for width, height in resolutions:
         for count in counts:
-            model.check_job(kind=kind, width=width, height=height, frames=count, steps=repeats + 1)
+            steps = model.job_steps_for(kind=kind, frames=count, steps=repeats + 1)
+            model.check_job(kind=kind, width=width, height=height, frames=count, steps=steps)
             for batch in batches:
                 seconds = step_seconds(model, (kind, width, height, count), batch, repeats=repeats)
                 points.append(

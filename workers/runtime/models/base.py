@@ -304,6 +304,12 @@ class StreamingVideoModel(abc.ABC):
     ) -> SessionState:
         raise OneShotUnsupported(f"{type(self).__name__} ({self.preset}) has no one-shot mode")
 
+    def job_steps_for(self, *, kind: str, frames: int, steps: int) -> int:
+        """The step count a job of ``kind`` and ``frames`` takes when about ``steps`` are wanted:
+        ``steps`` itself for a model whose sampler takes any count; one whose count follows from the
+        job (the Wan rollout: chunks × steps per chunk) returns that."""
+        return steps
+
     def job_layout(self, meta: dict[str, Any]) -> Layout:
         raise OneShotUnsupported(f"{type(self).__name__} ({self.preset}) has no one-shot mode")
 

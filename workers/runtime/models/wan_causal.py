@@ -1019,6 +1019,9 @@ class WanCausalModel(StagewiseModel):
         per_chunk = self.frames_per_chunk
         return 1 if kind == "image" else -(-int(frames) // per_chunk)
 
+    def job_steps_for(self, *, kind: str, frames: int, steps: int) -> int:
+        return self.job_chunks(kind, frames) * len(self.sigmas)
+
     def check_job(self, *, kind: str, width: int, height: int, frames: int, steps: int) -> None:
         self.check_job_common(kind=kind, width=width, height=height, frames=frames, steps=steps)
         if (width, height) != (self.width, self.height):
