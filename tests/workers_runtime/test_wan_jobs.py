@@ -6,6 +6,8 @@ refused naming the field. Across worker processes: tests/workers/test_wan_jobs_d
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -191,3 +193,55 @@ def test_the_job_benchmarks_run_wan_jobs_past_their_fixed_step_count(wan_model):
     layout_bytes = sum(t.numel() * t.element_size() for t in wan_model.create_job(**image()).tensors.values())
     assert report["state_bytes"] >= layout_bytes and report["step_ms"]["count"] == 6
     assert step_seconds(wan_model, shape, 2, repeats=6) > 0
+
+
+class SetAfter(threading.Event):
+    """An abandon flag that reads as set from its `after`-th look on (a block boundary deep into a
+    step, as a stream claiming the device mid-step)."""
+
+    def __init__(self, after: int) -> None:
+        super().__init__()
+        self.after, self.looks = after, 0
+
+    def is_set(self) -> bool:
+        self.looks += 1
+        return self.looks > self.after
+
+
+# Two denoising groups of the 2-block DiT: boundaries 1-2 (first group), 3-4 (second), 5 (before the
+# writes). Abandoned at the first block, at the second group's first, at the last boundary.
+@pytest.mark.parametrize("after", [0, 2, 4])
+def test_an_abandoned_wan_job_step_writes_nothing_and_the_job_ends_as_if_uninterrupted(wan_model, after):
+    # Given two videos at different steps of their chunk (two denoising groups in one step), one at
+    # the last step of its chunk (the step that also writes the KV ring)
+    specs = [video(16, seed=4), video(16, seed=5)]
+    straight = ChunkEngine(wan_model, encode_workers=1)
+    engine = ChunkEngine(wan_model, encode_workers=1)
+    try:
+        for eng in (straight, engine):
+            for i, spec in enumerate(specs):
+                eng.add_job(f"j{i}", **spec)
+            for _ in range(3):
+                eng.job_step(["j0"])
+            eng.job_step(["j1"])
+        before = {job: engine.state_to_bytes(job) for job in ("j0", "j1")}
+        # When a step of both is abandoned at a block boundary
+        report = engine.job_step(["j0", "j1"], abandon=SetAfter(after))
+        # Then it says so and nothing of either region changed
+        assert report.abandoned
+        assert {job: engine.state_to_bytes(job) for job in ("j0", "j1")} == before
+        # (while a flag that stays clear through the step's 5 boundaries abandons nothing),
+        clear = SetAfter(5)
+        assert not straight.job_step(["j0", "j1"], abandon=clear).abandoned and clear.looks == 5
+        engine.job_step(["j0", "j1"])
+        # and both finish with the frames of a run that was never interrupted
+        for eng in (straight, engine):
+            while eng.job_progress("j1")[0] < eng.job_progress("j1")[1]:
+                eng.job_step([j for j in ("j0", "j1") if eng.job_progress(j)[0] < eng.job_progress(j)[1]])
+            while eng.job_progress("j0")[0] < eng.job_progress("j0")[1]:
+                eng.job_step(["j0"])
+        for job in ("j0", "j1"):
+            assert torch.equal(engine.job_frames(job), straight.job_frames(job))
+    finally:
+        straight.close()
+        engine.close()

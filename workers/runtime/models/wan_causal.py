@@ -871,9 +871,12 @@ class WanCausalModel(StagewiseModel):
         states: list[SessionState],
         cache: tuple[int, torch.Tensor | None],
         write_slots: torch.Tensor | None,
+        *,
+        job_step: bool = False,
     ) -> torch.Tensor:
         """Flow velocity of `latents` [B, F, C, h, w] at noise level `sigma`; with `write_slots` the
-        pass writes the chunk's keys/values into each session's ring instead."""
+        pass writes the chunk's keys/values into each session's ring instead. A job step's
+        denoising pass (`job_step`) checks `abandon_on`'s flag at each block boundary."""
         dit = self.net.transformer
         b, f, c, h, w = latents.shape
         p = self.patch
@@ -886,6 +889,8 @@ class WanCausalModel(StagewiseModel):
         read, mask = cache
         tpf = self.arch.tokens_per_frame
         for index, block in enumerate(dit.blocks):
+            if job_step:
+                self.check_abandon()  # a job step's block boundary (`abandon_on`)
             cache_k = cache_v = None
             if read:
                 if b == 1:
@@ -1073,7 +1078,11 @@ class WanCausalModel(StagewiseModel):
     @torch.inference_mode()
     def job_step(self, states: list[SessionState]) -> None:
         """One denoising step of one chunk of each job. Jobs at the same step of their chunk run as
-        one batch (at any chunk: positions and cache masks per job, as sessions are batched)."""
+        one batch (at any chunk: positions and cache masks per job, as sessions are batched).
+
+        Inside `abandon_on` the step stops at a DiT block boundary of its denoising passes; nothing
+        is written before every group's pass is done (the chunk's KV write pass and the latents
+        come after the last boundary), so an abandoned step leaves every region as it was."""
         if not states:
             return
         self.check_job_batch(states)
@@ -1081,41 +1090,60 @@ class WanCausalModel(StagewiseModel):
         groups: dict[int, list[SessionState]] = {}
         for state in states:
             groups.setdefault(int(state.meta["step"]) % per_chunk, []).append(state)
-        for k, group in sorted(groups.items()):
-            self._job_group_step(group, k)
+        denoised = [(k, group, self._job_group_denoise(group, k)) for k, group in sorted(groups.items())]
+        self.check_abandon()  # the last boundary: from here on the step writes
+        for k, group, pending in denoised:
+            self._job_group_write(group, k, *pending)
 
-    def _job_group_step(self, states: list[SessionState], k: int) -> None:
+    def _job_group_denoise(self, states: list[SessionState], k: int) -> tuple[Any, ...]:
+        """The denoising pass of jobs at step `k` of their chunks: the sampler's next state, and
+        what the write needs (chunks, context, RoPE, cache plan). Writes nothing."""
         fpc = self.arch.frames_per_chunk
         chunks = [int(s.meta["step"]) // len(self.sigmas) for s in states]
-        spans = [slice(c * fpc, (c + 1) * fpc) for c in chunks]
-        x = torch.stack([s.tensors["latents"][span] for s, span in zip(states, spans, strict=True)])
+        x = torch.stack(
+            [s.tensors["latents"][c * fpc : (c + 1) * fpc] for s, c in zip(states, chunks, strict=True)]
+        )
         context = torch.stack([s.tensors["prompt_embeds"] for s in states])
         frames_written = [c * fpc for c in chunks]
         positions = torch.tensor([[fw + i for i in range(fpc)] for fw in frames_written], dtype=torch.float64)
         rope = rope_tables(self.rope_shape, positions, self.device)  # type: ignore[arg-type]
         cache = self._cache_plan([self._valid_slots(fw) for fw in frames_written])
         sigma = self.sigmas[k]
-        velocity = self._forward(x, sigma, context, rope, states, cache, write_slots=None)
-        seeds = [int(s.meta["seed"]) for s in states]
+        velocity = self._forward(x, sigma, context, rope, states, cache, write_slots=None, job_step=True)
         x = few_step_update(
             x,
             sigma * velocity,
             self.sigmas,
             k,
             lambda: torch.stack(
-                [self._job_draw(seed, c, k + 1) for seed, c in zip(seeds, chunks, strict=True)]
+                [self._job_draw(int(s.meta["seed"]), c, k + 1) for s, c in zip(states, chunks, strict=True)]
             ).to(self.device),
         )
+        return x, chunks, context, rope, cache
+
+    def _job_group_write(
+        self,
+        states: list[SessionState],
+        k: int,
+        x: torch.Tensor,
+        chunks: list[int],
+        context: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        cache: tuple[int, torch.Tensor | None],
+    ) -> None:
+        fpc = self.arch.frames_per_chunk
         last = k + 1 == len(self.sigmas)
         if last:  # the chunk is clean: its keys/values go into the ring, as a session's do
-            slots = torch.tensor([self._ring_slots(fw) for fw in frames_written], device=self.device)
+            slots = torch.tensor([self._ring_slots(c * fpc) for c in chunks], device=self.device)
             self._forward(x, 0.0, context, rope, states, cache, write_slots=slots)
         for i, state in enumerate(states):
             latents = state.tensors["latents"]
-            latents[spans[i]].copy_(x[i])
-            following = slice(spans[i].stop, spans[i].stop + fpc)
-            if last and following.start < latents.shape[0]:
-                latents[following].copy_(self._job_draw(seeds[i], chunks[i] + 1, 0))
+            start = chunks[i] * fpc
+            latents[start : start + fpc].copy_(x[i])
+            if last and start + fpc < latents.shape[0]:
+                latents[start + fpc : start + 2 * fpc].copy_(
+                    self._job_draw(int(state.meta["seed"]), chunks[i] + 1, 0)
+                )
             state.meta["step"] = int(state.meta["step"]) + 1
 
     @torch.inference_mode()
