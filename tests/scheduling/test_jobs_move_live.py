@@ -112,7 +112,7 @@ def test_a_video_job_preempted_by_a_stream_moves_to_another_worker_and_its_mp4_i
     SessionFactory(status="executing", worker=first, state_location="worker")
     assert jobs_dispatch().paused == 1
     pause = wait_for(lambda: answered(job, "job_pause"), 60, message="the pause's answer")
-    assert pause.status == "acked" and 0 < pause.result["step"] < VIDEO["steps"], pause.result
+    assert pause.status == "acked" and 0 < pause.result["step"] < VIDEO["steps"], (pause.reason, pause.result)
 
     # Then the dispatcher moves it to the second worker (Gloo between the processes), resumes it
     # there once both sides answered, and the second worker finishes it
