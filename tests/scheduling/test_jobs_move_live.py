@@ -13,6 +13,7 @@ serves must be byte-identical to an uninterrupted run computed in-process with `
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from workers.runtime.engine import ChunkEngine
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # two worker processes
 
 ROOT = Path(__file__).resolve().parents[2]
-VIDEO = {"kind": "video", "prompt": "a heron over a lake", "model": "tiny", "frames": 16, "steps": 100}
+VIDEO = {"kind": "video", "prompt": "a heron over a lake", "model": "tiny", "frames": 32, "steps": 100}
 VIDEO |= {"seed": 17, "slo_s": 600}
 WORKER_ARGS = ("--device", "cpu", "--preset", "tiny", "--capacity", "1", "--weights-from", "disk")
 WORKER_ARGS += ("--heartbeat", "60")
@@ -60,8 +61,9 @@ def two_workers(transactional_db, tmp_path):
     names = [f"move-a-{tag}", f"move-b-{tag}"]  # the dispatcher breaks ties by name: a first
     group = ProcessGroup(tmp_path / "logs", env, ROOT, grace_s=15.0)
     with group:
-        for name in names:
-            group.spawn(name, "manage.py", "gpuworker", "--name", name, *WORKER_ARGS)
+        processes = [
+            group.spawn(name, "manage.py", "gpuworker", "--name", name, *WORKER_ARGS) for name in names
+        ]
         wait_for(
             lambda: (
                 group.dead() is None
@@ -70,7 +72,7 @@ def two_workers(transactional_db, tmp_path):
             timeout=90,
             message=f"two ready workers ({group.dead()})",
         )
-        yield [GpuWorker.objects.get(name=name) for name in names], tmp_path / "media"
+        yield [GpuWorker.objects.get(name=name) for name in names], processes, tmp_path / "media"
     client = redis.Redis.from_url(django_settings.REDIS_URL)
     client.delete(*(stream_key(name) for name in names), "default", "celery")
 
@@ -96,7 +98,7 @@ def answered(job: Job, kind: str) -> WorkerCommand | None:
 def test_a_video_job_preempted_by_a_stream_moves_to_another_worker_and_its_mp4_is_unchanged(
     two_workers, user_api, settings
 ):
-    (first, second), media = two_workers
+    (first, second), (first_process, _), media = two_workers
     settings.MEDIA_ROOT = media
     response = user_api.post("/api/jobs/", VIDEO, format="json")
     assert response.status_code == 201, response.content
@@ -107,10 +109,19 @@ def test_a_video_job_preempted_by_a_stream_moves_to_another_worker_and_its_mp4_i
     job.refresh_from_db()
     assert job.worker == first
     wait_for(lambda: Job.objects.filter(pk=job.pk, steps_done__gt=0).exists(), 60, message="progress")
+    # Freeze the first worker mid-job (a frozen process, as in the fault tests) so that the job
+    # cannot run to its end before the preemption reaches it, however loaded the machine is; it
+    # reads the pause at its next step boundary once it runs again.
+    os.kill(first_process.pid, signal.SIGSTOP)
+    try:
+        job.refresh_from_db()
+        assert job.state == "running" and job.steps_done < VIDEO["steps"], (job.state, job.steps_done)
 
-    # When a stream's burst takes the first worker's only slot
-    SessionFactory(status="executing", worker=first, state_location="worker")
-    assert jobs_dispatch().paused == 1
+        # When a stream's burst takes the first worker's only slot
+        SessionFactory(status="executing", worker=first, state_location="worker")
+        assert jobs_dispatch().paused == 1
+    finally:
+        os.kill(first_process.pid, signal.SIGCONT)
     pause = wait_for(lambda: answered(job, "job_pause"), 60, message="the pause's answer")
     assert pause.status == "acked" and 0 < pause.result["step"] < VIDEO["steps"], (pause.reason, pause.result)
 
