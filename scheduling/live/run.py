@@ -47,7 +47,7 @@ from scheduling.live.regions import (
     region_layout,
     sessions_reroute,
 )
-from scheduling.live.stages import stage_placement_step
+from scheduling.live.stages import encoder_failover, stage_placement_step
 from scheduling.models import SchedulerConfig, SchedulerDecision, SchedulerState, WorkerCommand
 from sessions.models import GenerationSession
 
@@ -339,6 +339,12 @@ def _run_pool(*, preset: str, trigger: EventKind, session_id: str | None, was_ac
         # Stage roles (TridentServe; off unless STAGE_PLACEMENT says otherwise): after the sessions'
         # decisions, on the same locked rows; its set_role commands leave with theirs after commit.
         stage_placement_step(preset=preset, workers=pool.workers, now=now, outbox=outbox)
+        # Workers without E whose encoder was lost get another; prompts they refused go again.
+        encoders = encoder_failover(preset=preset, workers=pool.workers, now=now, outbox=outbox)
+        if encoders and recorded:
+            record = SchedulerDecision.objects.get(pk=recorded[-1])
+            record.inputs = {**record.inputs, **encoders}
+            record.save(update_fields=["inputs"])
         transaction.on_commit(outbox.send)
     return recorded
 
