@@ -80,8 +80,8 @@ def _encoder_sources(workers) -> dict[int, dict[str, Any]]:
     last = {
         c.worker_id: c
         for c in WorkerCommand.objects.filter(worker__in=dependants, kind=WorkerCommand.Kind.SET_ENCODER)
-        .order_by("worker", "-created_at")
-        .distinct("worker")
+        .order_by("worker_id", "-created_at")
+        .distinct("worker_id")
     }
     out: dict[int, dict[str, Any]] = {}
     for w in dependants:

@@ -488,8 +488,8 @@ def current_encoders(workers: Iterable[GpuWorker]) -> dict[str, str]:
         WorkerCommand.objects.filter(worker__in=ids, kind__in=ENCODER_COMMANDS, payload__has_key="encoder")
         .exclude(status=WorkerCommand.Status.REFUSED)
         # DISTINCT ON (worker): the newest per worker, one index scan per worker's commands.
-        .order_by("worker", "-created_at")
-        .distinct("worker")
+        .order_by("worker_id", "-created_at")
+        .distinct("worker_id")
         .values_list("worker", "payload")
     )
     return {ids[pk]: str((payload.get("encoder") or {}).get("worker", "")) for pk, payload in rows}

@@ -4,20 +4,47 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('scheduling', '0011_stage_placements'),
+        ("scheduling", "0011_stage_placements"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='stageplacement',
-            name='reason',
-            field=models.CharField(choices=[('bootstrap', 'Bootstrap'), ('skew', 'stage throughput skew'), ('unserved', 'request type without replicas'), ('encoder_pool', 'encoder pool too small')], max_length=16),
+            model_name="stageplacement",
+            name="reason",
+            field=models.CharField(
+                choices=[
+                    ("bootstrap", "Bootstrap"),
+                    ("skew", "stage throughput skew"),
+                    ("unserved", "request type without replicas"),
+                    ("encoder_pool", "encoder pool too small"),
+                ],
+                max_length=16,
+            ),
         ),
         migrations.AlterField(
-            model_name='workercommand',
-            name='kind',
-            field=models.CharField(choices=[('start', 'Start'), ('resume', 'Resume'), ('suspend', 'Suspend'), ('migrate_out', 'Migrate Out'), ('migrate_in', 'Migrate In'), ('activate', 'Activate'), ('prompt', 'Prompt'), ('stop', 'Stop'), ('drain', 'Drain'), ('shutdown', 'Shutdown'), ('job_run', 'Job Run'), ('job_pause', 'Job Pause'), ('job_resume', 'Job Resume'), ('job_cancel', 'Job Cancel'), ('set_role', 'Set Role'), ('set_encoder', 'Set Encoder')], max_length=16),
+            model_name="workercommand",
+            name="kind",
+            field=models.CharField(
+                choices=[
+                    ("start", "Start"),
+                    ("resume", "Resume"),
+                    ("suspend", "Suspend"),
+                    ("migrate_out", "Migrate Out"),
+                    ("migrate_in", "Migrate In"),
+                    ("activate", "Activate"),
+                    ("prompt", "Prompt"),
+                    ("stop", "Stop"),
+                    ("drain", "Drain"),
+                    ("shutdown", "Shutdown"),
+                    ("job_run", "Job Run"),
+                    ("job_pause", "Job Pause"),
+                    ("job_resume", "Job Resume"),
+                    ("job_cancel", "Job Cancel"),
+                    ("set_role", "Set Role"),
+                    ("set_encoder", "Set Encoder"),
+                ],
+                max_length=16,
+            ),
         ),
     ]
