@@ -53,7 +53,10 @@ class DispatchResult:
     waiting_for_encoder: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        counts = {k: v for k, v in self.__dict__.items() if k != "waiting_for_encoder"}
+        return counts | (
+            {"waiting_for_encoder": self.waiting_for_encoder} if self.waiting_for_encoder else {}
+        )
 
 
 @cache

@@ -10,6 +10,7 @@ import pytest
 from django.utils import timezone
 
 from gpu.models import GpuWorker, Region
+from gpu.provisioners.kubernetes import worker_pod_manifest
 from gpu.provisioners.local import gpuworker_command
 from gpu.services import worker_heartbeat
 from scheduling.console import cluster_snapshot
@@ -230,3 +231,10 @@ def test_a_new_worker_is_started_as_an_encoder_while_dc_workers_have_none():
     # once an encoder is live the next one serves the whole pipeline, started without --stages
     assert new_worker_role("tiny") == "EDC"
     assert "--stages" not in gpuworker_command(worker("edc"))
+    # and a Pod started for an encoder runs it as one
+    pod = worker_pod_manifest(
+        {"spec": {"containers": [{}]}}, name="p", namespace="n", preset="tiny", gpu_type="h100",
+        secret_name="s", stage_role="E",
+    )  # fmt: skip
+    command = pod["spec"]["containers"][0]["command"]
+    assert command[command.index("--stages") + 1] == "E"
