@@ -20,7 +20,7 @@ from scheduling.live.outbox import Outbox
 from scheduling.live.reactions import prompt_forward
 from scheduling.live.run import scheduler_run
 from scheduling.live.stages import new_worker_role
-from scheduling.models import SchedulerState, StagePlacement, WorkerCommand
+from scheduling.models import SchedulerDecision, SchedulerState, StagePlacement, WorkerCommand
 from sessions.models import Job, Prompt
 from tests.factories import JobFactory
 from tests.scheduling.test_stages_live import executing, worker
@@ -107,6 +107,10 @@ def test_a_lost_encoder_is_replaced_by_a_ready_one_of_the_same_region_first():
     (payload,) = set_encoders(dc)
     assert payload["encoder"] == {"worker": "enc-near", "address": "enc-near:29500"}
     assert (payload["lost"], payload["why"]) == ("enc-a", "encoder enc-a is no longer ready")
+    record = SchedulerDecision.objects.order_by("-pk").first()
+    assert record is not None and record.inputs["encoder_failover"] == {
+        "dc": {"from": "enc-a", "to": "enc-near", "reason": "encoder enc-a is no longer ready"}
+    }
     # and a second run while that command is in flight sends nothing more
     scheduler_run(trigger="tick")
     assert len(set_encoders(dc)) == 1
@@ -177,6 +181,7 @@ def test_a_prompt_refused_for_lack_of_an_encoder_is_sent_again_once_one_is_ready
         "text": "a heron at dawn", "from_chunk": 4, "prompt_id": prompt.pk, "resent": str(refused.pk),
     }  # fmt: skip
     assert again.payload["encoder"] == {"worker": "enc", "address": "enc:29500"}
+    assert SchedulerDecision.objects.order_by("-pk").first().inputs["prompts_resent"] == [prompt.pk]
     # and only once
     scheduler_run(trigger="tick")
     assert WorkerCommand.objects.filter(kind="prompt").count() == 2
