@@ -503,8 +503,9 @@ def _encoder_lost(worker: GpuWorker, current: str | None, ready_encoders: set[st
     wait = (worker.telemetry or {}).get("encoder_wait")
     if isinstance(wait, dict) and wait.get("sessions"):
         reason = str(wait.get("reason", ""))
-        # "waiting for encoder X's answer" is an encode in flight, not a lost encoder.
-        if "lost" in reason or "no encoder" in reason or (current and current not in reason):
+        # "waiting for encoder X's answer" is an encode in flight; anything else (X lost, X's encode
+        # failed, no encoder known) will not end by itself.
+        if not reason.startswith("waiting for encoder"):
             return f"heartbeat: {reason}"[:500]
     return None
 
