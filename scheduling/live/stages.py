@@ -563,9 +563,11 @@ def encoder_failover(*, preset: str, workers: dict[str, GpuWorker], now: datetim
 
 
 def _refused_prompts_resend(dependants: list[GpuWorker], outbox: Outbox) -> list[int]:
-    """A prompt a worker without E refused because it came without an encoder (none was ready) goes
-    to it again, with one, as soon as one is ready — once per refused command, and only while the
-    session is still on that worker (elsewhere its start or resume carries the whole prompt history)."""
+    """A prompt a worker without E refused for its encoder — it came without one (none was ready), or
+    the one it named could not be used — goes to it again with a ready one (not the one refused) —
+    once per refused command (a re-sent prompt refused again is left to the record), and only while
+    the session is still on that worker (elsewhere its start or resume carries the whole prompt
+    history)."""
     refused = list(
         WorkerCommand.objects.filter(
             worker__in=dependants,
@@ -574,7 +576,8 @@ def _refused_prompts_resend(dependants: list[GpuWorker], outbox: Outbox) -> list
             session__worker=F("worker"),
             session__status__in=[GenerationSession.Status.EXECUTING, GenerationSession.Status.MIGRATING],
         )
-        .exclude(payload__has_key="encoder")
+        # Refused for the encoder: sent without one (none was ready), or the one named was unusable.
+        .filter(~Q(payload__has_key="encoder") | Q(reason__icontains="encoder"))
         .exclude(payload__has_key="resent")
         .select_related("worker", "session")
         .order_by("created_at")
@@ -591,12 +594,15 @@ def _refused_prompts_resend(dependants: list[GpuWorker], outbox: Outbox) -> list
     for command in refused:
         if str(command.pk) in done:
             continue
+        named = (command.payload.get("encoder") or {}).get("worker")
         try:
-            encoder = encoder_for(command.worker)
+            encoder = encoder_for(command.worker, exclude=named)
         except EncoderMissing:
             continue
         session = command.session
-        payload = {k: v for k, v in command.payload.items() if k not in ("id", "kind", "session", "epoch")}
+        payload = {
+            k: v for k, v in command.payload.items() if k not in ("id", "kind", "session", "epoch", "encoder")
+        }
         outbox.command(
             command.worker,
             WorkerCommand.Kind.PROMPT,

@@ -243,3 +243,29 @@ def test_a_new_worker_is_started_as_an_encoder_while_dc_workers_have_none():
     )  # fmt: skip
     command = pod["spec"]["containers"][0]["command"]
     assert command[command.index("--stages") + 1] == "E"
+
+
+def test_a_prompt_refused_because_its_encoder_was_unusable_goes_to_another_one():
+    # given a DC worker's prompt naming enc-a, refused because enc-a could not be reached
+    dc = worker("dc", "DC")
+    session = executing(dc)
+    worker("enc-a", "E")
+    prompt = Prompt.objects.create(session=session, text="a fox", from_chunk=2)
+    prompt_forward(session_id=str(session.pk), prompt_id=prompt.pk)
+    refused = WorkerCommand.objects.get(kind="prompt")
+    assert refused.payload["encoder"]["worker"] == "enc-a"
+    reason = "encoder enc-a at enc-a:29500 unreachable: connection refused"
+    command_answered(command=refused.payload, status="refused", reason=reason, result={})
+    # when another encoder is ready and the scheduler runs
+    worker("enc-b", "E", telemetry={"encoder": {"queue": 9}})
+    scheduler_run(trigger="tick")
+    # then the prompt goes again, to the other encoder even though it is busier
+    again = WorkerCommand.objects.filter(kind="prompt").exclude(pk=refused.pk).get()
+    assert (again.payload["encoder"]["worker"], again.payload["resent"]) == ("enc-b", str(refused.pk))
+    # and a refusal for another reason is not retried
+    other = Prompt.objects.create(session=session, text="an owl", from_chunk=5)
+    prompt_forward(session_id=str(session.pk), prompt_id=other.pk)
+    late = WorkerCommand.objects.get(kind="prompt", payload__prompt_id=other.pk)
+    command_answered(command=late.payload, status="refused", reason="stale epoch 0 < 1", result={})
+    scheduler_run(trigger="tick")
+    assert WorkerCommand.objects.filter(kind="prompt", payload__prompt_id=other.pk).count() == 1
