@@ -462,6 +462,8 @@ STREAMSERVE = {
     "STAGE_THRESHOLD": _typed("STAGE_THRESHOLD", env.float, 1.5),
     "STAGE_MIN_OPS": _typed("STAGE_MIN_OPS", env.int, 25),
     "STAGE_MAX_CHANGING": _typed("STAGE_MAX_CHANGING", env.int, 1),
+    # The E workers' mean reported encode queue at which the planner turns an idle worker into E.
+    "STAGE_ENCODER_QUEUE_MAX": _typed("STAGE_ENCODER_QUEUE_MAX", env.int, 4),
     # Moves of running sessions across regions (same per-slot limit): the WAN bandwidth their state
     # crosses (Gbit/s; per pair of regions in REGION_WAN_GBPS_PAIRS, {"east:west": 0.5}, either
     # direction) and how long a moved session is expected to go on (the saving's horizon).
@@ -542,6 +544,7 @@ for _name in (
     "JOB_MAX_FRAMES",
     "STAGE_MIN_OPS",
     "STAGE_MAX_CHANGING",
+    "STAGE_ENCODER_QUEUE_MAX",
 ):
     if STREAMSERVE[_name] < 1:
         raise ImproperlyConfigured(f"Environment variable {_name} must be at least 1")

@@ -34,6 +34,7 @@ from gpu import services as gpu_services
 from gpu.models import GpuWorker, HostCache, Region
 from scheduling.api import SchedulerConfigSerializer
 from scheduling.live.regions import origin_demand
+from scheduling.live.stages import current_encoders
 from scheduling.models import (
     Migration,
     ScalingAction,
@@ -41,6 +42,7 @@ from scheduling.models import (
     SchedulerDecision,
     StagePlacement,
     StageRoleChange,
+    WorkerCommand,
 )
 from scheduling.selectors import region_moves_audit
 from sessions import services as session_services
@@ -61,6 +63,44 @@ RECENT_JOBS = timedelta(hours=1)
 
 def _iso(moment) -> str | None:
     return moment.isoformat() if moment else None
+
+
+def _encoder_sources(workers) -> dict[int, dict[str, Any]]:
+    """Per live worker that holds sessions without E: ``{"worker", "wait", "failover"}`` — the
+    encoder it was last told to use, the reason its heartbeat gives for waiting (``encoder_wait``),
+    and its last ``set_encoder`` (from, to, why, outcome, when)."""
+    dependants = [
+        w
+        for w in workers
+        if w.status in GpuWorker.LIVE_STATUSES and w.holds_sessions and "E" not in w.stage_role
+    ]
+    if not dependants:
+        return {}
+    current = current_encoders(dependants)
+    last = {
+        c.worker_id: c
+        for c in WorkerCommand.objects.filter(worker__in=dependants, kind=WorkerCommand.Kind.SET_ENCODER)
+        .order_by("worker_id", "-created_at")
+        .distinct("worker_id")
+    }
+    out: dict[int, dict[str, Any]] = {}
+    for w in dependants:
+        wait = (w.telemetry or {}).get("encoder_wait")
+        command = last.get(w.pk)
+        out[w.pk] = {
+            "worker": current.get(w.name) or None,
+            "wait": wait.get("reason") if isinstance(wait, dict) else None,
+            "failover": None
+            if command is None
+            else {
+                "from": command.payload.get("lost"),
+                "to": (command.payload.get("encoder") or {}).get("worker"),
+                "why": command.payload.get("why", ""),
+                "status": command.status,
+                "at": _iso(command.created_at),
+            },
+        }
+    return out
 
 
 def _workers(now) -> list[dict[str, Any]]:
@@ -91,6 +131,7 @@ def _workers(now) -> list[dict[str, Any]]:
         .values_list("worker", "state", "n")
     ):
         jobs_held.setdefault(worker_id, {})[job_state] = n
+    sources = _encoder_sources(workers)
     out = []
     for w in workers:
         load = float(w.resident_load or 0.0)
@@ -107,6 +148,8 @@ def _workers(now) -> list[dict[str, Any]]:
                 # Stages it hosts (docs/stages.md); an E worker's encoder load from its heartbeat.
                 "stage_role": w.stage_role,
                 "encoder": (w.telemetry or {}).get("encoder") if w.stage_role == "E" else None,
+                # A worker without E: the encoder it uses, what it waits for, its last failover.
+                "encoder_source": sources.get(w.pk),
                 "sessions": w.resident,
                 "parked": parked.get(w.pk, 0),
                 "jobs": {

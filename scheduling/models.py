@@ -263,6 +263,7 @@ class WorkerCommand(models.Model):
         JOB_RESUME = "job_resume"
         JOB_CANCEL = "job_cancel"
         SET_ROLE = "set_role"
+        SET_ENCODER = "set_encoder"
 
     class Status(models.TextChoices):
         SENT = "sent"
@@ -318,6 +319,7 @@ class StagePlacement(models.Model):
         BOOTSTRAP = "bootstrap"
         SKEW = "skew", "stage throughput skew"
         UNSERVED = "unserved", "request type without replicas"
+        ENCODER_POOL = "encoder_pool", "encoder pool too small"
 
     class Status(models.TextChoices):
         PLANNED = "planned"

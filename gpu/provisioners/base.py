@@ -51,6 +51,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -569,9 +570,7 @@ class Provisioner(ABC):
             preset=worker.model_preset,
             capacity=worker.capacity,
             price_per_hour=worker.price_per_hour,
-            before_start=lambda workers: GpuWorker.objects.filter(pk__in=[w.pk for w in workers]).update(
-                region=worker.region_id
-            ),
+            before_start=partial(_inherit, worker),
         )
         result.replacements.append(replacement)
         logger.info(
@@ -618,3 +617,12 @@ class Provisioner(ABC):
                 worker.status,
                 extra={"worker": worker.name},
             )
+
+
+def _inherit(old: GpuWorker, workers: list[GpuWorker]) -> None:
+    """A replacement keeps the failed worker's region and stage role (``--stages``)."""
+    GpuWorker.objects.filter(pk__in=[w.pk for w in workers]).update(
+        region=old.region_id, stage_role=old.stage_role
+    )
+    for worker in workers:
+        worker.stage_role = old.stage_role

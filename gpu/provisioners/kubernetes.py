@@ -70,8 +70,10 @@ def worker_pod_manifest(
     secret_name: str,
     image: str = "",
     gpu_type_node_label: str = "",
+    stage_role: str = "EDC",
 ) -> dict[str, Any]:
-    """The Pod body for one worker: the template with this worker's identity and command.
+    """The Pod body for one worker: the template with this worker's identity and command
+    (``--stages`` when its stage role is not the whole pipeline, docs/stages.md).
 
     With ``gpu_type_node_label`` (e.g. ``streamserve.io/gpu-type``), the Pod is pinned to nodes
     labelled with its GPU type, for heterogeneous pools.
@@ -101,7 +103,7 @@ def worker_pod_manifest(
     container["command"] = [
         "python", "manage.py", "gpuworker", "--name", "$(POD_NAME)", "--device", "cuda:0", "--preset", preset,
         "--gpu-type", gpu_type, "--listen-host", "$(POD_IP)",
-    ]  # fmt: skip
+    ] + (["--stages", stage_role] if stage_role != "EDC" else [])  # fmt: skip
     env = [e for e in container.get("env", []) if e.get("name") not in {"POD_NAME", "POD_IP", *SECRET_KEYS}]
     # $(VAR) in the command expands only variables defined in env.
     env[:0] = [
@@ -241,6 +243,7 @@ class KubernetesProvisioner(Provisioner):
             secret_name=self.secret_name,
             image=self.image,
             gpu_type_node_label=self.gpu_type_node_label,
+            stage_role=worker.stage_role,
         )
 
     def plan(self, *, count: int, gpu_type: str | None, preset: str) -> tuple[list[WorkerSpec], str]:

@@ -66,13 +66,14 @@ def gpuworker_command(worker: GpuWorker) -> list[str]:
     ``--gpu-type`` is the row's type, the scheduler's profile key, so that the worker registers
     under the type the scheduler asked for. ``--weights-from`` is the deployment's setting; with
     ``auto`` the worker follows the scale plan the scaler wrote on its row (docs/scaleout.md).
+    ``--stages`` is the row's stage role when it is not the whole pipeline (docs/stages.md).
     """
     manage = Path(settings.BASE_DIR) / "manage.py"
     return [
         sys.executable, str(manage), "gpuworker",
         "--name", worker.name, "--device", worker.device, "--preset", worker.model_preset,
         "--gpu-type", worker.gpu_type, "--weights-from", settings.STREAMSERVE["WORKER_WEIGHTS_FROM"],
-    ]  # fmt: skip
+    ] + (["--stages", worker.stage_role] if worker.stage_role != "EDC" else [])  # fmt: skip
 
 
 def detect_cuda_devices() -> list[str]:

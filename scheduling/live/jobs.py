@@ -13,8 +13,9 @@ migration with ``"job"``), which go out after commit (``outbox``).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache, partial
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -25,6 +26,7 @@ from gpu.models import GpuWorker
 from scheduling.live.jobs_genserve import JobCosts
 from scheduling.live.jobs_policy import JobPolicy, JobRound, JobView, WorkerView, load_job_policy
 from scheduling.live.outbox import Outbox, scheduler_lock
+from scheduling.live.stages import EncoderMissing, encoder_for
 from scheduling.models import WorkerCommand
 from sessions import jobs as job_services
 from sessions.models import GenerationSession, Job
@@ -36,6 +38,8 @@ State = Job.State
 SessionStatus = GenerationSession.Status
 # How many queued jobs per dispatch the policy sees (the front of the queue); the rest wait a tick.
 QUEUE_WINDOW = 500
+# The roles that run one-shot jobs: diffuse and decode on the worker (E on it or on an E worker).
+JOB_ROLES = ("EDC", "DC")
 
 
 @dataclass
@@ -45,9 +49,14 @@ class DispatchResult:
     resumed: int = 0
     moved: int = 0
     requeued: int = 0
+    # Workers without E that take no new job this round, and why (no ready encoder serves them).
+    waiting_for_encoder: dict[str, str] = field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, int]:
-        return dict(self.__dict__)
+    def as_dict(self) -> dict[str, Any]:
+        counts = {k: v for k, v in self.__dict__.items() if k != "waiting_for_encoder"}
+        return counts | (
+            {"waiting_for_encoder": self.waiting_for_encoder} if self.waiting_for_encoder else {}
+        )
 
 
 @cache
@@ -97,9 +106,9 @@ def jobs_dispatch() -> DispatchResult:
             w.name: w
             for w in GpuWorker.objects.select_for_update(no_key=True)
             .filter(model_preset__in=models, status__in=[GpuWorker.Status.READY, GpuWorker.Status.DRAINING])
-            # Job commands carry no encoder nor stage hand-off yet: jobs run on whole-pipeline workers
-            # only (docs/stages.md, "Live placement").
-            .filter(stage_role="EDC")
+            # Jobs run where diffuse and decode are (EDC, DC; docs/stages.md, "Live placement"): a DC
+            # worker's job_run names the encoder its prompt embeddings come from.
+            .filter(stage_role__in=JOB_ROLES)
             .order_by("pk")
         }
         held = list(
@@ -110,12 +119,19 @@ def jobs_dispatch() -> DispatchResult:
         queued = list(job_queue(models).select_for_update(no_key=True, skip_locked=True)[:QUEUE_WINDOW])
         by_id = {str(j.pk): j for j in [*held, *queued]}
         names, moving = {w.pk: name for name, w in workers.items()}, _moving(held)
+        encoders, result.waiting_for_encoder = _encoders(workers)
+        if result.waiting_for_encoder and queued:
+            logger.warning(
+                "jobs.waiting_for_encoder queued=%d %s",
+                len(queued),
+                "; ".join(f"{w}: {why}" for w, why in sorted(result.waiting_for_encoder.items())),
+            )
         conf = settings.STREAMSERVE
         plan = _policy(conf["JOB_POLICY"], tuple(conf["JOB_PROFILES"])).plan(
             JobRound(
                 now=timezone.now().timestamp(),
                 jobs=[_view(j, names, moving=moving) for j in [*held, *queued]],
-                workers=_worker_views(workers, held, moving),
+                workers=_worker_views(workers, held, moving, no_encoder=set(result.waiting_for_encoder)),
                 streams_waiting=_streams_waiting(models),
             )
         )
@@ -126,11 +142,11 @@ def jobs_dispatch() -> DispatchResult:
         for job_id, target in plan.move:
             result.moved += move_job(by_id[job_id], workers[target], outbox=outbox)
         for job_id, target in plan.assign:
-            result.assigned += _assign(by_id[job_id], workers[target], outbox)
+            result.assigned += _assign(by_id[job_id], workers[target], outbox, encoders.get(target))
         # The jobs left in line moved up: their owners hear it once per queue, not once per start.
         moved = sorted({by_id[job_id].model_name for job_id, _ in plan.assign})
         transaction.on_commit(partial(_queues_broadcast, moved))
-    if any(result.as_dict().values()):
+    if any(v for k, v in result.as_dict().items() if k != "waiting_for_encoder"):
         logger.info("jobs.dispatch %s", " ".join(f"{k}={v}" for k, v in result.as_dict().items()))
     return result
 
@@ -158,9 +174,27 @@ def _view(job: Job, names: dict[int, str], *, moving: set) -> JobView:
     )
 
 
-def _worker_views(workers: dict[str, GpuWorker], held: list[Job], moving: set) -> list[WorkerView]:
+def _encoders(workers: dict[str, GpuWorker]) -> tuple[dict[str, dict], dict[str, str]]:
+    """The encoder each ready worker without E names in a ``job_run`` (``encoder_for``), and the
+    workers that have none, with why."""
+    encoders: dict[str, dict] = {}
+    missing: dict[str, str] = {}
+    for name, worker in workers.items():
+        if "E" in worker.stage_role or worker.status != GpuWorker.Status.READY:
+            continue
+        try:
+            encoders[name] = encoder_for(worker)
+        except EncoderMissing as exc:
+            missing[name] = f"waiting for an encoder: {exc}"
+    return encoders, missing
+
+
+def _worker_views(
+    workers: dict[str, GpuWorker], held: list[Job], moving: set, *, no_encoder: set[str] = frozenset()
+) -> list[WorkerView]:
     """Room = K − resident stream sessions − running jobs − jobs whose state is on its way there (the
-    slot a move was made for is kept for it); a draining worker has none at all."""
+    slot a move was made for is kept for it); a draining worker has none at all, nor has a worker
+    without E while no encoder is ready for it (its jobs would be refused)."""
     resident = dict(
         GenerationSession.objects.filter(
             worker__in=workers.values(), status__in=[SessionStatus.EXECUTING, SessionStatus.MIGRATING]
@@ -177,7 +211,7 @@ def _worker_views(workers: dict[str, GpuWorker], held: list[Job], moving: set) -
         WorkerView(
             name=name,
             model=w.model_preset,
-            room=(w.capacity if w.status == GpuWorker.Status.READY else 0)
+            room=(w.capacity if w.status == GpuWorker.Status.READY and name not in no_encoder else 0)
             - resident.get(w.pk, 0)
             - running.get(w.pk, 0),
         )
@@ -214,9 +248,11 @@ def _streams_waiting(models: list[str]) -> dict[str, int]:
     )
 
 
-def _assign(job: Job, worker: GpuWorker, outbox: Outbox) -> bool:
+def _assign(job: Job, worker: GpuWorker, outbox: Outbox, encoder: dict | None = None) -> bool:
     if not job_services.job_assign(job=job, worker=worker):
         return False
+    # A worker without E takes the prompt's embeddings from the encoder worker named here.
+    extra = {"encoder": encoder} if encoder is not None else {}
     outbox.command(
         worker,
         WorkerCommand.Kind.JOB_RUN,
@@ -233,6 +269,7 @@ def _assign(job: Job, worker: GpuWorker, outbox: Outbox) -> bool:
         deadline=job.deadline.timestamp(),
         priority=job.priority,
         **sp_degree(job, worker),
+        **extra,
     )
     return True
 

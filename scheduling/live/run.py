@@ -47,7 +47,7 @@ from scheduling.live.regions import (
     region_layout,
     sessions_reroute,
 )
-from scheduling.live.stages import stage_placement_step
+from scheduling.live.stages import encoder_failover, stage_placement_step
 from scheduling.models import SchedulerConfig, SchedulerDecision, SchedulerState, WorkerCommand
 from sessions.models import GenerationSession
 
@@ -313,6 +313,9 @@ def _run_pool(*, preset: str, trigger: EventKind, session_id: str | None, was_ac
             row.state = policies[region].state_dict()
             row.save(update_fields=["state", "updated_at"])
         sessions_reroute(sessions=pool.sessions, rerouted=rerouted, layout=layout)
+        # Workers without E whose encoder was lost get another, and prompts they refused for lack of
+        # one go again (docs/stages.md, "Encoders"); recorded in the first region's decision.
+        encoders = encoder_failover(preset=preset, workers=pool.workers, now=now, outbox=outbox)
         for region, decision in sorted(decisions.items()):
             ours = region == event_region
             record_id = _record_and_apply(
@@ -333,7 +336,9 @@ def _run_pool(*, preset: str, trigger: EventKind, session_id: str | None, was_ac
                 started=started,
                 floor_load=getattr(policies[region], "floor_load", None),
                 released_to_zero=to_zero.get(region, []),
+                extra_inputs=encoders,
             )
+            encoders = {}
             if record_id is not None:
                 recorded.append(record_id)
         # Stage roles (TridentServe; off unless STAGE_PLACEMENT says otherwise): after the sessions'
@@ -357,10 +362,12 @@ def _record_and_apply(
     started: float,
     floor_load: float | None,
     released_to_zero: list[str] | None = None,
+    extra_inputs: dict | None = None,
 ) -> int | None:
     """Record one region's decision with its inputs and apply it; a tick that changed nothing is
     not kept (returns ``None``). ``floor_load``: the predictive floor's input F (None: off);
-    ``released_to_zero``: the GPUs the idle-region rule releases (``regions_to_zero``)."""
+    ``released_to_zero``: the GPUs the idle-region rule releases (``regions_to_zero``);
+    ``extra_inputs``: what the run did besides the decision (encoder failover), kept with it."""
     now = timezone.now()
     record = SchedulerDecision.objects.create(
         trigger=trigger,
@@ -386,6 +393,7 @@ def _record_and_apply(
             "floor_load": floor_load,
             "released_to_zero": released_to_zero or [],
             "gpus": {g: {"status": v.status, "load": snapshot.gpu_load[g]} for g, v in snapshot.gpus.items()},
+            **(extra_inputs or {}),
         },
         outputs=decision.to_json(),
     )
@@ -402,7 +410,14 @@ def _record_and_apply(
             pool.preset,
             sorted(applied.waiting_for_encoder),
         )
-    if event.kind == EventKind.TICK and not acted and not sent and not applied.queue and not rerouted:
+    if (
+        event.kind == EventKind.TICK
+        and not acted
+        and not sent
+        and not applied.queue
+        and not rerouted
+        and not extra_inputs
+    ):
         # Periodic ticks that change nothing are not history: keep the table to real decisions.
         record.delete()
         return None

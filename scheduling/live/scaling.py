@@ -30,6 +30,7 @@ from scheduling.live.enqueue import worker_release_enqueue
 from scheduling.live.outbox import Outbox, redis_client
 from scheduling.live.profiles import default_gpu_type, gpu_profiles
 from scheduling.live.regions import region_price_multiplier
+from scheduling.live.stages import new_worker_role
 from scheduling.models import Migration, ScalingAction, SchedulerDecision, WorkerCommand
 from workers.channel import stream_key
 
@@ -83,6 +84,12 @@ def provision(
         if region is not None:
             GpuWorker.objects.filter(pk__in=[w.pk for w in workers]).update(region=region)
         scale_plan_write(action=action, preset=preset, workers=workers)
+        # The first new worker takes the role the stage placement wants (``--stages``): E while
+        # workers without E run with no encoder, else the whole pipeline (docs/stages.md).
+        role = new_worker_role(preset)
+        if workers and role != workers[0].stage_role:
+            workers[0].stage_role = role
+            GpuWorker.objects.filter(pk=workers[0].pk).update(stage_role=role)
 
     try:
         spec = gpu_profiles()[gpu_type]

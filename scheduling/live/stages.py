@@ -31,7 +31,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Q
+from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from gpu.models import STAGE_ROLES, GpuWorker
@@ -85,17 +85,20 @@ def _gpu_spec(workers: Iterable[GpuWorker]) -> GpuSpec:
 # --- the encoder of a worker without E ------------------------------------------------------------
 
 
-def encoder_for(worker: GpuWorker, role: str | None = None) -> dict | None:
+def encoder_for(worker: GpuWorker, role: str | None = None, *, exclude: str | None = None) -> dict | None:
     """The encoder a session on ``worker`` (in ``role``: default its current one) uses: ``None``
     when the role hosts E itself, else the least-loaded ready E worker of its model (the queue its
-    heartbeat reported), same region first. Raises ``EncoderMissing`` when there is none."""
+    heartbeat reported), same region first, other than ``exclude`` (one just lost). Raises
+    ``EncoderMissing`` when there is none."""
     role = role or worker.stage_role
     if "E" in role:
         return None
     candidates = list(
         GpuWorker.objects.filter(
             model_preset=worker.model_preset, status=GpuWorker.Status.READY, stage_role="E"
-        ).exclude(migration_address="")
+        )
+        .exclude(migration_address="")
+        .exclude(name=exclude or "")
     )
     if not candidates:
         raise EncoderMissing(f"no ready E worker serves {worker.model_preset} to {worker.name} (role {role})")
@@ -257,6 +260,11 @@ def stage_placement_step(
         return None
     conf = settings.STREAMSERVE
     row = SchedulerState.objects.select_for_update(no_key=True).get_or_create(policy=_state_key(preset))[0]
+    pool_change = _encoder_pool_change(ready=ready, busy=_busy(ready.values()), now=now, row=row)
+    if pool_change is not None:
+        return _encoder_pool_grow(
+            preset=preset, ready=ready, change=pool_change, now=now, row=row, outbox=outbox, workers=workers
+        )
     trigger = ReplacementTrigger(conf["STAGE_WINDOW_S"], conf["STAGE_THRESHOLD"], conf["STAGE_MIN_OPS"])
     trigger.load_state_dict(row.state.get("trigger", {}))
     last_fire = trigger.state_dict()["last_fire"]
@@ -269,9 +277,11 @@ def stage_placement_step(
     pipeline, gpu = _pipeline(), _gpu_spec(ready.values())
     mix = live_mix(preset=preset, now=now, window_s=trigger.window_s, pipeline=pipeline, gpu=gpu)
     current = {name: w.stage_role for name, w in ready.items()}
-    # Live jobs run on EDC workers only (their commands carry no stage hand-off yet): a queued job is
+    # Live jobs run on EDC workers, and on DC workers while an encoder is ready: a queued job is
     # unserved when no worker can take it, whatever type Alg. 2 would prefer for it.
-    unserved_jobs = 0 if "EDC" in current.values() else len(mix.pending)
+    has_encoder = "E" in current.values()
+    job_hosts = [r for r in current.values() if r == "EDC" or (r == "DC" and has_encoder)]
+    unserved_jobs = 0 if job_hosts else len(mix.pending)
     waiting_for_encoder = mix.queued_sessions if _encoder_missing(ready.values()) else 0
     clock = now.timestamp()
     for t, stage in _stage_ops(preset=preset, since=now - timedelta(seconds=trigger.window_s), until=now):
@@ -454,3 +464,235 @@ def stage_change_answered(*, command_id: str, status: str, reason: str, result: 
         _finish_if_done(placement, now)
         transaction.on_commit(lambda: scheduler_trigger("tick"))
     return True
+
+
+# --- the encoders of workers without E: failover, refused prompts, the pool's size -----------------
+
+# The commands that name the encoder a worker without E takes prompt embeddings from.
+ENCODER_COMMANDS = (
+    WorkerCommand.Kind.START,
+    WorkerCommand.Kind.PROMPT,
+    WorkerCommand.Kind.SET_ROLE,
+    WorkerCommand.Kind.SET_ENCODER,
+    WorkerCommand.Kind.JOB_RUN,
+)
+
+
+def current_encoders(workers: Iterable[GpuWorker]) -> dict[str, str]:
+    """The encoder worker each of ``workers`` was last told to use (by name): the newest command to
+    it that carried an ``encoder`` and was not refused. A worker never told one is absent."""
+    ids = {w.pk: w.name for w in workers}
+    if not ids:
+        return {}
+    rows = (
+        WorkerCommand.objects.filter(worker__in=ids, kind__in=ENCODER_COMMANDS, payload__has_key="encoder")
+        .exclude(status=WorkerCommand.Status.REFUSED)
+        # DISTINCT ON (worker): the newest per worker, one index scan per worker's commands.
+        .order_by("worker_id", "-created_at")
+        .distinct("worker_id")
+        .values_list("worker", "payload")
+    )
+    return {ids[pk]: str((payload.get("encoder") or {}).get("worker", "")) for pk, payload in rows}
+
+
+def _encoder_lost(worker: GpuWorker, current: str | None, ready_encoders: set[str]) -> str | None:
+    """Why ``worker`` needs another encoder, or ``None``: the one it uses is no longer ready, or its
+    heartbeat says it waits for a lost (or unknown) one."""
+    if current and current not in ready_encoders:
+        return f"encoder {current} is no longer ready"
+    wait = (worker.telemetry or {}).get("encoder_wait")
+    if isinstance(wait, dict) and wait.get("sessions"):
+        reason = str(wait.get("reason", ""))
+        # "waiting for encoder X's answer" is an encode in flight; anything else (X lost, X's encode
+        # failed, no encoder known) will not end by itself.
+        if not reason.startswith("waiting for encoder"):
+            return f"heartbeat: {reason}"[:500]
+    return None
+
+
+def encoder_failover(*, preset: str, workers: dict[str, GpuWorker], now: datetime, outbox: Outbox) -> dict:
+    """Give every ready worker without E whose encoder was lost another one (``set_encoder``, same
+    region first), and re-send the prompts such workers refused for lack of an encoder once one is
+    ready. Returns what it did for the run's decision record: ``{"encoder_failover": {worker:
+    {"from", "to" | "waiting", "reason"}}, "prompts_resent": [prompt ids]}`` (empty keys left out)."""
+    dependants = [
+        w
+        for w in workers.values()
+        if w.status == GpuWorker.Status.READY and w.holds_sessions and "E" not in w.stage_role
+    ]
+    if not dependants:
+        return {}
+    ready_encoders = {
+        w.name for w in workers.values() if w.status == GpuWorker.Status.READY and w.stage_role == "E"
+    }
+    current = current_encoders(dependants)
+    in_flight = set(
+        WorkerCommand.objects.filter(
+            worker__in=dependants, kind=WorkerCommand.Kind.SET_ENCODER, status=WorkerCommand.Status.SENT
+        ).values_list("worker__name", flat=True)
+    )
+    failover: dict[str, dict] = {}
+    for worker in dependants:
+        if worker.name in in_flight:
+            continue
+        why = _encoder_lost(worker, current.get(worker.name), ready_encoders)
+        if why is None:
+            continue
+        entry = {"from": current.get(worker.name) or None, "reason": why}
+        try:
+            encoder = encoder_for(worker, exclude=current.get(worker.name))
+        except EncoderMissing as exc:
+            failover[worker.name] = {**entry, "waiting": f"waiting for an encoder: {exc}"}
+            continue
+        # ``lost`` and ``why`` are for the record (console, audit); the worker reads ``encoder``.
+        outbox.command(worker, WorkerCommand.Kind.SET_ENCODER, encoder=encoder, lost=entry["from"], why=why)
+        failover[worker.name] = {**entry, "to": encoder["worker"]}
+        logger.warning(
+            "stages.encoder_failover preset=%s worker=%s from=%s to=%s reason=%s",
+            preset,
+            worker.name,
+            entry["from"],
+            encoder["worker"],
+            why,
+        )
+    out: dict = {"encoder_failover": failover} if failover else {}
+    resent = _refused_prompts_resend(dependants, outbox)
+    if resent:
+        out["prompts_resent"] = resent
+    return out
+
+
+def _refused_prompts_resend(dependants: list[GpuWorker], outbox: Outbox) -> list[int]:
+    """A prompt a worker without E refused for its encoder — it came without one (none was ready), or
+    the one it named could not be used — goes to it again with a ready one (not the one refused) —
+    once per refused command (a re-sent prompt refused again is left to the record), and only while
+    the session is still on that worker (elsewhere its start or resume carries the whole prompt
+    history)."""
+    refused = list(
+        WorkerCommand.objects.filter(
+            worker__in=dependants,
+            kind=WorkerCommand.Kind.PROMPT,
+            status=WorkerCommand.Status.REFUSED,
+            session__worker=F("worker"),
+            session__status__in=[GenerationSession.Status.EXECUTING, GenerationSession.Status.MIGRATING],
+        )
+        # Refused for the encoder: sent without one (none was ready), or the one named was unusable.
+        .filter(~Q(payload__has_key="encoder") | Q(reason__icontains="encoder"))
+        .exclude(payload__has_key="resent")
+        .select_related("worker", "session")
+        .order_by("created_at")
+    )
+    if not refused:
+        return []
+    # A prompt already re-sent (the payload names the refused command) is not sent twice.
+    done = set(
+        WorkerCommand.objects.filter(
+            kind=WorkerCommand.Kind.PROMPT, payload__resent__in=[str(c.pk) for c in refused]
+        ).values_list("payload__resent", flat=True)
+    )
+    resent: list[int] = []
+    for command in refused:
+        if str(command.pk) in done:
+            continue
+        named = (command.payload.get("encoder") or {}).get("worker")
+        try:
+            encoder = encoder_for(command.worker, exclude=named)
+        except EncoderMissing:
+            continue
+        session = command.session
+        payload = {
+            k: v for k, v in command.payload.items() if k not in ("id", "kind", "session", "epoch", "encoder")
+        }
+        outbox.command(
+            command.worker,
+            WorkerCommand.Kind.PROMPT,
+            session=session,
+            epoch=session.epoch,
+            **payload,
+            encoder=encoder,
+            resent=str(command.pk),
+        )
+        resent.append(payload.get("prompt_id"))
+        logger.info(
+            "stages.prompt_resent session=%s worker=%s prompt=%s refused_command=%s",
+            session.pk,
+            command.worker.name,
+            payload.get("prompt_id"),
+            command.pk,
+        )
+    return resent
+
+
+def new_worker_role(preset: str) -> str:
+    """The role a worker the provisioner starts for ``preset`` gets (``--stages``): E when workers
+    without E are live and no E worker is (nor is being started), else the whole pipeline."""
+    live = GpuWorker.objects.filter(model_preset=preset, status__in=GpuWorker.LIVE_STATUSES)
+    needs = live.filter(stage_role__in=[r for r in STAGE_ROLES if "E" not in r and "D" in r]).exists()
+    return "E" if needs and not live.filter(stage_role="E").exists() else "EDC"
+
+
+def _encoder_pool_change(
+    *, ready: dict[str, GpuWorker], busy: set[str], now: datetime, row: SchedulerState
+) -> tuple[str, str] | None:
+    """One worker to turn into E, and why, when the pool's encoders are too few: none ready while
+    workers without E are, or the E workers' reported encode queue averages ``STAGE_ENCODER_QUEUE_MAX``
+    or more (at most one growth per trigger window). The worker is an idle session holder, never the last
+    one; ``None`` when no change is due or no worker can be spared."""
+    encoders = [w for w in ready.values() if w.stage_role == "E"]
+    holders = [w for w in ready.values() if w.holds_sessions]
+    last = row.state.get("encoder_pool_at")
+    if not holders or (last is not None and now.timestamp() - last < settings.STREAMSERVE["STAGE_WINDOW_S"]):
+        return None  # at most one growth per trigger window: a refused change is not retried at once
+    if not encoders:
+        if all("E" in w.stage_role for w in holders):
+            return None
+        why = "no ready E worker while workers without E serve"
+    else:
+        queue = sum(w.encoder_load for w in encoders) / len(encoders)
+        if queue < settings.STREAMSERVE["STAGE_ENCODER_QUEUE_MAX"]:
+            return None
+        why = f"E workers' encode queue averages {queue:g} (≥ {settings.STREAMSERVE['STAGE_ENCODER_QUEUE_MAX']})"
+    idle = sorted(
+        (w for w in holders if w.name not in busy),
+        key=lambda w: ("E" in w.stage_role, w.name),  # a DC worker first: EDC keeps serving alone
+    )
+    if not idle or len(holders) < 2:
+        logger.warning("stages.encoder_pool_short no idle worker can become E: %s", why)
+        return None
+    return idle[0].name, why
+
+
+def _encoder_pool_grow(
+    *,
+    preset: str,
+    ready: dict[str, GpuWorker],
+    change: tuple[str, str],
+    now: datetime,
+    row: SchedulerState,
+    outbox: Outbox,
+    workers: dict[str, GpuWorker],
+) -> StagePlacement:
+    """Record and start a one-worker placement that turns ``change[0]`` into an E worker."""
+    name, why = change
+    current = {n: w.stage_role for n, w in ready.items()}
+    placement = StagePlacement.objects.create(
+        created_at=now,
+        preset=preset,
+        reason=StagePlacement.Reason.ENCODER_POOL,
+        roles_before=current,
+        roles_after={**current, name: "E"},
+        trigger={
+            "why": why,
+            "encoders": {n: w.encoder_load for n, w in ready.items() if w.stage_role == "E"},
+            "encoder_queue_max": settings.STREAMSERVE["STAGE_ENCODER_QUEUE_MAX"],
+        },
+    )
+    StageRoleChange.objects.create(
+        placement=placement, worker=ready[name], from_role=current[name], to_role="E", order=0, created_at=now
+    )
+    row.state = {**row.state, "encoder_pool_at": now.timestamp()}
+    row.save(update_fields=["state", "updated_at"])
+    logger.info("stages.encoder_pool id=%s preset=%s worker=%s: %s", placement.pk, preset, name, why)
+    _progress(preset=preset, workers=workers, now=now, outbox=outbox)
+    placement.refresh_from_db()
+    return placement

@@ -276,7 +276,14 @@ function renderWorkers(workers) {
     field("status").textContent = STATUS_WORDS[w.status] || w.status;
     field("status").dataset.state = w.status;
     field("gpu").textContent = `${w.gpu_type} · ${w.device}${w.host ? ` @ ${w.host}` : ""}`;
-    const encoder = w.encoder ? ` · encoder queue ${w.encoder.queue ?? "?"}, ${w.encoder.served ?? "?"} served` : "";
+    let encoder = w.encoder ? ` · encoder queue ${w.encoder.queue ?? "?"}, ${w.encoder.served ?? "?"} served` : "";
+    const source = w.encoder_source;
+    if (source) {
+      encoder += source.worker ? ` · encoder ${source.worker}` : " · no encoder yet";
+      if (source.wait) encoder += ` · waiting: ${source.wait}`;
+      const f = source.failover;
+      if (f) encoder += ` · failover ${f.from || "?"} → ${f.to || "?"} (${f.status})`;
+    }
     field("stage-role").textContent = `${STAGE_WORDS[w.stage_role] || w.stage_role}${encoder}`;
     const jobs = w.jobs && (w.jobs.running || w.jobs.paused) ? ` · jobs: ${w.jobs.running} running, ${w.jobs.paused} paused` : "";
     field("sessions").textContent = `${w.sessions} executing${w.parked ? ` · ${w.parked} parked in host memory` : ""}${jobs}`;

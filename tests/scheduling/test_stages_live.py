@@ -313,20 +313,22 @@ def test_the_console_shows_roles_and_placements_on_the_timeline():
     )
 
 
-def test_jobs_go_only_to_whole_pipeline_workers():
-    # given an encoder, a DC worker and one EDC worker, and two queued jobs
+def test_jobs_never_go_to_an_encoder_and_a_dc_workers_name_its_encoder():
+    # given an encoder, a DC worker and one EDC worker, and four queued jobs
     worker("enc", "E")
     worker("dc", "DC")
-    edc = worker("edc")
+    worker("edc")
     now = timezone.now()
-    for _ in range(2):
+    for _ in range(4):
         JobFactory(deadline=now + timedelta(minutes=5))
     # when the job dispatcher runs
     jobs_dispatch()
-    # then only the EDC worker received jobs (job commands carry no encoder nor stage hand-off yet)
-    assert set(WorkerCommand.objects.filter(kind="job_run").values_list("worker__name", flat=True)) == {
-        edc.name
-    }
+    # then the jobs run on the diffusion workers only, and a DC worker's job_run names the encoder
+    runs = list(WorkerCommand.objects.filter(kind="job_run").select_related("worker"))
+    assert runs and {c.worker.name for c in runs} <= {"dc", "edc"}
+    for command in runs:
+        expected = {"worker": "enc", "address": "enc:29500"} if command.worker.name == "dc" else None
+        assert command.payload.get("encoder") == expected
 
 
 def test_the_workers_api_shows_and_filters_by_stage_role(staff_api):
@@ -370,16 +372,17 @@ def test_registration_takes_the_role_the_worker_was_started_with():
 
 
 def test_a_job_no_worker_can_take_fires_the_trigger_without_a_skew(stages_on):
-    # given a pool placed as DC workers and an encoder: no whole-pipeline worker for jobs
-    busy, idle = worker("w-a", "DC"), worker("w-c", "DC")
-    worker("w-b", "E")
+    # given a pool placed as one busy DC worker without an encoder, a D and a C worker: no worker
+    # can take a job (and none can be spared to become an encoder)
+    busy = worker("w-a", "DC")
+    worker("w-b", "D")
+    worker("w-c", "C")
     SchedulerState.objects.create(policy="stages@tiny", state={"bootstrapped": True, "trigger": {}})
     stream_mix(executing(busy), chunks=40, prompts=0)
     # when a job is queued (no stage op completed: no skew to see)
     JobFactory(deadline=timezone.now() + timedelta(minutes=5))
     scheduler_run(trigger="tick")
-    # then the trigger fires for it and Alg. 2 brings whole pipelines back, the idle worker first
+    # then the trigger fires for it and Alg. 2 brings a whole pipeline back
     placement = StagePlacement.objects.get()
     assert placement.reason == "unserved" and placement.trigger["unserved_jobs"] == 1
-    assert placement.roles_after == {"w-a": "EDC", "w-b": "E", "w-c": "EDC"}
-    assert [c.worker_id for c in placement.changes.order_by("order")] == [idle.pk, busy.pk]
+    assert "EDC" in placement.roles_after.values()
