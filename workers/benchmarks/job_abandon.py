@@ -11,6 +11,9 @@ free for the stream:
 - ``abandon``: a `StreamClaimWatch` reads the stream beside the step and sets the flag the step
   checks at its block boundaries; the step returns at the next boundary, its work lost.
 
+And ``final_decode_ms``: a finished video's decode (`job_frames`), which the daemon runs right after
+the last step with no block boundary, set beside the step's median.
+
 The two modes alternate, repeat by repeat, on the same job. Everything here measures; nothing
 asserts.
 """
@@ -108,6 +111,7 @@ def bench_claim_to_free(
                 if report.abandoned:
                     abandoned += 1
                     lost.append(report.step_ms)
+        decode_ms = _final_decodes(engine, steps, repeats=max(5, repeats // 4))
     finally:
         watch.stop()
         watch.join(timeout=2)
@@ -121,7 +125,24 @@ def bench_claim_to_free(
         "claim_to_free_ms": {mode: summarize(values) for mode, values in waits.items()},
         "abandoned": abandoned,
         "lost_ms": summarize(lost),
+        "final_decode_ms": summarize(decode_ms),
     }
+
+
+def _final_decodes(engine: ChunkEngine, steps: int, *, repeats: int) -> list[float]:
+    """The finished job's decode (`job_frames`), timed ``repeats`` times: the daemon runs it on its
+    loop right after the last step, with no block boundary, so a claim landing then waits for it."""
+    while engine.job_progress("job")[0] < steps:
+        engine.job_step(["job"])
+    cuda = engine.model.device.type == "cuda"
+    out = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        engine.job_frames("job")  # copies to the host: the decode's kernels are done at return
+        if cuda:
+            torch.cuda.synchronize(engine.model.device)
+        out.append((time.perf_counter() - started) * 1000.0)
+    return out
 
 
 def run_abandon_bench(
@@ -147,6 +168,7 @@ def format_abandon_bench(report: dict[str, Any]) -> str:
             f"  {row['preset']} {kind} {width}x{height}x{frames} (step p50 {row['step_ms_p50']:.2f} ms, "
             f"commands landed in a step: {row['landed']['finish']} / {row['landed']['abandon']}): finish p50 {finish['p50']:.2f} / p99 {finish['p99']:.2f} ms; "
             f"abandon p50 {abandon['p50']:.2f} / p99 {abandon['p99']:.2f} ms "
-            f"({row['abandoned']} steps abandoned, work lost p50 {row['lost_ms']['p50']:.2f} ms)"
+            f"({row['abandoned']} steps abandoned, work lost p50 {row['lost_ms']['p50']:.2f} ms); "
+            f"final decode p50 {row['final_decode_ms']['p50']:.2f} / max {row['final_decode_ms']['max']:.2f} ms"
         )
     return "\n".join(lines)

@@ -33,6 +33,7 @@ tensor (the encoder's `StageRunner`, so its LRU cache of encodings serves every 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import json
@@ -43,7 +44,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -384,6 +385,13 @@ class StagedStreamingModel(StagewiseModel):
 
     def job_layout(self, meta: dict[str, Any]) -> Layout:
         return self.inner.job_layout(meta)
+
+    @contextlib.contextmanager
+    def abandon_on(self, flag: threading.Event | None) -> Iterator[None]:
+        """The flag is the wrapped model's too: its `job_step` (run through the `StagedModel`) checks
+        it at the same block boundaries as on an ``EDC`` worker (``check_abandon``)."""
+        with super().abandon_on(flag), self.inner.abandon_on(flag):
+            yield
 
     def job_step(self, states: list[SessionState]) -> None:
         self.staged.job_step(states)
