@@ -30,7 +30,8 @@ def test_layersplit_command_reports_equal_split_chunks():
         assert row["max_abs_diff"] == 0.0
         assert row["kv_move_bytes"] == 2 * int(key) * kv_per_block
         assert row["moved_chunk_s"]["count"] == 1 and row["moved_chunk_s"]["p50"] > 0
-        assert row["handoff_s_per_chunk"]["p50"] > 0
+        # One hand-off was timed; a loopback hand-off of the tiny preset can round to 0.000 s.
+        assert row["handoff_s_per_chunk"]["count"] == 1 and row["handoff_s_per_chunk"]["p50"] >= 0
     for label in ("B", "K", "M"):
         assert report["whole_chunk_s"][label]["p50"] > 0
     weights = report["weights"]
