@@ -76,8 +76,6 @@ logger = logging.getLogger("workers.stages")
 
 ENCODER_HELLO_QUEUE = "enc/hello"
 DECODER_HELLO_QUEUE = "dec/hello"
-# The roles the worker daemon serves: every role (``D`` and ``ED`` run one-shot jobs only).
-DAEMON_ROLES = ("EDC", "ED", "DC", "D", "E", "C")
 # Roles whose worker runs no sessions and no jobs: a request/response stage service.
 SERVICE_ROLES = ("E", "C")
 _POLL_MIN_S, _POLL_MAX_S = 0.001, 0.05
@@ -97,15 +95,9 @@ class DecoderUnavailable(StageUnavailable):
 
 
 def daemon_role(role: str) -> str:
-    """The canonical role for the worker daemon; `RoleError` for a bad role, `ValueError` for a
-    valid role the daemon does not serve (none today: kept for roles a preset's daemon lacks)."""
-    name = role_name(parse_role(role))
-    if name not in DAEMON_ROLES:
-        raise ValueError(
-            f"role {name} is not served by the worker daemon (it serves {', '.join(DAEMON_ROLES)}); "
-            "run it as a stage worker process (python -m workers.runtime.stages.worker)"
-        )
-    return name
+    """The canonical role for the worker daemon (every role: ``D`` and ``ED`` run one-shot jobs only,
+    ``E`` and ``C`` serve requests); `RoleError` (a `ValueError`) names the valid roles."""
+    return role_name(parse_role(role))
 
 
 # --- the diffusion worker's side ----------------------------------------------------------------------
