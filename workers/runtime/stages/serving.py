@@ -1,6 +1,6 @@
 """Live stage workers (issue 15): a worker daemon hosting a role's stages, and the encoder pool.
 
-A worker daemon (``manage.py gpuworker --stages ROLE``) runs one of three roles:
+A worker daemon (``manage.py gpuworker --stages ROLE``) runs any role:
 
 - ``EDC`` — the monolithic worker, unchanged: its `ChunkEngine` holds the model itself.
 - ``DC`` — a diffusion worker with no encoder weights. Its engine holds a `StagedStreamingModel`:
@@ -10,6 +10,12 @@ A worker daemon (``manage.py gpuworker --stages ROLE``) runs one of three roles:
 - ``E`` — an encoder worker: no sessions, no chunks. Its `EncoderService` answers encode requests
   from many ``DC`` workers, one pair of hand-off links (``stages/link.py``) per client, rendezvous
   on the store the worker already hosts for migrations (its ``migration_address``).
+- ``C`` — a decoder worker: no sessions, no jobs. Its `DecoderService` decodes finished one-shot
+  jobs' latents for ``D``/``ED`` workers (`DecoderClient`), the same request/response `StageService`
+  as the encoder's on its own hello queue.
+- ``D``, ``ED`` — one-shot job workers: a stream keeps decode next to diffuse (its causal VAE's
+  per-session decoder cache), so they refuse sessions; a job's prompt is encoded on an ``E`` worker
+  (``D``) or here (``ED``), its final latents decoded on the ``C`` worker its ``job_run`` names.
 
 The split state. A ``DC`` session's region holds its diffusion state *and* its decoder cache, laid
 out as the monolithic model's state region (``StagedModel.state_layout``; the decoder cache is the
