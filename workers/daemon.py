@@ -713,7 +713,8 @@ class WorkerDaemon:
         encoder worker from now on (the one in use was lost, or the control plane moves the load).
         Sessions waiting for an encoding ask the new encoder at once."""
         if not self.stage.needs_encoder:
-            raise CommandRefused(f"role {self.stage.role} encodes its own prompts")
+            why = "encodes its own prompts" if "E" in self.stage.role else "runs no prompts"
+            raise CommandRefused(f"role {self.stage.role} {why}")
         self._use_encoder(command)
         for owned in self.sessions.values():
             if owned.parked is None:
