@@ -11,6 +11,7 @@ import pytest
 from django.utils import timezone
 
 from gpu.models import GpuWorker, Region
+from scheduling.console import cluster_snapshot
 from scheduling.live.jobs import jobs_dispatch
 from scheduling.live.run import scheduler_run
 from scheduling.models import WorkerCommand
@@ -39,6 +40,9 @@ def test_a_job_runs_on_a_d_worker_with_an_encoder_and_the_nearest_least_loaded_d
     assert command.worker == d and command.payload["job"] == str(job.pk)
     assert command.payload["encoder"] == {"worker": "enc", "address": "enc:29500"}
     assert command.payload["decoder"] == {"worker": "dec-near", "address": "dec-near:29500"}
+    # and the console shows each decoder's load
+    rows = {w["name"]: w for w in cluster_snapshot()["workers"]}
+    assert rows["dec-busy"]["decoder"] == {"queue": 4} and rows["d"]["decoder"] is None
 
 
 def test_a_job_waits_with_the_reason_while_no_decoder_is_ready_for_an_ed_worker():
