@@ -123,3 +123,16 @@ def test_bench_stage_roles_reports_both_roles_and_the_round_trip():
     assert report["encoder"]["served"] == 1 + 2 * 2
     with pytest.raises(CommandError, match="--sessions"):
         call_command("bench_stage_roles", "--sessions", "0")
+
+
+def test_bench_stage_decode_reports_the_round_trip_and_equal_frames():
+    out = StringIO()
+    call_command(
+        "bench_stage_decode", "--kind", "image", "--repeats", "2", "--warmup", "0", "--json", stdout=out
+    )
+    report = json.loads(out.getvalue())
+    assert report["decode_round_trip_ms"]["count"] == report["local_decode_ms"]["count"] == 2
+    # the decoder process decoded every round's latents into the in-process frames
+    assert report["identical"] is True and report["decoder"]["served"] == 2
+    with pytest.raises(CommandError, match="--frames"):
+        call_command("bench_stage_decode", "--frames", "0")
