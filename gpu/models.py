@@ -213,8 +213,17 @@ class GpuWorker(models.Model):
     @property
     def encoder_load(self) -> int:
         """An E worker's queue of prompt encodes, as its last heartbeat reported it."""
-        encoder = (self.telemetry or {}).get("encoder") if isinstance(self.telemetry, dict) else None
-        queue = encoder.get("queue") if isinstance(encoder, dict) else None
+        return self.service_load("encoder")
+
+    @property
+    def decoder_load(self) -> int:
+        """A C worker's queue of job decodes, as its last heartbeat reported it."""
+        return self.service_load("decoder")
+
+    def service_load(self, service: str) -> int:
+        """The request queue a stage service (``encoder``, ``decoder``) reported in its heartbeat."""
+        report = (self.telemetry or {}).get(service) if isinstance(self.telemetry, dict) else None
+        queue = report.get("queue") if isinstance(report, dict) else None
         return queue if isinstance(queue, int) and not isinstance(queue, bool) and queue >= 0 else 0
 
 

@@ -145,9 +145,11 @@ def _workers(now) -> list[dict[str, Any]]:
                 "device": w.device,
                 "host": w.host,
                 "capacity": w.capacity,
-                # Stages it hosts (docs/stages.md); an E worker's encoder load from its heartbeat.
+                # Stages it hosts (docs/stages.md); an E worker's encoder load, a C worker's decoder
+                # load, from its heartbeat.
                 "stage_role": w.stage_role,
                 "encoder": (w.telemetry or {}).get("encoder") if w.stage_role == "E" else None,
+                "decoder": (w.telemetry or {}).get("decoder") if w.stage_role == "C" else None,
                 # A worker without E: the encoder it uses, what it waits for, its last failover.
                 "encoder_source": sources.get(w.pk),
                 "sessions": w.resident,

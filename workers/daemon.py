@@ -56,7 +56,7 @@ from workers.job_runner import JobRefused, JobRunner
 from workers.records import chunk_record_append
 from workers.runtime.engine import ChunkEngine, ChunkResult, HostStateRecord, SessionNotFound, region_to_bytes
 from workers.runtime.jobs import window_s
-from workers.runtime.stages.serving import EncoderUnavailable, RoleRefused, StageHost
+from workers.runtime.stages.serving import RoleRefused, StageHost, StageUnavailable
 from workers.runtime.transport import send_state
 from workers.streaming import chunk_message, group_name
 
@@ -643,16 +643,19 @@ class WorkerDaemon:
     def _cmd_job_run(self, command: dict) -> dict:
         if self.draining:
             raise CommandRefused(f"worker {self.name} is draining")
-        if not self.stage.holds_sessions:
+        if not self.stage.runs_jobs:
             raise CommandRefused(
-                f"one-shot jobs run on diffusion workers (EDC, DC); {self.name} is {self.stage.role}"
+                f"one-shot jobs run on diffusion workers (EDC, ED, DC, D); {self.name} is {self.stage.role}"
             )
         if self.stage.needs_encoder and command.get("job") not in self.jobs.jobs:
-            # A DC worker gets the job's prompt embeddings from the encoder worker the command names.
+            # A DC or D worker gets the job's prompt embeddings from the encoder worker the command names.
             self._use_encoder(command)
+        if self.stage.needs_decoder and (command.get("job") not in self.jobs.jobs or "decoder" in command):
+            # A D or ED worker decodes the finished job's latents on the decoder worker named here.
+            self._use_decoder(command)
         try:
             return self.jobs.run(command)
-        except EncoderUnavailable as exc:
+        except StageUnavailable as exc:
             raise CommandRefused(str(exc)) from exc
 
     def _cmd_job_pause(self, command: dict) -> dict:
@@ -688,9 +691,7 @@ class WorkerDaemon:
         """A start or prompt needs diffuse and decode here, and on a worker without the encode stage
         the encoder worker to take the prompt's embeddings from (``command["encoder"]``)."""
         if not self.stage.holds_sessions:
-            raise CommandRefused(
-                f"role {self.stage.role} holds no sessions: start them on a diffusion worker"
-            )
+            raise CommandRefused(self.stage.sessions_refused)
         if not self.stage.needs_encoder:
             return
         self._use_encoder(command)
@@ -698,7 +699,13 @@ class WorkerDaemon:
     def _use_encoder(self, command: dict) -> None:
         try:
             self.stage.use_encoder(command.get("encoder"))
-        except (ValueError, EncoderUnavailable) as exc:
+        except (ValueError, StageUnavailable) as exc:
+            raise CommandRefused(str(exc)) from exc
+
+    def _use_decoder(self, command: dict) -> None:
+        try:
+            self.stage.use_decoder(command.get("decoder"))
+        except (ValueError, StageUnavailable) as exc:
             raise CommandRefused(str(exc)) from exc
 
     def _cmd_set_encoder(self, command: dict) -> dict:
@@ -706,7 +713,8 @@ class WorkerDaemon:
         encoder worker from now on (the one in use was lost, or the control plane moves the load).
         Sessions waiting for an encoding ask the new encoder at once."""
         if not self.stage.needs_encoder:
-            raise CommandRefused(f"role {self.stage.role} encodes its own prompts")
+            why = "encodes its own prompts" if "E" in self.stage.role else "runs no prompts"
+            raise CommandRefused(f"role {self.stage.role} {why}")
         self._use_encoder(command)
         for owned in self.sessions.values():
             if owned.parked is None:
@@ -728,7 +736,7 @@ class WorkerDaemon:
         if command.get("encoder") is not None:
             try:
                 self.stage.use_encoder(command["encoder"])
-            except (ValueError, EncoderUnavailable) as exc:
+            except (ValueError, StageUnavailable) as exc:
                 raise CommandRefused(str(exc)) from exc
         metas = {sid: self._session_meta(owned) for sid, owned in self.sessions.items()}
         try:
@@ -849,7 +857,7 @@ class WorkerDaemon:
         if "job" in command:
             return self._job_migrate_in(command)
         if not self.stage.holds_sessions:
-            raise CommandRefused(f"role {self.stage.role} holds no sessions")
+            raise CommandRefused(self.stage.sessions_refused)
         sid = command["session"]
         if sid in self.sessions or sid in self.receiving:
             raise CommandRefused(f"session {sid} is already on {self.name}")
@@ -877,6 +885,10 @@ class WorkerDaemon:
         job_id, epoch = command["job"], int(command["epoch"])
         if job_id in self.jobs.jobs or job_id in self.receiving:
             raise CommandRefused(f"job {job_id} is already on {self.name}")
+        if not self.stage.runs_jobs:
+            raise CommandRefused(f"role {self.stage.role} runs no jobs")
+        if self.stage.needs_decoder and "decoder" in command:
+            self._use_decoder(command)
         received: dict[str, Any] = {}
 
         def install(manifest: dict, tensors: dict) -> None:

@@ -61,7 +61,8 @@ class DjangoReporter(Reporter, threading.Thread):
         self, telemetry: dict, resident: list[str], parked: list[str], stage: dict | None = None
     ) -> None:
         # The stage role (issue 15) rides in the telemetry sample: {"stage_role": "DC"}, and on an
-        # encoder worker {"encoder": {"queue", "served", "encode_ms_p50", ...}, "session_capacity": 0}.
+        # encoder worker {"encoder": {"queue", "served", "encode_ms_p50", ...}, "session_capacity": 0},
+        # on a decoder worker {"decoder": {"queue", "served", "decode_ms_p50", "clients"}}.
         report = {**telemetry, **(stage or {})}
         self.tasks.put(lambda: worker_heartbeat(worker_id=self.worker_id, telemetry=report))
 

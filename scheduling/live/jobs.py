@@ -26,7 +26,7 @@ from gpu.models import GpuWorker
 from scheduling.live.jobs_genserve import JobCosts
 from scheduling.live.jobs_policy import JobPolicy, JobRound, JobView, WorkerView, load_job_policy
 from scheduling.live.outbox import Outbox, scheduler_lock
-from scheduling.live.stages import EncoderMissing, encoder_for
+from scheduling.live.stages import EncoderMissing, StageServiceMissing, decoder_for, encoder_for
 from scheduling.models import WorkerCommand
 from sessions import jobs as job_services
 from sessions.models import GenerationSession, Job
@@ -38,8 +38,9 @@ State = Job.State
 SessionStatus = GenerationSession.Status
 # How many queued jobs per dispatch the policy sees (the front of the queue); the rest wait a tick.
 QUEUE_WINDOW = 500
-# The roles that run one-shot jobs: diffuse and decode on the worker (E on it or on an E worker).
-JOB_ROLES = ("EDC", "DC")
+# The roles that run one-shot jobs: diffuse on the worker; E on it or on an E worker, C on it or on
+# a C worker (D and ED send a finished job's latents to a C worker for its decode).
+JOB_ROLES = ("EDC", "ED", "DC", "D")
 
 
 @dataclass
@@ -49,7 +50,8 @@ class DispatchResult:
     resumed: int = 0
     moved: int = 0
     requeued: int = 0
-    # Workers without E that take no new job this round, and why (no ready encoder serves them).
+    # Workers without E (or C) that take no new job this round, and why (no ready encoder, or
+    # decoder, serves them).
     waiting_for_encoder: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -106,8 +108,8 @@ def jobs_dispatch() -> DispatchResult:
             w.name: w
             for w in GpuWorker.objects.select_for_update(no_key=True)
             .filter(model_preset__in=models, status__in=[GpuWorker.Status.READY, GpuWorker.Status.DRAINING])
-            # Jobs run where diffuse and decode are (EDC, DC; docs/stages.md, "Live placement"): a DC
-            # worker's job_run names the encoder its prompt embeddings come from.
+            # Jobs run where diffuse is (EDC, ED, DC, D; docs/stages.md, "Live placement"): the
+            # job_run of a worker without E names its encoder, of one without C its decoder.
             .filter(stage_role__in=JOB_ROLES)
             .order_by("pk")
         }
@@ -119,7 +121,7 @@ def jobs_dispatch() -> DispatchResult:
         queued = list(job_queue(models).select_for_update(no_key=True, skip_locked=True)[:QUEUE_WINDOW])
         by_id = {str(j.pk): j for j in [*held, *queued]}
         names, moving = {w.pk: name for name, w in workers.items()}, _moving(held)
-        encoders, result.waiting_for_encoder = _encoders(workers)
+        services, result.waiting_for_encoder = _stage_services(workers)
         if result.waiting_for_encoder and queued:
             logger.warning(
                 "jobs.waiting_for_encoder queued=%d %s",
@@ -142,7 +144,7 @@ def jobs_dispatch() -> DispatchResult:
         for job_id, target in plan.move:
             result.moved += move_job(by_id[job_id], workers[target], outbox=outbox)
         for job_id, target in plan.assign:
-            result.assigned += _assign(by_id[job_id], workers[target], outbox, encoders.get(target))
+            result.assigned += _assign(by_id[job_id], workers[target], outbox, services.get(target, {}))
         # The jobs left in line moved up: their owners hear it once per queue, not once per start.
         moved = sorted({by_id[job_id].model_name for job_id, _ in plan.assign})
         transaction.on_commit(partial(_queues_broadcast, moved))
@@ -174,19 +176,22 @@ def _view(job: Job, names: dict[int, str], *, moving: set) -> JobView:
     )
 
 
-def _encoders(workers: dict[str, GpuWorker]) -> tuple[dict[str, dict], dict[str, str]]:
-    """The encoder each ready worker without E names in a ``job_run`` (``encoder_for``), and the
-    workers that have none, with why."""
-    encoders: dict[str, dict] = {}
+def _stage_services(workers: dict[str, GpuWorker]) -> tuple[dict[str, dict], dict[str, str]]:
+    """What each ready worker's ``job_run`` names: its ``encoder`` when it lacks E (``encoder_for``),
+    its ``decoder`` when it lacks C (``decoder_for``); and the workers one is missing for, with why."""
+    services: dict[str, dict] = {}
     missing: dict[str, str] = {}
     for name, worker in workers.items():
-        if "E" in worker.stage_role or worker.status != GpuWorker.Status.READY:
+        if worker.status != GpuWorker.Status.READY:
             continue
         try:
-            encoders[name] = encoder_for(worker)
-        except EncoderMissing as exc:
-            missing[name] = f"waiting for an encoder: {exc}"
-    return encoders, missing
+            found = {"encoder": encoder_for(worker), "decoder": decoder_for(worker)}
+        except StageServiceMissing as exc:
+            what = "an encoder" if isinstance(exc, EncoderMissing) else "a decoder"
+            missing[name] = f"waiting for {what}: {exc}"
+            continue
+        services[name] = {k: v for k, v in found.items() if v is not None}
+    return services, missing
 
 
 def _worker_views(
@@ -194,7 +199,7 @@ def _worker_views(
 ) -> list[WorkerView]:
     """Room = K − resident stream sessions − running jobs − jobs whose state is on its way there (the
     slot a move was made for is kept for it); a draining worker has none at all, nor has a worker
-    without E while no encoder is ready for it (its jobs would be refused)."""
+    without E (or C) while no encoder (or decoder) is ready for it (its jobs would be refused)."""
     resident = dict(
         GenerationSession.objects.filter(
             worker__in=workers.values(), status__in=[SessionStatus.EXECUTING, SessionStatus.MIGRATING]
@@ -248,11 +253,12 @@ def _streams_waiting(models: list[str]) -> dict[str, int]:
     )
 
 
-def _assign(job: Job, worker: GpuWorker, outbox: Outbox, encoder: dict | None = None) -> bool:
+def _assign(job: Job, worker: GpuWorker, outbox: Outbox, extra: dict | None = None) -> bool:
     if not job_services.job_assign(job=job, worker=worker):
         return False
-    # A worker without E takes the prompt's embeddings from the encoder worker named here.
-    extra = {"encoder": encoder} if encoder is not None else {}
+    # A worker without E takes the prompt's embeddings from the encoder worker named here (``extra``'s
+    # ``encoder``), one without C decodes the finished job on the decoder worker named (``decoder``).
+    extra = extra or {}
     outbox.command(
         worker,
         WorkerCommand.Kind.JOB_RUN,
@@ -311,9 +317,18 @@ def move_job(job: Job, target: GpuWorker, *, outbox: Outbox) -> bool:
     (``job_command_failed``)."""
     source = job.worker
     old_epoch = job.epoch
+    try:
+        # A target without C decodes the job on a decoder worker: named in its migrate_in.
+        decoder = decoder_for(target)
+    except StageServiceMissing as exc:
+        logger.warning("job.move_skipped job=%s target=%s reason=%s", job.pk, target.name, exc)
+        return False
     if not job_services.job_move(job=job, target=target):
         return False
-    outbox.command(target, WorkerCommand.Kind.MIGRATE_IN, job=job, epoch=job.epoch, source=source.name)
+    extra = {"decoder": decoder} if decoder is not None else {}
+    outbox.command(
+        target, WorkerCommand.Kind.MIGRATE_IN, job=job, epoch=job.epoch, source=source.name, **extra
+    )
     outbox.command(
         source,
         WorkerCommand.Kind.MIGRATE_OUT,

@@ -86,28 +86,49 @@ def _gpu_spec(workers: Iterable[GpuWorker]) -> GpuSpec:
 
 
 def encoder_for(worker: GpuWorker, role: str | None = None, *, exclude: str | None = None) -> dict | None:
-    """The encoder a session on ``worker`` (in ``role``: default its current one) uses: ``None``
-    when the role hosts E itself, else the least-loaded ready E worker of its model (the queue its
-    heartbeat reported), same region first, other than ``exclude`` (one just lost). Raises
+    """The encoder a session or job on ``worker`` (in ``role``: default its current one) uses:
+    ``None`` when the role hosts E itself, else the least-loaded ready E worker of its model (the
+    queue its heartbeat reported), same region first, other than ``exclude`` (one just lost). Raises
     ``EncoderMissing`` when there is none."""
+    return _service_for(worker, "E", role, exclude=exclude)
+
+
+def decoder_for(worker: GpuWorker, role: str | None = None, *, exclude: str | None = None) -> dict | None:
+    """The decoder a one-shot job on a ``D`` or ``ED`` worker sends its final latents to: ``None``
+    when the role hosts C itself, else the least-loaded ready C worker of its model, same region
+    first (as `encoder_for`). Raises ``DecoderMissing`` when there is none."""
+    return _service_for(worker, "C", role, exclude=exclude)
+
+
+def _service_for(worker: GpuWorker, stage: str, role: str | None, *, exclude: str | None) -> dict | None:
     role = role or worker.stage_role
-    if "E" in role:
+    if stage in role:
         return None
     candidates = list(
         GpuWorker.objects.filter(
-            model_preset=worker.model_preset, status=GpuWorker.Status.READY, stage_role="E"
+            model_preset=worker.model_preset, status=GpuWorker.Status.READY, stage_role=stage
         )
         .exclude(migration_address="")
         .exclude(name=exclude or "")
     )
+    service = "encoder" if stage == "E" else "decoder"
     if not candidates:
-        raise EncoderMissing(f"no ready E worker serves {worker.model_preset} to {worker.name} (role {role})")
-    best = min(candidates, key=lambda e: (e.region_id != worker.region_id, e.encoder_load, e.name))
+        missing = EncoderMissing if stage == "E" else DecoderMissing
+        raise missing(f"no ready {stage} worker serves {worker.model_preset} to {worker.name} (role {role})")
+    best = min(candidates, key=lambda e: (e.region_id != worker.region_id, e.service_load(service), e.name))
     return {"worker": best.name, "address": best.migration_address}
 
 
-class EncoderMissing(Exception):
+class StageServiceMissing(Exception):
+    """A worker needs a stage service (an encoder or a decoder worker) and none is ready."""
+
+
+class EncoderMissing(StageServiceMissing):
     """A worker without E needs an encoder and no ready E worker serves its model."""
+
+
+class DecoderMissing(StageServiceMissing):
+    """A ``D`` or ``ED`` worker needs a decoder for its jobs and no ready C worker serves its model."""
 
 
 # --- the live request mix -------------------------------------------------------------------------
@@ -277,10 +298,11 @@ def stage_placement_step(
     pipeline, gpu = _pipeline(), _gpu_spec(ready.values())
     mix = live_mix(preset=preset, now=now, window_s=trigger.window_s, pipeline=pipeline, gpu=gpu)
     current = {name: w.stage_role for name, w in ready.items()}
-    # Live jobs run on EDC workers, and on DC workers while an encoder is ready: a queued job is
-    # unserved when no worker can take it, whatever type Alg. 2 would prefer for it.
-    has_encoder = "E" in current.values()
-    job_hosts = [r for r in current.values() if r == "EDC" or (r == "DC" and has_encoder)]
+    # Live jobs run on EDC workers, on DC and D workers while an encoder is ready, on ED and D ones
+    # while a decoder is: a queued job is unserved when no worker can take it, whatever type Alg. 2
+    # would prefer for it.
+    has = {"E": "E" in current.values(), "C": "C" in current.values()}
+    job_hosts = [r for r in current.values() if "D" in r and all(has[s] for s in "EC" if s not in r)]
     unserved_jobs = 0 if job_hosts else len(mix.pending)
     waiting_for_encoder = mix.queued_sessions if _encoder_missing(ready.values()) else 0
     clock = now.timestamp()

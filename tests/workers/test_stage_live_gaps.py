@@ -55,7 +55,8 @@ class EncoderProcess:
 
 @pytest.fixture
 def encoders(tmp_path) -> Iterator[Any]:
-    """Start ``gpuworker --stages E`` processes, each registered ready in the test database."""
+    """Start ``gpuworker --stages E`` (or ``role``) processes, each registered ready in the test
+    database."""
     started: list[tuple[subprocess.Popen, Any]] = []
     db = settings.DATABASES["default"]
     env = {
@@ -69,12 +70,12 @@ def encoders(tmp_path) -> Iterator[Any]:
         "PYTHONUNBUFFERED": "1",
     }
 
-    def start(count: int) -> list[EncoderProcess]:
+    def start(count: int, role: str = "E") -> list[EncoderProcess]:
         pending = []
         for _ in range(count):
-            name = f"enc-{uuid.uuid4().hex[:8]}"
+            name = f"{role.lower()}-{uuid.uuid4().hex[:8]}"
             argv = [sys.executable, "manage.py", "gpuworker", "--name", name, "--preset", "tiny"]
-            argv += ["--device", "cpu", "--stages", "E"]
+            argv += ["--device", "cpu", "--stages", role]
             log_path = tmp_path / f"{name}.log"
             log = log_path.open("w")
             process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -88,7 +89,7 @@ def encoders(tmp_path) -> Iterator[Any]:
                     or (process.poll() is not None and pytest.fail(log_path.read_text()))
                 ),
                 120,
-                message="an encoder worker to register ready",
+                message=f"a {role} worker to register ready",
             )
             out.append(EncoderProcess(row, process))
         return out

@@ -53,11 +53,11 @@ def test_a_worker_changes_role_loading_and_dropping_stages_and_streams_the_same_
     for target in (engine, reference):
         target.add_session("s", "a heron", seed=4)
         target.set_prompt("s", "a heron at dusk", 2)
-    # a role that drops a resident session's stages, one the daemon does not serve, and DC while a
+    # a role that drops a resident session's stages (E, or the one-shot ED), and DC while a
     # prompt switch still needs embeddings no encoder is known to provide are refused, naming why;
     with pytest.raises(RoleRefused, match=r"session s .*drops"):
         host.set_role("E", {"s": engine.meta("s")})
-    with pytest.raises(RoleRefused, match="not served by the worker daemon"):
+    with pytest.raises(RoleRefused, match=r"session s .*role ED drops"):
         host.set_role("ED", {"s": engine.meta("s")})
     with pytest.raises(RoleRefused, match="session s needs a prompt's embeddings at chunk 2"):
         host.set_role("DC", {"s": engine.meta("s")})
@@ -123,3 +123,16 @@ def test_bench_stage_roles_reports_both_roles_and_the_round_trip():
     assert report["encoder"]["served"] == 1 + 2 * 2
     with pytest.raises(CommandError, match="--sessions"):
         call_command("bench_stage_roles", "--sessions", "0")
+
+
+def test_bench_stage_decode_reports_the_round_trip_and_equal_frames():
+    out = StringIO()
+    call_command(
+        "bench_stage_decode", "--kind", "image", "--repeats", "2", "--warmup", "0", "--json", stdout=out
+    )
+    report = json.loads(out.getvalue())
+    assert report["decode_round_trip_ms"]["count"] == report["local_decode_ms"]["count"] == 2
+    # the decoder process decoded every round's latents into the in-process frames
+    assert report["identical"] is True and report["decoder"]["served"] == 2
+    with pytest.raises(CommandError, match="--frames"):
+        call_command("bench_stage_decode", "--frames", "0")

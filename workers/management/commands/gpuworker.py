@@ -86,7 +86,9 @@ class Command(BaseCommand):
             "--stages",
             default="EDC",
             help="stage role (issue 15): EDC monolithic (default), DC diffusion worker fed by encoder "
-            "workers, E encoder worker serving prompt encodings at its migration address",
+            "workers, E encoder worker serving prompt encodings at its migration address, C decoder "
+            "worker decoding finished jobs' latents there, D and ED one-shot job workers (no sessions) "
+            "decoding on a C worker (D also encoding on an E worker)",
         )
         parser.add_argument(
             "--link-mbps",

@@ -1,6 +1,6 @@
 """Live stage workers (issue 15): a worker daemon hosting a role's stages, and the encoder pool.
 
-A worker daemon (``manage.py gpuworker --stages ROLE``) runs one of three roles:
+A worker daemon (``manage.py gpuworker --stages ROLE``) runs any role:
 
 - ``EDC`` — the monolithic worker, unchanged: its `ChunkEngine` holds the model itself.
 - ``DC`` — a diffusion worker with no encoder weights. Its engine holds a `StagedStreamingModel`:
@@ -10,6 +10,12 @@ A worker daemon (``manage.py gpuworker --stages ROLE``) runs one of three roles:
 - ``E`` — an encoder worker: no sessions, no chunks. Its `EncoderService` answers encode requests
   from many ``DC`` workers, one pair of hand-off links (``stages/link.py``) per client, rendezvous
   on the store the worker already hosts for migrations (its ``migration_address``).
+- ``C`` — a decoder worker: no sessions, no jobs. Its `DecoderService` decodes finished one-shot
+  jobs' latents for ``D``/``ED`` workers (`DecoderClient`), the same request/response `StageService`
+  as the encoder's on its own hello queue.
+- ``D``, ``ED`` — one-shot job workers: a stream keeps decode next to diffuse (its causal VAE's
+  per-session decoder cache), so they refuse sessions; a job's prompt is encoded on an ``E`` worker
+  (``D``) or here (``ED``), its final latents decoded on the ``C`` worker its ``job_run`` names.
 
 The split state. A ``DC`` session's region holds its diffusion state *and* its decoder cache, laid
 out as the monolithic model's state region (``StagedModel.state_layout``; the decoder cache is the
@@ -75,36 +81,45 @@ from workers.runtime.transport.pair import SOURCE_RANK, TARGET_RANK
 logger = logging.getLogger("workers.stages")
 
 ENCODER_HELLO_QUEUE = "enc/hello"
-# The roles the worker daemon serves (the others are served by the stage worker process only).
-DAEMON_ROLES = ("EDC", "DC", "E")
+DECODER_HELLO_QUEUE = "dec/hello"
+# Roles whose worker runs no sessions and no jobs: a request/response stage service.
+SERVICE_ROLES = ("E", "C")
 _POLL_MIN_S, _POLL_MAX_S = 0.001, 0.05
 
 
-class EncoderUnavailable(RuntimeError):
+class StageUnavailable(RuntimeError):
+    """No stage service (encoder or decoder worker) answered a request (none known, link lost,
+    timeout)."""
+
+
+class EncoderUnavailable(StageUnavailable):
     """No encoder worker answered with the embeddings of a prompt (none known, link lost, timeout)."""
 
 
+class DecoderUnavailable(StageUnavailable):
+    """No decoder worker answered with a finished job's frames (none known, link lost, timeout)."""
+
+
 def daemon_role(role: str) -> str:
-    """The canonical role for the worker daemon; `RoleError` for a bad role, `ValueError` for a
-    valid role the daemon does not serve (``ED``, ``D``, ``C``: their latents or frames would leave
-    the worker, which the chunk publisher does not do)."""
-    name = role_name(parse_role(role))
-    if name not in DAEMON_ROLES:
-        raise ValueError(
-            f"role {name} is not served by the worker daemon (it serves {', '.join(DAEMON_ROLES)}); "
-            "run it as a stage worker process (python -m workers.runtime.stages.worker)"
-        )
-    return name
+    """The canonical role for the worker daemon (every role: ``D`` and ``ED`` run one-shot jobs only,
+    ``E`` and ``C`` serve requests); `RoleError` (a `ValueError`) names the valid roles."""
+    return role_name(parse_role(role))
 
 
 # --- the diffusion worker's side ----------------------------------------------------------------------
 
 
-class EncoderClient:
-    """One diffusion worker's connection to one encoder worker (module docstring: protocol).
+class StageClient:
+    """One worker's connection to one request/response stage service (`StageService`; module
+    docstring: protocol) — an encoder (`EncoderClient`) or a decoder (`DecoderClient`).
 
-    ``request`` never waits for the encoder; a thread reads the answers (in order, one link) and
-    completes their futures. A broken link fails every pending future with `EncoderUnavailable`."""
+    ``request`` never waits for the service; a thread reads the answers (in order, one link) and
+    completes their futures. A broken link fails every pending future with ``unavailable``."""
+
+    HELLO_QUEUE = ENCODER_HELLO_QUEUE
+    LINK_PREFIX = "enc"
+    WHAT = "encoder"
+    unavailable: type[StageUnavailable] = StageUnavailable
 
     def __init__(
         self,
@@ -119,8 +134,8 @@ class EncoderClient:
         self.device = torch.device(device)
         self.timeout_s = timeout_s
         store = connect_store(address, timeout_s=timeout_s)
-        link = f"enc/{uuid.uuid4().hex}"
-        store.queue_push(ENCODER_HELLO_QUEUE, json.dumps({"link": link}))
+        link = f"{self.LINK_PREFIX}/{uuid.uuid4().hex}"
+        store.queue_push(self.HELLO_QUEUE, json.dumps({"link": link}))
         self.sender = LinkSender(
             open_pair(store, f"{link}/req", SOURCE_RANK, device=self.device, timeout_s=timeout_s),
             timeout_s=timeout_s,
@@ -134,31 +149,33 @@ class EncoderClient:
         self._pending: dict[int, Future[torch.Tensor]] = {}
         self._lock = threading.Lock()
         self.broken: BaseException | None = None
-        self._reader = threading.Thread(target=self._read, name="encoder-client", daemon=True)
+        self._reader = threading.Thread(target=self._read, name=f"{self.WHAT}-client", daemon=True)
         self._reader.start()
 
-    def request(self, prompt: str) -> Future[torch.Tensor]:
+    @property
+    def who(self) -> str:
+        return f"{self.WHAT} {self.worker or self.address}"
+
+    def send(
+        self, kind: str, meta: dict[str, Any], tensor: torch.Tensor | None = None
+    ) -> Future[torch.Tensor]:
+        """Send one request (``meta`` gains its ``request`` number); the future holds the answer's
+        tensor."""
         future: Future[torch.Tensor] = Future()
         with self._lock:
             if self.broken is not None:
-                future.set_exception(
-                    EncoderUnavailable(f"encoder {self.worker or self.address}: {self.broken}")
-                )
+                future.set_exception(self.unavailable(f"{self.who}: {self.broken}"))
                 return future
             request_id = next(self._ids)
             self._pending[request_id] = future
         try:
-            self.sender.send(StageMessage("prompt", {"request": request_id, "prompt": prompt}))
+            self.sender.send(StageMessage(kind, {**meta, "request": request_id}, tensor))
         except LinkError as exc:
             self._fail(exc)
         return future
 
-    def encode(self, prompt: str) -> torch.Tensor:
-        """One round trip (blocks up to ``timeout_s``)."""
-        return _result(self.request(prompt), self.timeout_s, self.worker or self.address)
-
     def close(self) -> None:
-        self._fail(EncoderUnavailable("client closed"))
+        self._fail(self.unavailable("client closed"))
         self.sender.close()
         self.receiver.close()
 
@@ -175,7 +192,9 @@ class EncoderClient:
             if future is None:
                 continue
             if message.kind == "error" or message.tensor is None:
-                future.set_exception(EncoderUnavailable(str(message.meta.get("error", "no embeddings"))))
+                future.set_exception(
+                    self.unavailable(str(message.meta.get("error", f"no answer from {self.who}")))
+                )
             else:
                 future.set_result(message.tensor)
 
@@ -186,14 +205,94 @@ class EncoderClient:
             pending, self._pending = self._pending, {}
         for future in pending.values():
             if not future.done():
-                future.set_exception(EncoderUnavailable(f"encoder {self.worker or self.address}: {exc}"))
+                future.set_exception(self.unavailable(f"{self.who}: {exc}"))
 
 
-def _result(future: Future[torch.Tensor], timeout_s: float, who: str) -> torch.Tensor:
+class EncoderClient(StageClient):
+    """One diffusion worker's connection to one encoder worker."""
+
+    unavailable = EncoderUnavailable
+
+    def request(self, prompt: str) -> Future[torch.Tensor]:
+        return self.send("prompt", {"prompt": prompt})
+
+    def encode(self, prompt: str) -> torch.Tensor:
+        """One round trip (blocks up to ``timeout_s``)."""
+        return _result(self.request(prompt), self.timeout_s, self.worker or self.address)
+
+
+class DecoderClient(StageClient):
+    """One ``D``/``ED`` worker's connection to one decoder worker (``C``): a finished job's
+    latents and meta go out as ``job_latents``, its frames come back (``job_frames``)."""
+
+    HELLO_QUEUE = DECODER_HELLO_QUEUE
+    LINK_PREFIX = "dec"
+    WHAT = "decoder"
+    unavailable = DecoderUnavailable
+
+    def decode_job(self, latents: torch.Tensor, meta: dict[str, Any]) -> torch.Tensor:
+        """A finished job's frames, uint8 ``[F, H, W, 3]`` (blocks up to ``timeout_s``)."""
+        future = self.send(
+            "job_latents", {"job": str(meta.get("job", "")), "meta": dict(meta)}, latents.contiguous()
+        )
+        return _result(future, self.timeout_s, self.worker or self.address, DecoderUnavailable)
+
+
+def _result(
+    future: Future[torch.Tensor],
+    timeout_s: float,
+    who: str,
+    unavailable: type[StageUnavailable] = EncoderUnavailable,
+) -> torch.Tensor:
     try:
         return future.result(timeout_s)
     except FutureTimeout:
-        raise EncoderUnavailable(f"encoder {who} did not answer within {timeout_s:.1f}s") from None
+        what = "decoder" if unavailable is DecoderUnavailable else "encoder"
+        raise unavailable(f"{what} {who} did not answer within {timeout_s:.1f}s") from None
+
+
+class Decoders:
+    """A ``D``/``ED`` worker's decoder workers: one `DecoderClient` per address, the one in use
+    chosen by the last job command's ``decoder`` (`use`)."""
+
+    def __init__(self, *, device: torch.device | str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.device = torch.device(device)
+        self.timeout_s = timeout_s
+        self._clients: dict[str, DecoderClient] = {}
+        self.client: DecoderClient | None = None
+        self.round_trips_ms: deque[float] = deque(maxlen=256)
+
+    @property
+    def known(self) -> bool:
+        return self.client is not None
+
+    def use(self, address: str, worker: str = "") -> None:
+        client = self._clients.get(address)
+        if client is None or client.broken is not None:
+            if client is not None:
+                client.close()
+            try:
+                client = DecoderClient(address, device=self.device, worker=worker, timeout_s=self.timeout_s)
+            except Exception as exc:  # store or pair-group set-up failed
+                raise DecoderUnavailable(
+                    f"cannot reach decoder {worker or address} at {address}: {exc}"
+                ) from exc
+            self._clients[address] = client
+        self.client = client
+
+    def decode_job(self, latents: torch.Tensor, meta: dict[str, Any]) -> torch.Tensor:
+        if self.client is None:
+            raise DecoderUnavailable("no decoder worker is known (job_run names one: decoder)")
+        started = time.perf_counter()
+        frames = self.client.decode_job(latents, meta)
+        self.round_trips_ms.append((time.perf_counter() - started) * 1000.0)
+        return frames
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+        self.client = None
 
 
 class PromptEncodings:
@@ -301,11 +400,15 @@ class StagedStreamingModel(StagewiseModel):
     (scheduled embeddings → diffuse → decode), the same code as the monolithic model's, so a ``DC``
     worker's chunks are bit-identical to an ``EDC`` worker's."""
 
-    def __init__(self, staged: StagedModel, encodings: PromptEncodings) -> None:
+    def __init__(
+        self, staged: StagedModel, encodings: PromptEncodings, decoders: Decoders | None = None
+    ) -> None:
         inner = staged.model
         self.staged = staged
         self.inner = inner
         self.encodings = encodings
+        # A D or ED worker's decoder workers: a finished job's latents are decoded there.
+        self.decoders = decoders or Decoders(device=inner.device, timeout_s=encodings.timeout_s)
         self.preset = inner.preset
         self.device = inner.device
         self.width, self.height, self.fps = inner.width, inner.height, inner.fps
@@ -362,7 +465,10 @@ class StagedStreamingModel(StagewiseModel):
 
     def check_job(self, *, kind: str, width: int, height: int, frames: int, steps: int) -> None:
         self.staged.require_job_step()
-        self.staged.require(Stage.DECODE)
+        if Stage.DECODE not in self.stages and not self.decoders.known:
+            raise DecoderUnavailable(
+                f"a {role_name(self.stages)} worker decodes jobs on a decoder worker; none is known"
+            )
         self.inner.check_job(kind=kind, width=width, height=height, frames=frames, steps=steps)
 
     def create_job(
@@ -371,7 +477,9 @@ class StagedStreamingModel(StagewiseModel):
         """The job's region at step 0 from its prompt's embeddings, fetched from the encoder worker
         (one round trip; `EncoderUnavailable` when none answers). Checked before anything is asked."""
         self.check_job(kind=kind, width=width, height=height, frames=frames, steps=steps)
-        embeddings = self.encodings.get(prompt)
+        # An ED worker encodes its own prompt; a DC or D worker asks its encoder worker.
+        local = Stage.ENCODE in self.stages
+        embeddings = self.staged.encode(prompt) if local else self.encodings.get(prompt)
         return self.staged.create_job(
             embeddings,
             kind=kind,
@@ -397,8 +505,12 @@ class StagedStreamingModel(StagewiseModel):
         self.staged.job_step(states)
 
     def job_frames(self, state: SessionState) -> torch.Tensor:
-        self.staged.require(Stage.DECODE)
-        return self.inner.job_frames(state)
+        """A finished job's frames: decoded here (``DC``), or on the decoder worker in use (``D``,
+        ``ED``: one round trip of its final latents and meta, `DecoderUnavailable` when none
+        answers) by the same `decode_job` call, so the frames are the same bytes."""
+        if Stage.DECODE in self.stages:
+            return self.inner.job_frames(state)
+        return self.decoders.decode_job(state.tensors["latents"], state.meta)
 
     def state_bytes_for(self, options: dict[str, Any] | None = None) -> int:
         return self.inner.state_bytes_for(options)
@@ -417,12 +529,18 @@ class _Client:
     sender: LinkSender
 
 
-class EncoderService:
-    """An ``E`` worker's encoder pool endpoint (module docstring: protocol).
+class StageService:
+    """A request/response stage endpoint at a worker's store (module docstring: protocol): an
+    ``E`` worker's encoder pool (`EncoderService`) or a ``C`` worker's decoder (`DecoderService`).
 
-    An acceptor thread takes hellos off the store and opens each client's links; one reader thread
-    per client queues its requests; `serve_one` encodes the oldest request and answers it — one
-    bounded unit of work, run by `start`'s thread or driven by a test."""
+    An acceptor thread takes hellos off the store's ``HELLO_QUEUE`` and opens each client's links;
+    one reader thread per client queues its requests; `serve_one` runs the oldest request through
+    the worker's `StageRunner` and answers it — one bounded unit of work, run by `start`'s thread or
+    driven by a test."""
+
+    STAGE = Stage.ENCODE
+    HELLO_QUEUE = ENCODER_HELLO_QUEUE
+    WORKER = "E"
 
     def __init__(
         self,
@@ -433,7 +551,7 @@ class EncoderService:
         cache_size: int = 64,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
-        staged.require(Stage.ENCODE)
+        staged.require(self.STAGE)
         self.runner = StageRunner(staged, encoding_cache_size=cache_size)
         self.address = store_address
         self.device = torch.device(device)
@@ -441,47 +559,60 @@ class EncoderService:
         self.requests: queue.Queue[tuple[_Client, StageMessage]] = queue.Queue()
         self.clients: list[_Client] = []
         self.served = 0
-        self.encode_ms: deque[float] = deque(maxlen=256)
+        self.serve_ms: deque[float] = deque(maxlen=256)
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._store: TCPStore = connect_store(store_address, timeout_s=timeout_s)
-        self._spawn(self._accept, "encoder-accept")
+        self._spawn(self._accept, f"{self.WORKER}-accept")
 
     def start(self) -> None:
-        """Serve requests on a thread of their own (an ``E`` worker's hot loop)."""
-        self._spawn(self._serve_forever, "encoder-serve")
+        """Serve requests on a thread of their own (the worker's hot loop)."""
+        self._spawn(self._serve_forever, f"{self.WORKER}-serve")
 
     def serve_one(self, timeout_s: float = 0.1) -> bool:
-        """Encode and answer the oldest request (waiting up to ``timeout_s`` for one)."""
+        """Answer the oldest request (waiting up to ``timeout_s`` for one)."""
         try:
             client, message = self.requests.get(timeout=timeout_s)
         except queue.Empty:
             return False
         started = time.perf_counter()
         try:
-            (answer,) = self.runner.handle(message)
+            answers = self.runner.handle(message)
+            if len(answers) != 1 or answers[0].tensor is None:
+                raise StageProtocolError(f"a {self.WORKER} worker does not serve {message.kind} messages")
+            (answer,) = answers
         except StageProtocolError as exc:
             answer = StageMessage(
-                "error", {"worker": "E", "error": str(exc), "message": message.kind, "meta": message.meta}
+                "error",
+                {"worker": self.WORKER, "error": str(exc), "message": message.kind, "meta": message.meta},
             )
-        self.encode_ms.append((time.perf_counter() - started) * 1000.0)
+        except Exception as exc:  # the stage itself failed (a bad shape): the client's request fails
+            logger.exception("%s.request_failed kind=%s", self.WORKER, message.kind)
+            answer = StageMessage(
+                "error",
+                {
+                    "worker": self.WORKER,
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "message": message.kind,
+                    "meta": message.meta,
+                },
+            )
+        self.serve_ms.append((time.perf_counter() - started) * 1000.0)
         try:
             client.sender.send(answer)
         except LinkError:
-            logger.warning("encoder.client_lost link=%s", client.link)
+            logger.warning("%s.client_lost link=%s", self.WORKER, client.link)
         self.served += 1
         return True
 
     def load(self) -> dict[str, Any]:
-        """The encoder-pool load a heartbeat reports."""
-        samples = list(self.encode_ms)
+        """The load a heartbeat reports."""
+        samples = list(self.serve_ms)
         return {
             "queue": self.requests.qsize(),
             "served": self.served,
-            "encode_ms_p50": round(statistics.median(samples), 3) if samples else 0.0,
             "clients": len(self.clients),
-            "cache_hits": self.runner.encode_hits,
-            "cache_misses": self.runner.encode_misses,
+            "p50": round(statistics.median(samples), 3) if samples else 0.0,
         }
 
     def close(self) -> None:
@@ -508,17 +639,17 @@ class EncoderService:
         while not self._stopping.is_set():
             try:
                 # Polled: TCPStore's blocking queue_pop loses wakeups (see transport.migration).
-                raw = self._store.queue_pop(ENCODER_HELLO_QUEUE, False)
+                raw = self._store.queue_pop(self.HELLO_QUEUE, False)
             except Exception as exc:
                 if type(exc).__name__ != "QueueEmptyError":
-                    logger.warning("encoder.accept_failed address=%s error=%s", self.address, exc)
+                    logger.warning("%s.accept_failed address=%s error=%s", self.WORKER, self.address, exc)
                     return
                 time.sleep(pause)
                 pause = min(pause * 2, _POLL_MAX_S)
                 continue
             pause = _POLL_MIN_S
             link = str(json.loads(raw)["link"])
-            self._spawn(self._open_client, f"encoder-open-{link[-6:]}", link)
+            self._spawn(self._open_client, f"{self.WORKER}-open-{link[-6:]}", link)
 
     def _open_client(self, link: str) -> None:
         try:
@@ -532,7 +663,7 @@ class EncoderService:
                 timeout_s=self.timeout_s,
             )
         except Exception as exc:
-            logger.warning("encoder.client_failed link=%s error=%s", link, exc)
+            logger.warning("%s.client_failed link=%s error=%s", self.WORKER, link, exc)
             return
         client = _Client(link, receiver, sender)
         self.clients.append(client)
@@ -545,6 +676,41 @@ class EncoderService:
         if client in self.clients:
             self.clients.remove(client)
         sender.close()
+
+
+class EncoderService(StageService):
+    """An ``E`` worker's encoder pool endpoint: ``prompt`` requests answered with their embeddings
+    (the `StageRunner`'s LRU cache of encodings serves every client)."""
+
+    def load(self) -> dict[str, Any]:
+        load = super().load()
+        return {
+            "queue": load["queue"],
+            "served": load["served"],
+            "encode_ms_p50": load["p50"],
+            "clients": load["clients"],
+            "cache_hits": self.runner.encode_hits,
+            "cache_misses": self.runner.encode_misses,
+        }
+
+
+class DecoderService(StageService):
+    """A ``C`` worker's decoder endpoint: a finished one-shot job's ``job_latents`` (its final
+    latents and meta) answered with its ``job_frames`` (`StagedModel.decode_job`, the same call an
+    ``EDC`` worker's `job_frames` makes, so the frames are bit-identical)."""
+
+    STAGE = Stage.DECODE
+    HELLO_QUEUE = DECODER_HELLO_QUEUE
+    WORKER = "C"
+
+    def load(self) -> dict[str, Any]:
+        load = super().load()
+        return {
+            "queue": load["queue"],
+            "served": load["served"],
+            "decode_ms_p50": load["p50"],
+            "clients": load["clients"],
+        }
 
 
 # --- role changes --------------------------------------------------------------------------------
@@ -702,18 +868,44 @@ class StageHost:
         else:
             self.role = "EDC"
             self.encodings = PromptEncodings(device=engine.device, timeout_s=timeout_s)
-        self.service: EncoderService | None = None
-        if self.role == "E":
-            self.service = self._service(model.staged)
+        self.service: StageService | None = None
+        if self.role in SERVICE_ROLES:
+            self.service = self._service(model.staged, self.role)
 
     @property
     def needs_encoder(self) -> bool:
-        """Whether sessions here take their embeddings from an encoder worker."""
-        return "E" not in self.role
+        """Whether sessions and jobs here take their embeddings from an encoder worker."""
+        return "D" in self.role and "E" not in self.role
+
+    @property
+    def needs_decoder(self) -> bool:
+        """Whether jobs here are decoded on a decoder worker (``D``, ``ED``)."""
+        return "D" in self.role and "C" not in self.role
 
     @property
     def holds_sessions(self) -> bool:
         return "D" in self.role and "C" in self.role
+
+    @property
+    def runs_jobs(self) -> bool:
+        return "D" in self.role
+
+    @property
+    def sessions_refused(self) -> str:
+        """Why this worker takes no sessions (``""`` when it does)."""
+        if self.holds_sessions:
+            return ""
+        if self.runs_jobs:
+            return (
+                f"role {self.role} runs one-shot jobs only: a stream needs decode next to diffuse "
+                "(its causal VAE keeps a per-session decoder cache); start it on an EDC or DC worker"
+            )
+        return f"role {self.role} holds no sessions: start them on a diffusion worker"
+
+    @property
+    def decoders(self) -> Decoders | None:
+        model = self.engine.model
+        return model.decoders if isinstance(model, StagedStreamingModel) else None
 
     def start(self) -> None:
         if self.service is not None:
@@ -724,6 +916,14 @@ class StageHost:
         if not isinstance(spec, Mapping) or not isinstance(spec.get("address"), str) or not spec["address"]:
             raise ValueError(f"encoder: required for role {self.role} ({{'worker': .., 'address': ..}})")
         self.encodings.use(spec["address"], str(spec.get("worker", "")))
+
+    def use_decoder(self, spec: Any) -> None:
+        """``{"worker": name, "address": host:port}`` from a job command; `ValueError` names the field."""
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("address"), str) or not spec["address"]:
+            raise ValueError(f"decoder: required for role {self.role} ({{'worker': .., 'address': ..}})")
+        decoders = self.decoders
+        assert decoders is not None  # a D or ED worker runs a StagedStreamingModel
+        decoders.use(spec["address"], str(spec.get("worker", "")))
 
     def set_role(self, role: str, sessions: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         """Become ``role``; ``sessions`` is the meta of every session this worker holds (resident,
@@ -749,8 +949,8 @@ class StageHost:
                         f"session {sid} needs a prompt's embeddings at chunk {chunk} and no encoder is "
                         f"known to this worker (send set_role with an encoder)"
                     )
-        if target == "E" and self.store_address is None:
-            raise RoleRefused("role E serves encodings at the worker's store address; this worker has none")
+        if target in SERVICE_ROLES and self.store_address is None:
+            raise RoleRefused(f"role {target} serves at the worker's store address; this worker has none")
         model = self.engine.model
         inner = model.inner if isinstance(model, StagedStreamingModel) else model
         before = set(hosted_stages(inner))
@@ -769,9 +969,12 @@ class StageHost:
             torch.cuda.synchronize(inner.device)
             torch.cuda.empty_cache()  # the dropped stages' weights go back to the device
         load_ms = (time.perf_counter() - started) * 1000.0
-        self.engine.model = inner if target == "EDC" else StagedStreamingModel(staged, self.encodings)
-        if target == "E":
-            self.service = self._service(staged)
+        decoders = self.decoders
+        self.engine.model = (
+            inner if target == "EDC" else StagedStreamingModel(staged, self.encodings, decoders)
+        )
+        if target in SERVICE_ROLES:
+            self.service = self._service(staged, target)
             self.service.start()
         self.role = target
         return {
@@ -807,10 +1010,15 @@ class StageHost:
         """What the heartbeat adds to the telemetry: the role, and an encoder's load."""
         fields: dict[str, Any] = {"stage_role": self.role}
         if self.service is not None:
-            fields["encoder"] = self.service.load()
+            fields["encoder" if self.role == "E" else "decoder"] = self.service.load()
             fields["session_capacity"] = 0
         elif self.needs_encoder and self.encodings.round_trips_ms:
             fields["encode_round_trip_ms_p50"] = round(statistics.median(self.encodings.round_trips_ms), 3)
+        if not self.holds_sessions:
+            fields["session_capacity"] = 0
+        decoders = self.decoders
+        if self.needs_decoder and decoders is not None and decoders.round_trips_ms:
+            fields["decode_round_trip_ms_p50"] = round(statistics.median(decoders.round_trips_ms), 3)
         waiting = self.waiting
         if waiting:
             fields["encoder_wait"] = {"sessions": sorted(waiting), "reason": next(iter(waiting.values()))}
@@ -820,11 +1028,14 @@ class StageHost:
         if self.service is not None:
             self.service.close()
         self.encodings.close()
+        if self.decoders is not None:
+            self.decoders.close()
 
-    def _service(self, staged: StagedModel) -> EncoderService:
+    def _service(self, staged: StagedModel, role: str) -> StageService:
         if self.store_address is None:
-            raise RoleRefused("role E serves encodings at the worker's store address; this worker has none")
-        return EncoderService(staged, self.store_address, device=self.engine.device, timeout_s=self.timeout_s)
+            raise RoleRefused(f"role {role} serves at the worker's store address; this worker has none")
+        service = EncoderService if role == "E" else DecoderService
+        return service(staged, self.store_address, device=self.engine.device, timeout_s=self.timeout_s)
 
 
 def staged_engine_model(
@@ -835,7 +1046,8 @@ def staged_engine_model(
     weights_path: str | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> StagedStreamingModel:
-    """The engine model of a ``DC`` or ``E`` worker, with only its stages' weights loaded."""
+    """The engine model of a worker of a split role (``ED``, ``DC``, ``D``, ``E``, ``C``), with
+    only its stages' weights loaded."""
     name = daemon_role(role)
     if name == "EDC":
         raise ValueError("an EDC worker runs the monolithic model")
@@ -843,4 +1055,8 @@ def staged_engine_model(
     if weights_path is not None:
         kwargs["weights_path"] = weights_path
     staged = staged_class(preset).from_preset(preset, **kwargs)
-    return StagedStreamingModel(staged, PromptEncodings(device=staged.device, timeout_s=timeout_s))
+    return StagedStreamingModel(
+        staged,
+        PromptEncodings(device=staged.device, timeout_s=timeout_s),
+        Decoders(device=staged.device, timeout_s=timeout_s),
+    )
