@@ -36,12 +36,12 @@ from django.utils import timezone
 
 from gpu.models import STAGE_ROLES, GpuWorker
 from scheduling.core.stages.placement import (
-    LIVE_ROLE,
     PlacementError,
     ReplacementTrigger,
     plan_placement,
     preferred_type,
     role_changes,
+    stream_fits,
 )
 from scheduling.core.stages.profiles import GPUS, GpuSpec, PipelineProfile, Shape, get_gpu, get_pipeline
 from scheduling.live.enqueue import scheduler_trigger
@@ -147,6 +147,14 @@ class LiveMix:
     queued_sessions: int
     unplaceable: int  # jobs no placement type can hold on this GPU
 
+    @property
+    def job_shapes(self) -> tuple[Shape, ...]:
+        return self.shapes[: len(self.shapes) - self.stream_chunks]
+
+    @property
+    def stream_shapes(self) -> tuple[Shape, ...]:
+        return self.shapes[len(self.shapes) - self.stream_chunks :]
+
     def to_json(self) -> dict:
         return {
             "jobs": len(self.shapes) - self.stream_chunks,
@@ -204,7 +212,8 @@ def _stream_chunks(*, preset: str, since: datetime, pipeline: PipelineProfile, g
     """The streams' diffusion work in the mix: each chunk generated since ``since`` as a request of
     one chunk's frames (Alg. 2 weighs types by work, and a session's chunks run where its state is:
     on a primary). Past ``MAX_STREAM_CHUNKS`` chunks every size's count is scaled down by one factor:
-    the sizes keep their proportions, the streams' weight against the jobs' is then understated."""
+    the sizes keep their proportions, the streams' weight against the jobs' is then understated. A size
+    that cannot run with D and C on one GPU is left out: no session of it can be held."""
     rows = list(
         ChunkRecord.objects.filter(session__model_name=preset, created_at__gte=since)
         .values_list("session__width", "session__height", "session__frames_per_chunk")
@@ -215,7 +224,7 @@ def _stream_chunks(*, preset: str, since: datetime, pipeline: PipelineProfile, g
     shapes: list[Shape] = []
     for width, height, frames, n in rows:
         shape = Shape(max(1, width), max(1, height), max(1, frames), pipeline.default_steps)
-        if _fits(pipeline, shape, gpu):
+        if stream_fits(pipeline, shape, gpu):
             shapes += [shape] * max(1, round(n * scale))
     return shapes
 
@@ -334,12 +343,21 @@ def stage_placement_step(
     row.state = {**row.state, "trigger": trigger.state_dict(), "bootstrapped": True}
     row.save(update_fields=["state", "updated_at"])
     try:
-        plan = plan_placement(pipeline, mix.shapes, len(ready), gpu, encode_only_s=mix.encode_only_s)
+        plan = plan_placement(
+            pipeline,
+            mix.job_shapes,
+            len(ready),
+            gpu,
+            encode_only_s=mix.encode_only_s,
+            stream_shapes=mix.stream_shapes,
+        )
     except PlacementError as exc:
         logger.warning("stages.plan_failed preset=%s reason=%s error=%s", preset, reason, exc)
         return None
     figures["plan_roles"] = dict(sorted(Counter(plan.roles).items()))
-    changes = role_changes(current, [LIVE_ROLE[r] for r in plan.roles], _busy(ready.values()))
+    # Streams only ever get EDC or DC GPUs (``stream_shapes``), so a D, ED or C worker in the plan is
+    # one the jobs justify: the plan's roles go out as they are.
+    changes = role_changes(current, list(plan.roles), _busy(ready.values()))
     if not changes:
         logger.info(
             "stages.plan_unchanged preset=%s reason=%s roles=%s", preset, reason, sorted(current.values())

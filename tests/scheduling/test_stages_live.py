@@ -386,3 +386,25 @@ def test_a_job_no_worker_can_take_fires_the_trigger_without_a_skew(stages_on):
     placement = StagePlacement.objects.get()
     assert placement.reason == "unserved" and placement.trigger["unserved_jobs"] == 1
     assert "EDC" in placement.roles_after.values()
+
+
+def test_jobs_that_prefer_a_decode_auxiliary_get_ed_and_c_workers_while_streams_keep_edc(stages_on):
+    # given four EDC workers, one holding a stream of 832×480 12-frame chunks, and queued one-shot
+    # jobs of the same size (Alg. 2 prefers ED + C for them: their best decode degree is 2)
+    busy = worker("w-a")
+    for name in ("w-b", "w-c", "w-d"):
+        worker(name)
+    session = executing(busy, width=832, height=480, frames_per_chunk=12)
+    stream_mix(session, chunks=40, prompts=1)
+    for _ in range(40):
+        JobFactory(kind="video", width=832, height=480, frames=12, steps=4)
+    # when the scheduler runs
+    scheduler_run(trigger="tick")
+    # then the jobs' share is unfolded into ED and C workers, the streams' share stays on EDC (the
+    # session holder keeps its role): no D-only or ED worker for chunks no session could use
+    placement = StagePlacement.objects.get()
+    assert placement.trigger["mix"]["stream_chunks"] == 40 and placement.trigger["mix"]["jobs"] == 40
+    plan = placement.trigger["plan_roles"]
+    assert plan.get("ED", 0) >= 1 and plan.get("C", 0) >= 1 and plan.get("EDC", 0) >= 1
+    assert sum(plan.values()) == 4 and placement.roles_after["w-a"] == "EDC"
+    assert set(placement.changes.values_list("to_role", flat=True)) <= {"ED", "C", "E", "D"}

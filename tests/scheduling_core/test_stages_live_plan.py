@@ -60,3 +60,27 @@ def test_the_replan_bench_reports_the_live_roles_and_names_a_bad_flag():
     assert result["plan_ms_p50"] > 0
     with pytest.raises(StagesCliError, match="--workers"):
         run_bench_replan(workers=0)
+
+
+def test_stream_requests_only_get_roles_holding_d_and_c_while_jobs_of_the_same_size_unfold():
+    # given 12-frame chunks at 832×480, whose best decode degree (2) exceeds their diffuse degree (1):
+    # as one-shot jobs Alg. 2 prefers ED + C (V1) for them
+    chunk = Shape(832, 480, 12, WAN_13B_STREAM.default_steps)
+    as_jobs = Counter(plan_placement(WAN_13B_STREAM, [chunk] * 40, 8, H100, encode_only_s=1.0).roles)
+    assert as_jobs["ED"] > 0 and as_jobs["C"] > 0
+    # when the same work comes from streams, it only gets GPUs with D and C together
+    streams = plan_placement(WAN_13B_STREAM, [], 8, H100, encode_only_s=1.0, stream_shapes=[chunk] * 40)
+    assert set(streams.roles) <= {"EDC", "DC", "E"} and "EDC" in streams.roles
+    # and with both, the jobs keep their ED + C share beside the streams' EDC workers
+    mixed = Counter(
+        plan_placement(
+            WAN_13B_STREAM, [chunk] * 40, 8, H100, encode_only_s=1.0, stream_shapes=[chunk] * 40
+        ).roles
+    )
+    assert mixed["EDC"] > 0 and mixed["ED"] > 0 and mixed["C"] > 0 and sum(mixed.values()) == 8
+
+
+def test_a_stream_request_that_cannot_hold_d_and_c_on_one_gpu_is_refused():
+    huge = Shape(8192, 8192, 121, WAN_13B_STREAM.default_steps)
+    with pytest.raises(PlacementError, match="D and C together"):
+        plan_placement(WAN_13B_STREAM, [], 8, H100, stream_shapes=[huge])

@@ -19,7 +19,7 @@ import numpy as np
 from scheduling.core.traces import TraceError, read_mixed_trace, write_mixed_trace
 
 from .encoder_pool import StreamModel, encoder_pool_gain
-from .placement import LIVE_ROLE, PlacementError, plan_placement, role_changes
+from .placement import PlacementError, plan_placement, role_changes
 from .profiles import GPUS, L20, Shape, StageProfileError, get_gpu, get_pipeline
 from .simulator import (
     ABLATIONS,
@@ -243,22 +243,21 @@ def run_bench_replan(
     except StageProfileError as exc:
         raise StagesCliError("gpu", str(exc)) from exc
     pipeline = get_pipeline("wan-1.3b")
-    shapes = [Shape(832, 480, 12, pipeline.default_steps)] * chunks + [
-        Shape(832, 480, 81, pipeline.default_steps)
-    ] * jobs
+    streams = [Shape(832, 480, 12, pipeline.default_steps)] * chunks
+    shapes = [Shape(832, 480, 81, pipeline.default_steps)] * jobs
     encode_s = encodes * pipeline.encode_s(Shape(64, 64, 1, 1), spec)
     current = {f"w{i:03d}": "EDC" for i in range(workers)}
     busy = set(list(current)[: workers // 2])
     times, changes, live = [], [], []
     for _ in range(repeats):
         started = time.perf_counter()
-        plan = plan_placement(pipeline, shapes, workers, spec, encode_only_s=encode_s)
-        live = [LIVE_ROLE[r] for r in plan.roles]
+        plan = plan_placement(pipeline, shapes, workers, spec, encode_only_s=encode_s, stream_shapes=streams)
+        live = list(plan.roles)
         changes = role_changes(current, live, busy)
         times.append((time.perf_counter() - started) * 1000)
     return {
         "workers": workers,
-        "shapes": len(shapes),
+        "shapes": len(shapes) + len(streams),
         "repeats": repeats,
         "plan_ms_p50": float(np.percentile(times, 50)),
         "plan_ms_max": float(max(times)),

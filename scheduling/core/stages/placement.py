@@ -34,12 +34,10 @@ VR_TYPES = ("V0", "V1", "V2", "V3")
 PRIMARY_ROLE = {"V0": "EDC", "V1": "ED", "V2": "DC", "V3": "D"}
 AUX_STAGES = {"V0": "", "V1": "C", "V2": "E", "V3": "EC"}
 ROLES = ("EDC", "ED", "DC", "D", "E", "C")
-# Roles the live platform serves (docs/stages.md, "Live placement"): a session needs its decoder
-# next to its diffusion model (the causal decoder's per-session cache) and live commands carry no
-# decode hand-off, so the virtual replicas with a decode auxiliary (V1: ED + C, V3: D + E + C) run as
-# whole primaries there: ED → EDC, D → DC, and their C auxiliaries become EDC. E stays: the shared
-# encoder pool.
-LIVE_ROLE = {"EDC": "EDC", "DC": "DC", "E": "E", "ED": "EDC", "D": "DC", "C": "EDC"}
+# The types whose primary holds D and C together. A live stream needs its decoder next to its
+# diffusion model (the causal decoder's per-session cache), so ``plan_placement``'s
+# ``stream_shapes`` only ever go to these (docs/stages.md, "Live placement").
+STREAM_TYPES = ("V0", "V2")
 
 
 class PlacementError(ValueError):
@@ -286,8 +284,14 @@ def plan_placement(
     *,
     stage_level: bool = True,
     encode_only_s: float = 0.0,
+    stream_shapes: Sequence[Shape] = (),
 ) -> Placement:
     """Alg. 2: a placement for ``gpus`` GPUs from the recent request mix ``shapes``.
+
+    ``stream_shapes``: requests that must run where D and C share a GPU (a stream's chunks: its
+    causal decoder's cache lives next to its diffusion model), i.e. only on the ``STREAM_TYPES``
+    (V0, V2); they weigh in every step like ``shapes`` but never create a D, ED or C GPU. Empty (the
+    default), the plan is Alg. 2 unchanged.
 
     ``encode_only_s``: GPU-seconds of encode-only work in the same window (streams' prompt encodes):
     it gets encoder GPUs of its own in proportion (at least one), the shared encoder pool, so a
@@ -297,27 +301,31 @@ def plan_placement(
     diffuse degree, as a pipeline-level system runs them."""
     if gpus < 1:
         raise PlacementError("a placement needs at least one GPU")
-    if not shapes:
+    if not shapes and not stream_shapes:
         shapes = [Shape(64, 64, 1, 1)]
+    for shape in stream_shapes:
+        if not stream_fits(pipeline, shape, gpu):
+            raise PlacementError(f"{pipeline.name} {shape} does not fit a {gpu.name} with D and C together")
     pool = 0
     if encode_only_s > 0 and gpus > 1:
         job_work = sum(
             sum(_work(pipeline, s, gpu, preferred_type(pipeline, s, gpu), stage_level)) for s in shapes
+        ) + sum(
+            sum(_work(pipeline, s, gpu, _preferred_stream_type(pipeline, s, gpu), False))
+            for s in stream_shapes
         )
         # At least one GPU for the pool and at least one left for the diffusion model.
         pool = min(gpus - 1, max(1, round(gpus * encode_only_s / (job_work + encode_only_s))))
     gpus -= pool
     allowed = list(VR_TYPES)
     while True:
-        preferred = _group(pipeline, shapes, gpu, allowed)
+        preferred = _group_all(pipeline, shapes, stream_shapes, gpu, allowed, stage_level)
         # Lines 5-6: GPUs per type in proportion to the work of the requests preferring it.
         work = {
-            vr: [_work(pipeline, s, gpu, vr, stage_level) for s in group] for vr, group in preferred.items()
+            vr: [_work(pipeline, s, gpu, vr, level) for s, level in group] for vr, group in preferred.items()
         }
         type_weight = {vr: sum(sum(w) for w in items) for vr, items in work.items()}
-        primary_min = {
-            vr: _min_degree(pipeline, group, gpu, vr, stage_level) for vr, group in preferred.items()
-        }
+        primary_min = {vr: _min_degree(pipeline, group, gpu, vr) for vr, group in preferred.items()}
         minimum = {vr: primary_min[vr] + len(AUX_STAGES[vr]) for vr in preferred}
         if sum(minimum.values()) <= gpus:
             break
@@ -326,7 +334,15 @@ def plan_placement(
         foldable = [
             vr
             for vr in sorted(type_weight, key=type_weight.get)
-            if _group(pipeline, shapes, gpu, [t for t in allowed if t != vr], strict=False)
+            if _group_all(
+                pipeline,
+                shapes,
+                stream_shapes,
+                gpu,
+                [t for t in allowed if t != vr],
+                stage_level,
+                strict=False,
+            )
         ]
         if not foldable:
             minimum, primary_min = {}, dict.fromkeys(preferred, 1)
@@ -344,18 +360,58 @@ def plan_placement(
     return Placement(pack_per_machine(counts, gpu.gpus_per_machine), gpu.gpus_per_machine)
 
 
+def stream_fits(pipeline: PipelineProfile, shape: Shape, gpu: GpuSpec) -> bool:
+    """Whether ``shape`` can run with D and C on one GPU (a type of ``STREAM_TYPES``). A stream's
+    decode runs where its diffusion does, at the diffuse degree (``stage_level=False`` options)."""
+    return any(request_options(pipeline, shape, gpu, vr, False) for vr in STREAM_TYPES)
+
+
+def _preferred_stream_type(pipeline: PipelineProfile, shape: Shape, gpu: GpuSpec) -> str:
+    return next(vr for vr in STREAM_TYPES if request_options(pipeline, shape, gpu, vr, False))
+
+
+def _group_all(
+    pipeline: PipelineProfile,
+    shapes: Sequence[Shape],
+    stream_shapes: Sequence[Shape],
+    gpu: GpuSpec,
+    allowed: Sequence[str],
+    stage_level: bool,
+    strict: bool = True,
+) -> dict[str, list[tuple[Shape, bool]]]:
+    """`_group` of the jobs among ``allowed`` and of the streams among ``allowed`` ∩ ``STREAM_TYPES``
+    (their decode at the diffuse degree), each request with the ``stage_level`` its work is sized at;
+    with ``strict=False`` an empty result says some request has no type."""
+    jobs = _group(pipeline, shapes, gpu, allowed, strict) if shapes else {}
+    if shapes and not jobs:
+        return {}
+    groups = {vr: [(s, stage_level) for s in group] for vr, group in jobs.items()}
+    if not stream_shapes:
+        return groups
+    stream_allowed = [t for t in allowed if t in STREAM_TYPES]
+    streams = _group(pipeline, stream_shapes, gpu, stream_allowed, strict=False, stage_level=False)
+    if not streams:
+        if strict:
+            raise PlacementError("a stream request has no type with D and C together left")
+        return {}
+    for vr, group in streams.items():
+        groups.setdefault(vr, []).extend((s, False) for s in group)
+    return groups
+
+
 def _group(
     pipeline: PipelineProfile,
     shapes: Sequence[Shape],
     gpu: GpuSpec,
     allowed: Sequence[str],
     strict: bool = True,
+    stage_level: bool = True,
 ) -> dict[str, list[Shape]]:
     """Each request under its first feasible type among ``allowed`` (Alg. 2 lines 3-4); with
     ``strict=False`` an empty result says some request has none."""
     groups: dict[str, list[Shape]] = {}
     for shape in shapes:
-        vr = next((t for t in allowed if request_options(pipeline, shape, gpu, t)), None)
+        vr = next((t for t in allowed if request_options(pipeline, shape, gpu, t, stage_level)), None)
         if vr is None:
             if strict:
                 preferred_type(pipeline, shape, gpu)  # raises with the reason
@@ -365,10 +421,11 @@ def _group(
 
 
 def _min_degree(
-    pipeline: PipelineProfile, shapes: Sequence[Shape], gpu: GpuSpec, vr: str, stage_level: bool
+    pipeline: PipelineProfile, requests: Sequence[tuple[Shape, bool]], gpu: GpuSpec, vr: str
 ) -> int:
-    """Primaries a type needs to run every one of its requests at their smallest offered degree."""
-    return max(min(o.degree for o in request_options(pipeline, s, gpu, vr, stage_level)) for s in shapes)
+    """Primaries a type needs to run every one of its requests (shape, stage_level) at their smallest
+    offered degree."""
+    return max(min(o.degree for o in request_options(pipeline, s, gpu, vr, level)) for s, level in requests)
 
 
 class ReplacementTrigger:
