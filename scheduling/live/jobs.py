@@ -219,6 +219,7 @@ def _worker_views(
             room=(w.capacity if w.status == GpuWorker.Status.READY and name not in no_encoder else 0)
             - resident.get(w.pk, 0)
             - running.get(w.pk, 0),
+            role=w.stage_role,
         )
         for name, w in workers.items()
     ]

@@ -10,7 +10,9 @@ and never plan more running jobs on a worker than its room. The dispatcher
 
 Streams come first: a worker's room is its capacity K minus its resident sessions, and a pool whose
 streams wait for a GPU gets no new job. The ``JOB_POLICY`` setting names the policy: ``edf``, ``genserve``
-(``scheduling.live.jobs_genserve``: GenServe's round solver) or a ``package.module:ClassName`` path.
+(``scheduling.live.jobs_genserve``: GenServe's round solver), ``tridentserve``
+(``scheduling.live.jobs_tridentserve``: TridentServe's per-tick integer program over the workers'
+stage roles) or a ``package.module:ClassName`` path.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ class WorkerView:
     # Job slots: capacity K minus resident stream sessions (0 for a draining worker); may go
     # negative when streams arrive on a worker whose slots jobs hold.
     room: int
+    # Its stage role (EDC, ED, DC or D: the roles that hold jobs; docs/stages.md).
+    role: str = "EDC"
 
 
 @dataclass(frozen=True)
@@ -191,11 +195,12 @@ def batch_worker(
 BUILTIN_JOB_POLICIES = {
     "edf": "scheduling.live.jobs_policy:EdfJobPolicy",
     "genserve": "scheduling.live.jobs_genserve:GenServeJobPolicy",
+    "tridentserve": "scheduling.live.jobs_tridentserve:TridentServeJobPolicy",
 }
 
 
 def load_job_policy(name: str, *, job_profiles: Sequence[str] = ()) -> JobPolicy:
-    """A built-in name (``edf``, ``genserve``) or a ``package.module:ClassName`` path to a ``JobPolicy`` subclass
+    """A built-in name (``edf``, ``genserve``, ``tridentserve``) or a ``package.module:ClassName`` path to a ``JobPolicy`` subclass
     (the syntax of every pluggable part) → an instance; ValueError naming ``JOB_POLICY`` otherwise."""
     path = BUILTIN_JOB_POLICIES.get(name, name)
     if ":" not in path:
