@@ -320,6 +320,7 @@ class StagePlacement(models.Model):
         SKEW = "skew", "stage throughput skew"
         UNSERVED = "unserved", "request type without replicas"
         ENCODER_POOL = "encoder_pool", "encoder pool too small"
+        AUX_SHRINK = "aux_shrink", "idle E or C worker the plan does not need"
 
     class Status(models.TextChoices):
         PLANNED = "planned"

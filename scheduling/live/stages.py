@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -295,6 +295,9 @@ def stage_placement_step(
         return _encoder_pool_grow(
             preset=preset, ready=ready, change=pool_change, now=now, row=row, outbox=outbox, workers=workers
         )
+    shrink = _aux_shrink_step(preset=preset, ready=ready, now=now, row=row, outbox=outbox, workers=workers)
+    if shrink is not None:
+        return shrink
     trigger = ReplacementTrigger(conf["STAGE_WINDOW_S"], conf["STAGE_THRESHOLD"], conf["STAGE_MIN_OPS"])
     trigger.load_state_dict(row.state.get("trigger", {}))
     last_fire = trigger.state_dict()["last_fire"]
@@ -733,6 +736,100 @@ def _encoder_pool_grow(
     row.state = {**row.state, "encoder_pool_at": now.timestamp()}
     row.save(update_fields=["state", "updated_at"])
     logger.info("stages.encoder_pool id=%s preset=%s worker=%s: %s", placement.pk, preset, name, why)
+    _progress(preset=preset, workers=workers, now=now, outbox=outbox)
+    placement.refresh_from_db()
+    return placement
+
+
+# --- E and C workers the plan no longer needs -------------------------------------------------------
+
+
+def _aux_shrink_change(
+    *, ready: dict[str, GpuWorker], plan_roles: Sequence[str]
+) -> tuple[str, str, str] | None:
+    """One idle auxiliary worker to re-place, ``(worker, to_role, why)``, when the plan has fewer E (or
+    C) workers than are ready: an E (C) worker whose heartbeat reports an empty encode (decode)
+    queue, never the last E while a worker without E holds D, nor the last C while one without C
+    does. It takes the D-carrying role the plan is shortest of against the pool (EDC when none is)."""
+    current = Counter(w.stage_role for w in ready.values())
+    planned = Counter(plan_roles)
+    for stage, service in (("E", "encoder"), ("C", "decoder")):
+        if current[stage] <= planned[stage]:
+            continue
+        dependants = [w for w in ready.values() if "D" in w.stage_role and stage not in w.stage_role]
+        if dependants and current[stage] <= 1:
+            continue
+        idle = sorted(
+            (w for w in ready.values() if w.stage_role == stage and w.service_load(service) == 0),
+            key=lambda w: w.name,
+        )
+        if not idle:
+            continue
+        short = {r: planned[r] - current[r] for r in ("EDC", "DC", "ED", "D") if planned[r] > current[r]}
+        to_role = max(short, key=lambda r: (short[r], r == "EDC")) if short else "EDC"
+        why = f"the plan needs {planned[stage]} {stage} worker(s), {current[stage]} are ready"
+        return idle[0].name, to_role, why
+    return None
+
+
+def _aux_shrink_step(
+    *,
+    preset: str,
+    ready: dict[str, GpuWorker],
+    now: datetime,
+    row: SchedulerState,
+    outbox: Outbox,
+    workers: dict[str, GpuWorker],
+) -> StagePlacement | None:
+    """At most once per trigger window, with E or C workers ready: plan from the live mix and, when
+    the plan needs fewer of them, re-place one idle one (``_aux_shrink_change``) as a one-change
+    placement (reason ``aux_shrink``). The §5.3 trigger needs a backlog to fire, so without this an
+    encoder the pool grew, or a decoder a job mix asked for, would stay when nothing waits."""
+    if not any(w.stage_role in ("E", "C") for w in ready.values()):
+        return None
+    window = settings.STREAMSERVE["STAGE_WINDOW_S"]
+    last = row.state.get("aux_shrink_at")
+    if last is not None and now.timestamp() - last < window:
+        return None
+    row.state = {**row.state, "aux_shrink_at": now.timestamp()}
+    row.save(update_fields=["state", "updated_at"])
+    pipeline, gpu = _pipeline(), _gpu_spec(ready.values())
+    mix = live_mix(preset=preset, now=now, window_s=window, pipeline=pipeline, gpu=gpu)
+    try:
+        plan = plan_placement(
+            pipeline,
+            mix.job_shapes,
+            len(ready),
+            gpu,
+            encode_only_s=mix.encode_only_s,
+            stream_shapes=mix.stream_shapes,
+        )
+    except PlacementError:
+        return None
+    change = _aux_shrink_change(ready=ready, plan_roles=plan.roles)
+    if change is None:
+        return None
+    name, to_role, why = change
+    current = {n: w.stage_role for n, w in ready.items()}
+    placement = StagePlacement.objects.create(
+        created_at=now,
+        preset=preset,
+        reason=StagePlacement.Reason.AUX_SHRINK,
+        roles_before=current,
+        roles_after={**current, name: to_role},
+        trigger={"why": why, "plan_roles": dict(sorted(Counter(plan.roles).items())), "mix": mix.to_json()},
+    )
+    StageRoleChange.objects.create(
+        placement=placement,
+        worker=ready[name],
+        from_role=current[name],
+        to_role=to_role,
+        order=0,
+        created_at=now,
+    )
+    logger.info(
+        "stages.aux_shrink id=%s preset=%s worker=%s to=%s: %s", placement.pk, preset, name, to_role, why
+    )
     _progress(preset=preset, workers=workers, now=now, outbox=outbox)
     placement.refresh_from_db()
     return placement

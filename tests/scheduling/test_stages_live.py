@@ -408,3 +408,59 @@ def test_jobs_that_prefer_a_decode_auxiliary_get_ed_and_c_workers_while_streams_
     assert plan.get("ED", 0) >= 1 and plan.get("C", 0) >= 1 and plan.get("EDC", 0) >= 1
     assert sum(plan.values()) == 4 and placement.roles_after["w-a"] == "EDC"
     assert set(placement.changes.values_list("to_role", flat=True)) <= {"ED", "C", "E", "D"}
+
+
+def test_an_idle_encoder_the_plan_does_not_need_is_re_placed_one_at_a_time(stages_on):
+    # given three EDC workers (one holding a stream) and two encoders, the first still encoding
+    busy = worker("w-a")
+    worker("w-b")
+    worker("w-c")
+    worker("enc-a", "E", telemetry={"encoder": {"queue": 2}})
+    worker("enc-b", "E", telemetry={"encoder": {"queue": 0}})
+    stream_mix(executing(busy), chunks=40, prompts=1)
+    # when the scheduler runs
+    scheduler_run(trigger="tick")
+    # then the plan needs one encoder: the idle one is re-placed (alone), the busy one stays
+    placement = StagePlacement.objects.get(reason="aux_shrink")
+    assert placement.trigger["plan_roles"].get("E", 0) == 1
+    (change,) = placement.changes.all()
+    assert (change.worker.name, change.from_role, change.to_role, change.status) == (
+        "enc-b",
+        "E",
+        "EDC",
+        Change.SENT,
+    )
+    assert WorkerCommand.objects.get(pk=change.command_id).payload["role"] == "EDC"
+    # and no second shrink is planned within the window, even once it is applied
+    answer(change, "acked", role="EDC")
+    scheduler_run(trigger="tick")
+    assert StagePlacement.objects.filter(reason="aux_shrink").count() == 1
+
+
+def test_the_last_encoder_and_the_last_decoder_stay_while_workers_depend_on_them(stages_on):
+    # given a DC worker holding a stream and a D worker, one encoder (idle), and two decoders: one
+    # idle, one decoding
+    dc = worker("dc", "DC")
+    worker("d", "D")
+    worker("e", "E", telemetry={"encoder": {"queue": 0}})
+    worker("c1", "C", telemetry={"decoder": {"queue": 0}})
+    worker("c2", "C", telemetry={"decoder": {"queue": 3}})
+    stream_mix(executing(dc), chunks=40, prompts=0)
+    # when the scheduler runs (no job in the mix: the plan wants no decoder)
+    scheduler_run(trigger="tick")
+    # then only the idle decoder is re-placed: the decoding one stays, and so does the only encoder
+    placement = StagePlacement.objects.get(reason="aux_shrink")
+    assert placement.trigger["plan_roles"].get("C", 0) == 0
+    (change,) = placement.changes.all()
+    assert (change.worker.name, change.from_role) == ("c1", "C") and "D" in change.to_role
+    # and once c1 is gone, c2 is the D worker's last decoder: it stays, busy or idle
+    answer(change, "acked", role=change.to_role)
+    GpuWorker.objects.filter(name="c2").update(telemetry={"decoder": {"queue": 0}})
+    SchedulerState.objects.filter(policy="stages@tiny").update(state={})
+    StagePlacement.objects.update(status="applied")
+    scheduler_run(trigger="tick")
+    assert StagePlacement.objects.filter(reason="aux_shrink").count() == 1
+    assert set(GpuWorker.objects.filter(name__in=["e", "c2"]).values_list("stage_role", flat=True)) == {
+        "E",
+        "C",
+    }
