@@ -745,16 +745,18 @@ def _encoder_pool_grow(
 
 
 def _aux_shrink_change(
-    *, ready: dict[str, GpuWorker], plan_roles: Sequence[str]
+    *, ready: dict[str, GpuWorker], plan_roles: Sequence[str], grown_recently: bool = False
 ) -> tuple[str, str, str] | None:
     """One idle auxiliary worker to re-place, ``(worker, to_role, why)``, when the plan has fewer E (or
     C) workers than are ready: an E (C) worker whose heartbeat reports an empty encode (decode)
     queue, never the last E while a worker without E holds D, nor the last C while one without C
-    does. It takes the D-carrying role the plan is shortest of against the pool (EDC when none is)."""
+    does, nor an E worker while the pool grew its encoders within the plan's history
+    (``grown_recently``: the growth answered a queue the mix may not show yet). It takes the
+    D-carrying role the plan is shortest of against the pool (EDC when none is)."""
     current = Counter(w.stage_role for w in ready.values())
     planned = Counter(plan_roles)
     for stage, service in (("E", "encoder"), ("C", "decoder")):
-        if current[stage] <= planned[stage]:
+        if current[stage] <= planned[stage] or (stage == "E" and grown_recently):
             continue
         dependants = [w for w in ready.values() if "D" in w.stage_role and stage not in w.stage_role]
         if dependants and current[stage] <= 1:
@@ -806,7 +808,9 @@ def _aux_shrink_step(
         )
     except PlacementError:
         return None
-    change = _aux_shrink_change(ready=ready, plan_roles=plan.roles)
+    grown = row.state.get("encoder_pool_at")
+    grown_recently = grown is not None and now.timestamp() - grown < HISTORY_WINDOWS * window
+    change = _aux_shrink_change(ready=ready, plan_roles=plan.roles, grown_recently=grown_recently)
     if change is None:
         return None
     name, to_role, why = change

@@ -464,3 +464,18 @@ def test_the_last_encoder_and_the_last_decoder_stay_while_workers_depend_on_them
         "E",
         "C",
     }
+
+
+def test_an_encoder_pool_grown_recently_is_not_shrunk(stages_on):
+    # given the same surplus encoder, but the pool grew its encoders a window ago
+    busy = worker("w-a")
+    worker("w-b")
+    worker("enc-a", "E")
+    worker("enc-b", "E")
+    stream_mix(executing(busy), chunks=40, prompts=1)
+    window = stages_on.STREAMSERVE["STAGE_WINDOW_S"]
+    grown = (timezone.now() - timedelta(seconds=window)).timestamp()
+    SchedulerState.objects.create(policy="stages@tiny", state={"encoder_pool_at": grown})
+    # when the scheduler runs, no encoder is re-placed by the shrink
+    scheduler_run(trigger="tick")
+    assert not StagePlacement.objects.filter(reason="aux_shrink").exists()
