@@ -396,14 +396,14 @@ def test_jobs_that_prefer_a_decode_auxiliary_get_ed_and_c_workers_while_streams_
         worker(name)
     session = executing(busy, width=832, height=480, frames_per_chunk=12)
     stream_mix(session, chunks=40, prompts=1)
-    for _ in range(40):
+    for _ in range(10):
         JobFactory(kind="video", width=832, height=480, frames=12, steps=4)
     # when the scheduler runs
     scheduler_run(trigger="tick")
     # then the jobs' share is unfolded into ED and C workers, the streams' share stays on EDC (the
     # session holder keeps its role): no D-only or ED worker for chunks no session could use
     placement = StagePlacement.objects.get()
-    assert placement.trigger["mix"]["stream_chunks"] == 40 and placement.trigger["mix"]["jobs"] == 40
+    assert placement.trigger["mix"]["stream_chunks"] == 40 and placement.trigger["mix"]["jobs"] == 10
     plan = placement.trigger["plan_roles"]
     assert plan.get("ED", 0) >= 1 and plan.get("C", 0) >= 1 and plan.get("EDC", 0) >= 1
     assert sum(plan.values()) == 4 and placement.roles_after["w-a"] == "EDC"
