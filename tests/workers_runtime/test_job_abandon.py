@@ -36,16 +36,37 @@ class SetAfter(threading.Event):
         return self.looks > self.checks
 
 
-def _job(engine: ChunkEngine, shape: tuple) -> None:
+def add_job(engine: ChunkEngine, shape: tuple) -> None:
     kind, width, height, frames = shape
     engine.add_job(
         "j", kind=kind, prompt=PROMPT, seed=7, width=width, height=height, frames=frames, steps=STEPS
     )
 
 
-def _result(engine: ChunkEngine, kind: str) -> bytes:
+def job_result(engine: ChunkEngine, kind: str) -> bytes:
     frames = engine.job_frames("j").numpy()
     return encode_png(frames[0]) if kind == "image" else encode_mp4(frames, engine.model.fps)
+
+
+def abandon_every_step_then_redo(engine: ChunkEngine, boundaries: int) -> None:
+    """Abandon each of job ``j``'s steps at one of its block boundaries in turn, checking nothing of
+    the abandoned step was written, then run the step again to its end."""
+    for step in range(STEPS):
+        before = {name: t.clone() for name, t in engine.export_state("j")[1].items()}
+        engine.thaw("j")
+        flag = SetAfter(step % boundaries)
+        report = engine.job_step(["j"], abandon=flag)
+        # nothing of the abandoned step was written: same counter, same tensors
+        assert report.abandoned and report.finished == [] and report.steps_done == {"j": step}
+        assert flag.looks == step % boundaries + 1
+        after = engine.export_state("j")[1]
+        engine.thaw("j")
+        assert all(torch.equal(before[name], after[name]) for name in before)
+        # and the step run again (a flag never set: the step checks each boundary) advances it
+        quiet = SetAfter(boundaries)
+        report = engine.job_step(["j"], abandon=quiet)
+        assert not report.abandoned and report.steps_done == {"j": step + 1}
+        assert quiet.looks == boundaries
 
 
 @pytest.mark.parametrize("preset", list(CASES))
@@ -55,29 +76,14 @@ def test_steps_abandoned_at_every_block_boundary_leave_the_job_as_it_was_and_the
     shape, boundaries = CASES[preset]
     straight, interrupted = ChunkEngine(model, encode_workers=1), ChunkEngine(model, encode_workers=1)
     try:
-        _job(straight, shape)
-        _job(interrupted, shape)
+        add_job(straight, shape)
+        add_job(interrupted, shape)
         while straight.job_progress("j")[0] < STEPS:
             straight.job_step(["j"])
         # Given a job whose every step is first abandoned at one of its block boundaries
-        for step in range(STEPS):
-            before = {name: t.clone() for name, t in interrupted.export_state("j")[1].items()}
-            interrupted.thaw("j")
-            flag = SetAfter(step % boundaries)
-            report = interrupted.job_step(["j"], abandon=flag)
-            # Then nothing of the abandoned step was written: same counter, same tensors
-            assert report.abandoned and report.finished == [] and report.steps_done == {"j": step}
-            assert flag.looks == step % boundaries + 1
-            after = interrupted.export_state("j")[1]
-            interrupted.thaw("j")
-            assert all(torch.equal(before[name], after[name]) for name in before)
-            # And the step run again (a flag never set: the step checks each boundary) advances it
-            quiet = SetAfter(boundaries)
-            report = interrupted.job_step(["j"], abandon=quiet)
-            assert not report.abandoned and report.steps_done == {"j": step + 1}
-            assert quiet.looks == boundaries
+        abandon_every_step_then_redo(interrupted, boundaries)
         # Then the result is bit-identical to the uninterrupted run's
-        assert _result(interrupted, shape[0]) == _result(straight, shape[0])
+        assert job_result(interrupted, shape[0]) == job_result(straight, shape[0])
     finally:
         straight.close()
         interrupted.close()
