@@ -39,6 +39,13 @@ def parse_resolution(text: str) -> tuple[int, int]:
     return width, height
 
 
+def parse_video(text: str) -> tuple[int, int, int]:
+    """ "WxHxF" → (width, height, frames); ValueError naming the bad value."""
+    resolution, _, frames = text.rpartition("x")
+    width, height = parse_resolution(resolution)
+    return width, height, int(frames)
+
+
 def _sync(model: StreamingVideoModel) -> None:
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)

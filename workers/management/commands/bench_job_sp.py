@@ -7,7 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from controlplane import bench
 from workers.benchmarks.job_sp import format_job_sp_bench, run_job_sp_bench
-from workers.benchmarks.jobs import parse_resolution
+from workers.benchmarks.jobs import parse_video
 from workers.runtime.models import UnknownPresetError
 
 
@@ -26,9 +26,7 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         torch.set_num_threads(options["threads"])
         try:
-            resolution, _, frames = options["video"].rpartition("x")
-            width, height = parse_resolution(resolution)
-            frames = int(frames)
+            width, height, frames = parse_video(options["video"])
         except ValueError as exc:
             raise CommandError(f"--video: {exc}") from exc
         try:

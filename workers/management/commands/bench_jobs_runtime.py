@@ -6,7 +6,7 @@ import torch
 from django.core.management.base import BaseCommand, CommandError
 
 from controlplane import bench
-from workers.benchmarks.jobs import format_jobs_bench, parse_resolution, run_jobs_bench
+from workers.benchmarks.jobs import format_jobs_bench, parse_resolution, parse_video, run_jobs_bench
 from workers.runtime.models import UnknownPresetError
 
 
@@ -34,9 +34,7 @@ class Command(BaseCommand):
                 width, height = parse_resolution(options["image"])
                 shapes.append(("image", width, height, 1))
             if options["video"]:
-                resolution, _, frames = options["video"].rpartition("x")
-                width, height = parse_resolution(resolution)
-                shapes.append(("video", width, height, int(frames)))
+                shapes.append(("video", *parse_video(options["video"])))
         except ValueError as exc:
             raise CommandError(f"--image/--video: {exc}") from exc
         if not shapes:
