@@ -18,68 +18,15 @@ Like ``wsauth``, the module knows nothing of the apps.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
-import redis
-from django.conf import settings
-from django.db import connections
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-READINESS_TIMEOUT_S = 2.0
+from contracts.health import readiness
+
 LIVENESS_PATH = "/healthz"
 READINESS_PATH = "/readyz"
-
-
-@dataclass(frozen=True)
-class Check:
-    """One dependency as a probe saw it."""
-
-    name: str
-    ok: bool
-    latency_ms: float
-    detail: str = ""
-
-
-def _timed(name: str, attempt: Callable[[], None]) -> Check:
-    began = time.perf_counter()
-    try:
-        attempt()
-    except Exception as exc:  # any failure of a dependency means not ready; the detail says which
-        return Check(
-            name, False, round((time.perf_counter() - began) * 1000, 1), f"{type(exc).__name__}: {exc}"
-        )
-    return Check(name, True, round((time.perf_counter() - began) * 1000, 1))
-
-
-def database_check(alias: str = "default") -> Check:
-    def attempt() -> None:
-        # Django's request_started handler has already dropped a connection that broke since the
-        # last request (PostgreSQL restarted), so this reconnects when it has to.
-        with connections[alias].cursor() as cursor:
-            cursor.execute("SELECT 1")
-
-    return _timed("postgresql", attempt)
-
-
-def redis_check(url: str | None = None) -> Check:
-    def attempt() -> None:
-        client = redis.Redis.from_url(
-            url or settings.REDIS_URL,
-            socket_connect_timeout=READINESS_TIMEOUT_S,
-            socket_timeout=READINESS_TIMEOUT_S,
-        )
-        try:
-            client.ping()
-        finally:
-            client.close()
-
-    return _timed("redis", attempt)
-
-
-def readiness() -> list[Check]:
-    return [database_check(), redis_check()]
 
 
 def readiness_response() -> JsonResponse:

@@ -78,7 +78,7 @@ def _model_paths(name: str) -> dict[str, str]:
     """``"wan-causal=/models/self-forcing,other=/models/x"`` → {preset: directory} (docs/models.md).
 
     Only the form is checked here; the directory's layout is checked when the workers app registers
-    the presets (``workers.catalog.register_model_paths``), with an error naming the variable."""
+    the presets (``contracts.catalog.register_model_paths``), with an error naming the variable."""
     raw = env.str(name, default="")
     paths: dict[str, str] = {}
     for part in raw.split(","):
@@ -286,13 +286,13 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
     "DEFAULT_FILTER_BACKENDS": [
-        "controlplane.api.StrictFilterBackend",
+        "contracts.http.api.StrictFilterBackend",
         "rest_framework.filters.OrderingFilter",
     ],
-    "DEFAULT_PAGINATION_CLASS": "controlplane.api.BoundedLimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "contracts.http.api.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "controlplane.api.exception_handler",
+    "EXCEPTION_HANDLER": "contracts.http.api.exception_handler",
     # `?format=csv` on audit endpoints is ours, not content negotiation.
     "URL_FORMAT_OVERRIDE": None,
     # Per user (per client address before login); the counters live in the Redis cache.
@@ -320,7 +320,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {"JobKindEnum": "sessions.models.Job.Kind"},
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "controlplane.api.document_error_responses",
+        "contracts.http.api.document_error_responses",
     ],
 }
 

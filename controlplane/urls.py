@@ -16,8 +16,8 @@ schema_urls = (
     ]
 )
 
-handler404 = "controlplane.api.page_not_found"
-handler500 = "controlplane.api.server_error"
+handler404 = "contracts.http.api.page_not_found"
+handler500 = "contracts.http.api.server_error"
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -12,8 +12,8 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.api import AUDIT_PARAMETERS, audit_format, audit_responses, csv_cell, csv_response
-from controlplane.timerange import parse_time_range
+from contracts.http.api import AUDIT_PARAMETERS, audit_format, audit_responses, csv_cell, csv_response
+from contracts.http.timerange import parse_time_range
 from gpu import selectors, services
 from gpu.models import GpuWorker, Region
 

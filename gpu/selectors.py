@@ -8,7 +8,7 @@ from decimal import Decimal
 from django.db.models import Case, Count, IntegerField, Q, QuerySet, Subquery, Sum, Value, When
 from django.db.models.functions import Coalesce, Trunc
 
-from controlplane.timerange import TimeRange
+from contracts.http.timerange import TimeRange
 from gpu.models import CostLedgerEntry, GpuWorker, HostCache, Region, WeightHolding
 
 

@@ -14,7 +14,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.api import (
+from contracts.http.api import (
     AUDIT_PARAMETERS,
     NO_NUL,
     StrictCharField,
@@ -23,7 +23,7 @@ from controlplane.api import (
     csv_cell,
     csv_response,
 )
-from controlplane.timerange import UtcIsoDateTimeFilter, parse_time_range
+from contracts.http.timerange import UtcIsoDateTimeFilter, parse_time_range
 from scheduling import selectors
 from scheduling.core.policy import PolicyError, resolve_policy_class
 from scheduling.live.operator import MigrationRefused, migration_request

@@ -28,7 +28,7 @@ from django.db import connection, transaction
 from django.db.models import Count, Max, Q, Sum
 from django.utils import timezone
 
-from controlplane.timerange import TimeRange
+from contracts.http.timerange import TimeRange
 from gpu import selectors as pool_selectors
 from gpu import services as gpu_services
 from gpu.models import GpuWorker, HostCache, Region

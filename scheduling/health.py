@@ -1,6 +1,6 @@
 """Health of the roles that serve no HTTP: the Celery worker, beat and GPU workers.
 
-Each check returns a ``controlplane.health.Check``; ``manage.py probe`` turns one into an exit
+Each check returns a ``contracts.health.Check``; ``manage.py probe`` turns one into an exit
 status for an exec probe (Kubernetes) or a supervisor's check.
 
 - **Celery worker**: a broadcast ``ping`` addressed to the node (``-n scheduler@<host>``) and
@@ -24,12 +24,12 @@ import time
 from typing import Any
 
 import redis
+from celery import current_app as celery_app
 from celery.signals import before_task_publish
 from django.conf import settings
 from django.utils import timezone
 
-from controlplane.celery import app as celery_app
-from controlplane.health import Check
+from contracts.health import Check
 from gpu.models import GpuWorker
 
 BEAT_HEARTBEAT_KEY = "streamserve:health:beat"

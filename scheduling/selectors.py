@@ -9,7 +9,7 @@ from typing import Any
 from django.db.models import Count, Q, Sum
 from django.db.models.functions import Trunc
 
-from controlplane.timerange import TimeRange
+from contracts.http.timerange import TimeRange
 from gpu.selectors import region_name
 from scheduling.models import Migration, StagePlacement
 

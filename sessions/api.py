@@ -14,7 +14,8 @@ from rest_framework.exceptions import APIException, NotFound, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.api import (
+from contracts.catalog import PRESETS
+from contracts.http.api import (
     AUDIT_PARAMETERS,
     NO_NUL,
     audit_format,
@@ -23,7 +24,7 @@ from controlplane.api import (
     csv_response,
     filterset_check,
 )
-from controlplane.timerange import parse_time_range
+from contracts.http.timerange import parse_time_range
 from sessions import jobs, selectors, services
 from sessions.filters import ChunkRecordFilter, JobFilter, SessionFilter
 from sessions.models import GenerationSession, Job
@@ -38,7 +39,6 @@ from sessions.serializers import (
     SessionEventSerializer,
     SessionSerializer,
 )
-from workers.catalog import PRESETS
 
 # What a job's result may be served as inline (PNG for an image, MP4 for a video).
 RESULT_CONTENT_TYPES = ("image/png", "video/mp4")

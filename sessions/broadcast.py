@@ -5,9 +5,9 @@ from __future__ import annotations
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
+from contracts.wire.frames import group_name, status_message
 from sessions.models import GenerationSession
 from sessions.selectors import session_status_message
-from workers.streaming import group_name, status_message
 
 
 def session_status_broadcast(*, session_id: str) -> None:

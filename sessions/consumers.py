@@ -29,6 +29,8 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.core.exceptions import ValidationError
 
+from contracts.wire.frames import CHUNK_MESSAGE, STATUS_MESSAGE, encode_chunk_frame, group_name
+from contracts.wire.records import chunk_row
 from sessions import jobs, services
 from sessions.models import GenerationSession, Job
 from sessions.selectors import (
@@ -37,8 +39,6 @@ from sessions.selectors import (
     session_status_message,
     sessions_visible_to,
 )
-from workers.records import chunk_row
-from workers.streaming import CHUNK_MESSAGE, STATUS_MESSAGE, encode_chunk_frame, group_name
 
 logger = logging.getLogger(__name__)
 

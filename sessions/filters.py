@@ -3,7 +3,7 @@ from __future__ import annotations
 import django_filters
 from django import forms
 
-from controlplane.timerange import UtcIsoDateTimeFilter
+from contracts.http.timerange import UtcIsoDateTimeFilter
 from sessions.models import ChunkRecord, GenerationSession, Job
 
 

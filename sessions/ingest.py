@@ -1,4 +1,4 @@
-"""The chunk-record ingester: the durable record stream (``workers.records``) into PostgreSQL.
+"""The chunk-record ingester: the durable record stream (``contracts.wire.records``) into PostgreSQL.
 
 Workers append each chunk's record to a Redis stream before publishing the chunk; consumers append
 the delivery latencies they measure. ``chunk_records_drain`` (beat, ``sessions.tasks``) reads the
@@ -22,7 +22,7 @@ import redis
 from django.conf import settings
 from django.db import connection, transaction
 
-from workers.records import INGEST_LOCK, ChunkRow, RecordReader
+from contracts.wire.records import INGEST_LOCK, ChunkRow, RecordReader
 
 logger = logging.getLogger("sessions.ingest")
 

@@ -28,13 +28,13 @@ from django.core.files.base import ContentFile
 from django.db import transaction
 from django.utils import timezone
 
+from contracts.catalog import PRESETS, ModelPreset, parse_resolution
+from contracts.catalog.presets import PRESETS as RUNTIME_PRESETS
 from gpu.models import GpuWorker
 from sessions.models import Job
 from sessions.selectors import job_queue_positions, job_status_message
 from sessions.services import MAX_SEED, owner_limit_check, validate_prompt
 from sessions.signals import job_changed
-from workers.catalog import PRESETS, ModelPreset, parse_resolution
-from workers.runtime.presets import PRESETS as RUNTIME_PRESETS
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ The epoch is the ownership number of TurboServe §6.1: a transition that moves t
 another owner bumps it, so commands and reports of the previous owner are recognised as stale.
 The transitions that take the session from a publisher — migration finish (the source has
 delivered everything before it answers), recover (its worker was declared lost) and end — also
-raise its publish lease in Redis after commit (``workers.channel.PublishFence``), so a previous
+raise its publish lease in Redis after commit (``contracts.wire.channel.PublishFence``), so a previous
 owner that is still running (frozen past its heartbeat timeout, then woken) can no longer publish a
 chunk. Place does not: nobody publishes a waiting session, and the new owner takes the lease with
 its first chunk. Suspend and hand-off bump the epoch without raising it: the suspending worker may
@@ -34,11 +34,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from contracts.wire.channel import EPOCH_ENDED, PublishFence
 from gpu.models import GpuWorker
 from sessions.broadcast import session_status_broadcast
 from sessions.models import GenerationSession, SessionEvent
 from sessions.signals import session_event_committed
-from workers.channel import EPOCH_ENDED, PublishFence
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from django.db.models.functions import Extract, Trunc
 from django.urls import reverse
 from django.utils import timezone
 
-from controlplane.timerange import TimeRange
+from contracts.http.timerange import TimeRange
 from gpu.selectors import region_name
 from sessions.models import (
     LATENCY_BUCKETS_MS,

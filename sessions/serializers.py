@@ -4,12 +4,12 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from controlplane.api import StrictCharField
+from contracts.catalog import PRESETS
+from contracts.catalog.presets import DEFAULT_PRESET
+from contracts.http.api import StrictCharField
 from sessions.jobs import MAX_PRIORITY, MAX_SLO_S
 from sessions.models import ChunkRecord, GenerationSession, Job, Prompt, SessionEvent
 from sessions.selectors import job_result_url
-from workers.catalog import PRESETS
-from workers.runtime.presets import DEFAULT_PRESET
 
 # What this deployment serves, for the schema: the request a client can build from it is accepted.
 SERVED = [name for name in sorted(PRESETS) if name in settings.STREAMSERVE["SERVED_MODELS"]]
@@ -128,7 +128,7 @@ class ChunkRecordSerializer(serializers.ModelSerializer):
 
 
 class ModelPresetSerializer(serializers.Serializer):
-    """A model preset of the catalogue (``workers.catalog.PRESETS``)."""
+    """A model preset of the catalogue (``contracts.catalog.PRESETS``)."""
 
     name = serializers.CharField()
     description = serializers.CharField()

@@ -21,6 +21,8 @@ from django.db.models import FloatField as _Float
 from django.db.models.functions import Coalesce, Trunc
 from django.utils import timezone
 
+from contracts.catalog import PRESETS, parse_resolution
+from contracts.wire.records import ChunkRow, chunk_deliveries_append
 from gpu import selectors as gpu_selectors
 from sessions import lifecycle
 from sessions.ingest import records_client
@@ -33,8 +35,6 @@ from sessions.models import (
     Prompt,
     SessionEvent,
 )
-from workers.catalog import PRESETS, parse_resolution
-from workers.records import ChunkRow, chunk_deliveries_append
 
 Status = GenerationSession.Status
 Activity = GenerationSession.Activity

@@ -16,8 +16,8 @@ import redis
 import torch
 from django.conf import settings
 
+from contracts.wire.channel import stream_key
 from gpu.models import GpuWorker
-from workers.channel import stream_key
 from workers.daemon import WorkerDaemon
 from workers.reporting import DjangoReporter
 from workers.runtime.engine import ChunkEngine

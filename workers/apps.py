@@ -10,7 +10,7 @@ class WorkersConfig(AppConfig):
 
     def ready(self) -> None:
         # MODEL_PATHS presets join the catalogue before any view, command or worker reads it.
-        from workers.catalog import register_model_paths
+        from contracts.catalog import register_model_paths
 
         try:
             register_model_paths(settings.STREAMSERVE.get("MODEL_PATHS", {}))

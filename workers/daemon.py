@@ -4,9 +4,9 @@ The hot loop (``WorkerDaemon.step``) only touches the engine, Redis (commands in
 queues. Everything slower runs on threads beside it:
 
 - the *publisher* waits for each chunk's encoded frames and sends them once to the session's
-  channel-layer group (wire format: ``workers.streaming``) while this worker holds the session's
-  publish lease (``workers.channel.PublishFence``): the chunk's audit record goes to a durable Redis
-  stream first (``workers.records``, ingested by the control plane), the delivered index is marked
+  channel-layer group (wire format: ``contracts.wire.frames``) while this worker holds the session's
+  publish lease (``contracts.wire.channel.PublishFence``): the chunk's audit record goes to a durable Redis
+  stream first (``contracts.wire.records``, ingested by the control plane), the delivered index is marked
   after the send;
 - the *reporter* (``workers.reporting``) answers commands and reports migrations and heartbeats
   to PostgreSQL through the control plane's services;
@@ -40,8 +40,7 @@ from typing import Any
 
 import redis
 
-from gpu.telemetry import sample
-from workers.channel import (
+from contracts.wire.channel import (
     CommandReader,
     PublishFence,
     ReceivedCommand,
@@ -51,14 +50,15 @@ from workers.channel import (
     heartbeat_beat,
     send_command,
 )
-from workers.checkpoints import checkpoint_path
+from contracts.wire.checkpoints import checkpoint_path
+from contracts.wire.frames import chunk_message, group_name
+from contracts.wire.records import chunk_record_append
+from gpu.telemetry import sample
 from workers.job_runner import JobRefused, JobRunner
-from workers.records import chunk_record_append
 from workers.runtime.engine import ChunkEngine, ChunkResult, HostStateRecord, SessionNotFound, region_to_bytes
 from workers.runtime.jobs import window_s
 from workers.runtime.stages.serving import RoleRefused, StageHost, StageUnavailable
 from workers.runtime.transport import send_state
-from workers.streaming import chunk_message, group_name
 
 logger = logging.getLogger("workers.daemon")
 
@@ -124,7 +124,7 @@ class Reporter:
 
 class ChunkPublisher(threading.Thread):
     """Waits for encoded frames and publishes each chunk once to its session's group, only while
-    this worker holds the session's publish lease (``workers.channel.PublishFence``).
+    this worker holds the session's publish lease (``contracts.wire.channel.PublishFence``).
 
     A chunk whose epoch the lease has passed is dropped, and the session goes on ``superseded``
     (session id, the lease's epoch) for the hot loop to forget: another owner streams it now.

@@ -3,7 +3,7 @@
 This is the ``Reporter`` seam's control-plane side (and the weights loader's ``PoolLink``), and the
 only module of ``workers`` that imports the control plane. Command answers, migration results and heartbeats go through the control plane's
 services, so the daemon never holds session logic of its own. Chunk records do not pass here: the
-publisher appends each to the durable record stream (``workers.records``) before the chunk is
+publisher appends each to the durable record stream (``contracts.wire.records``) before the chunk is
 sent, so none is lost with a killed worker's buffers, and the control plane ingests them.
 """
 

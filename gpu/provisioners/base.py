@@ -60,9 +60,9 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, Max, Q, QuerySet
 from django.utils import timezone
 
+from contracts.catalog.presets import DEFAULT_PRESET
 from gpu.models import GpuWorker
 from gpu.services import TransitionError, worker_fail, worker_release
-from workers.runtime.presets import DEFAULT_PRESET
 
 logger = logging.getLogger("gpu.provisioners")
 Status = GpuWorker.Status

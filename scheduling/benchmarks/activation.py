@@ -29,12 +29,12 @@ from django.contrib.auth import get_user_model
 from django.db import close_old_connections
 from rest_framework.authtoken.models import Token
 
-from controlplane.bench import machine_load, rounds, summarize
+from contracts.bench import machine_load, rounds, summarize
+from contracts.wire.frames import decode_chunk_frame
 from scheduling.benchmarks.platform import live_platform
 from scheduling.models import WorkerCommand
 from sessions.models import GenerationSession
 from workers.benchmarks.live import BenchmarkFailed
-from workers.streaming import decode_chunk_frame
 
 COMPONENTS = (
     ("api_ms", "create call (REST) returns"),

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from controlplane import bench
+from contracts import bench
 from scheduling.core.cli import CliError
 from scheduling.core.scaleplan import (
     GB,

@@ -36,12 +36,12 @@ from django.db import close_old_connections
 from django.db.models import Count
 from rest_framework.authtoken.models import Token
 
-from controlplane.bench import machine_load, summarize
+from contracts.bench import machine_load, summarize
+from contracts.wire.frames import decode_chunk_frame
 from scheduling.benchmarks.platform import LivePlatform, live_platform
 from scheduling.models import Migration, ScalingAction
 from sessions.models import ChunkRecord, GenerationSession, SessionEvent
 from workers.benchmarks.live import BenchmarkFailed
-from workers.streaming import decode_chunk_frame
 
 PROMPTS = (
     "a lighthouse in a storm",

@@ -16,6 +16,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from contracts.wire.channel import heartbeats_alive
 from gpu import services as gpu_services
 from gpu.models import GpuWorker
 from scheduling.live.answers import migration_failed
@@ -26,7 +27,6 @@ from scheduling.live.state import checkpoint_file
 from scheduling.models import Migration, WorkerCommand
 from sessions import lifecycle
 from sessions.models import GenerationSession
-from workers.channel import heartbeats_alive
 
 logger = logging.getLogger("scheduling.live")
 

@@ -1,7 +1,7 @@
 """Worker commands: a row per command inside the decision's transaction, sent after it commits.
 
 The row is the audit record and the answer's target (``answers.command_answered``); the send goes
-to the worker's durable Redis stream (``workers.channel``), so a command is never announced for a
+to the worker's durable Redis stream (``contracts.wire.channel``), so a command is never announced for a
 change that rolled back, and a worker that restarts re-reads its backlog.
 """
 
@@ -17,10 +17,10 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
+from contracts.wire.channel import new_command, send_command
 from gpu.models import GpuWorker
 from scheduling.models import SchedulerDecision, WorkerCommand
 from sessions.models import GenerationSession, Job
-from workers.channel import new_command, send_command
 
 logger = logging.getLogger("scheduling.live")
 

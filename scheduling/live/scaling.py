@@ -21,6 +21,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from contracts.wire.channel import stream_key
 from gpu import selectors as pool_selectors
 from gpu import services as gpu_services
 from gpu.models import GpuWorker, Region
@@ -32,7 +33,6 @@ from scheduling.live.profiles import default_gpu_type, gpu_profiles
 from scheduling.live.regions import region_price_multiplier
 from scheduling.live.stages import new_worker_role
 from scheduling.models import Migration, ScalingAction, SchedulerDecision, WorkerCommand
-from workers.channel import stream_key
 
 logger = logging.getLogger("scheduling.live")
 

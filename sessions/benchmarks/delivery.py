@@ -27,7 +27,7 @@ from django.contrib.auth import get_user_model
 from django.db import close_old_connections
 from rest_framework.authtoken.models import Token
 
-from controlplane.bench import machine_load
+from contracts.bench import machine_load
 from gpu.models import GpuWorker
 from sessions.benchmarks.delivery_clients import delivery_figures
 from sessions.models import ChunkRecord, GenerationSession

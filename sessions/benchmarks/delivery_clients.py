@@ -20,8 +20,8 @@ from typing import Any
 
 import websockets
 
-from controlplane.bench import summarize
-from workers.streaming import decode_chunk_frame
+from contracts.bench import summarize
+from contracts.wire.frames import decode_chunk_frame
 
 # --- clients -----------------------------------------------------------------------------------
 

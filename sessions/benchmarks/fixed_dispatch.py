@@ -9,9 +9,9 @@ Only the benchmark's uvicorn imports this module (importing it patches the consu
 
 from __future__ import annotations
 
+from contracts.wire.frames import CHUNK_MESSAGE
 from controlplane.asgi import application
 from sessions.consumers import SessionConsumer
-from workers.streaming import CHUNK_MESSAGE
 
 __all__ = ["application"]
 

@@ -1,4 +1,4 @@
-"""The benchmarks' harness (controlplane.bench) and pure helpers: summaries, rounds, the machine, JSON
+"""The benchmarks' harness (contracts.bench) and pure helpers: summaries, rounds, the machine, JSON
 out, URLs, frames, the activation arithmetic."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from django.core.management import call_command
 from PIL import Image
 
-from controlplane import bench
+from contracts import bench
 from scheduling.benchmarks.activation import components
 from workers.benchmarks.delivery_publisher import jpeg_frames
 from workers.benchmarks.live import redis_url_with_db

@@ -24,7 +24,7 @@ import pytest
 from django.conf import settings
 from playwright.sync_api import expect
 
-from workers.streaming import chunk_message, group_name
+from contracts.wire.frames import chunk_message, group_name
 
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -267,8 +267,8 @@ class WorkerStandIn:
     def status(self, session, **fields) -> None:
         """The control plane's status broadcast for ``session`` (its real message), with ``fields``
         replaced."""
+        from contracts.wire.frames import status_message
         from sessions.selectors import session_status_message
-        from workers.streaming import status_message
 
         message = status_message({**session_status_message(session), **fields})
         self._run(self.layer.group_send(f"session.{session.pk}", message))

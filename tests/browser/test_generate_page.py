@@ -7,11 +7,11 @@ import re
 import pytest
 from playwright.sync_api import expect
 
+from contracts.catalog import PRESETS
 from gpu.models import GpuWorker
 from sessions.models import GenerationSession, Prompt
 from tests.browser.conftest import PASSWORD, jpeg_frames, screenshot
 from tests.factories import GpuWorkerFactory, UserFactory
-from workers.catalog import PRESETS
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -258,10 +258,10 @@ def test_scheduler_states_and_an_operator_ending_the_session_are_shown(
 ):
     from django.utils import timezone
 
+    from contracts.catalog import parse_resolution
     from sessions.models import SessionEvent
     from tests.browser.conftest import log_in
     from tests.factories import SessionFactory
-    from workers.catalog import parse_resolution
 
     user, gpu = UserFactory(username="watcher"), GpuWorkerFactory(name="gpu-a")
     width, height = parse_resolution(TINY.default_resolution)

@@ -6,8 +6,8 @@ import base64
 
 import pytest
 
+from contracts.wire.frames import encode_chunk_frame
 from tests.browser.conftest import jpeg_frames
-from workers.streaming import encode_chunk_frame
 
 pytestmark = pytest.mark.browser
 

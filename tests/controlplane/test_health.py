@@ -17,7 +17,7 @@ from django.db import connections
 from django.test import Client
 from django.utils import timezone
 
-from controlplane.health import database_check
+from contracts.health import database_check
 from gpu.models import GpuWorker
 from gpu.provisioners.kubernetes import load_template, worker_pod_manifest
 from scheduling import health

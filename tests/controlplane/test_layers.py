@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ("controlplane", "sessions", "scheduling", "gpu", "workers")
+APPS = ("controlplane", "contracts", "sessions", "scheduling", "gpu", "workers")
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
@@ -39,6 +39,8 @@ def test_every_contract_holds():
         ("workers/runtime/engine.py", "import scheduling.models", "workers.runtime is pure PyTorch"),
         ("workers/daemon.py", "import sessions.models", "the worker daemon reaches the control plane"),
         ("sessions/services.py", "import scheduling.live.run", "events flow one way"),
+        ("contracts/wire/frames.py", "import workers.daemon", "the shared contracts know no app"),
+        ("contracts/catalog/presets.py", "import torch", "the wire and the catalogue are pure Python"),
     ],
 )
 def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, contract):

@@ -36,9 +36,9 @@ import redis.asyncio as aioredis
 import websockets
 from channels_redis.pubsub import RedisPubSubChannelLayer
 
+from contracts.wire.channel import EPOCH_ENDED, epoch_key
+from contracts.wire.frames import CHUNK_MESSAGE, decode_chunk_frame, group_name
 from workers.benchmarks.live import free_port
-from workers.channel import EPOCH_ENDED, epoch_key
-from workers.streaming import CHUNK_MESSAGE, decode_chunk_frame, group_name
 
 PROBE_INTERVAL_S = 0.15
 FENCE_SLACK_S = 1.0

@@ -16,10 +16,10 @@ from django.core.management import call_command
 from PIL import Image
 from rest_framework.authtoken.models import Token
 
+from contracts.wire.frames import decode_chunk_frame
 from tests.e2e.conftest import Platform
 from tests.factories import UserFactory
 from workers.runtime.models.demo_eval import measure_clip
-from workers.streaming import decode_chunk_frame
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db]
 

@@ -18,11 +18,11 @@ import pytest
 import websockets
 from rest_framework.authtoken.models import Token
 
+from contracts.wire.frames import decode_chunk_frame
 from gpu.models import GpuWorker
 from sessions.models import GenerationSession, SessionEvent
 from tests.e2e.conftest import wait_for
 from tests.factories import StaffFactory, UserFactory
-from workers.streaming import decode_chunk_frame
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db]
 

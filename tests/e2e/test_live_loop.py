@@ -22,13 +22,13 @@ from django.conf import settings
 from PIL import Image
 from rest_framework.authtoken.models import Token
 
+from contracts.wire.frames import decode_chunk_frame
+from contracts.wire.records import STREAM as RECORD_STREAM
 from gpu.models import GpuWorker
 from scheduling.models import Migration, ScalingAction
 from sessions.models import ChunkRecord, GenerationSession, SessionEvent
 from tests.e2e.conftest import wait_for
 from tests.factories import StaffFactory, UserFactory
-from workers.records import STREAM as RECORD_STREAM
-from workers.streaming import decode_chunk_frame
 
 # Each test reads through its own (rolled back) transaction; at READ COMMITTED it still sees every
 # row the platform's processes commit. Module fixtures commit their data outside it.

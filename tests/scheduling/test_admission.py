@@ -8,6 +8,7 @@ import uuid
 import pytest
 from django.utils import timezone
 
+from contracts.wire.channel import new_command, send_command, stream_key
 from scheduling.core.types import Decision
 from scheduling.live.apply import Pool, decision_apply
 from scheduling.live.liveness import workers_check
@@ -18,7 +19,6 @@ from sessions import lifecycle
 from sessions.models import GenerationSession
 from sessions.selectors import session_status_message
 from tests.factories import GpuWorkerFactory, SessionFactory
-from workers.channel import new_command, send_command, stream_key
 
 pytestmark = pytest.mark.django_db
 

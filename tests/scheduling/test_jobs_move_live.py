@@ -22,6 +22,7 @@ import redis
 import torch
 from django.conf import settings as django_settings
 
+from contracts.wire.channel import stream_key
 from gpu.models import GpuWorker
 from scheduling.live.jobs import jobs_dispatch
 from scheduling.models import WorkerCommand
@@ -29,7 +30,6 @@ from sessions.models import Job
 from tests.e2e.conftest import wait_for
 from tests.factories import SessionFactory
 from workers.benchmarks.live import ProcessGroup
-from workers.channel import stream_key
 from workers.runtime.encoding import encode_mp4
 from workers.runtime.engine import ChunkEngine
 

@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from contracts.wire.channel import stream_key
 from gpu.models import GpuWorker
 from scheduling.live.answers import command_answered, migration_completed, migration_failed
 from scheduling.live.liveness import sessions_recover, workers_check
@@ -26,7 +27,6 @@ from scheduling.receivers import session_event_received
 from sessions import lifecycle
 from sessions.models import GenerationSession, SessionEvent
 from tests.factories import GpuWorkerFactory, SessionFactory
-from workers.channel import stream_key
 
 pytestmark = pytest.mark.django_db(transaction=False)
 
@@ -162,7 +162,7 @@ def test_a_migration_command_refused_by_either_worker_fails_the_migration_at_onc
 
 def test_a_silent_worker_that_still_beats_in_redis_is_not_lost():
     # Given a worker whose heartbeat row is stale (PostgreSQL was down) but that beats in Redis
-    from workers.channel import heartbeat_beat
+    from contracts.wire.channel import heartbeat_beat
 
     quiet_row = worker(last_heartbeat=timezone.now() - timedelta(minutes=5))
     heartbeat_beat(redis.Redis.from_url(settings.REDIS_URL), quiet_row.name, ttl_s=30)

@@ -22,6 +22,8 @@ import redis
 from django.conf import settings as django_settings
 from django.utils import timezone
 
+from contracts.wire.channel import stream_key
+from contracts.wire.records import STREAM as RECORD_STREAM
 from gpu.models import GpuWorker, Region
 from scheduling.live.outbox import redis_client
 from scheduling.live.region_moves import running_sessions_move
@@ -32,8 +34,6 @@ from sessions.models import GenerationSession
 from tests.e2e.conftest import wait_for
 from tests.factories import SessionFactory
 from workers.benchmarks.live import ProcessGroup
-from workers.channel import stream_key
-from workers.records import STREAM as RECORD_STREAM
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # two worker processes
 

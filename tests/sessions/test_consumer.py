@@ -11,13 +11,13 @@ from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
 
+from contracts.wire.frames import chunk_message, decode_chunk_frame, group_name
+from contracts.wire.records import INGEST_LOCK, STREAM
 from sessions import consumers
 from sessions.ingest import chunk_records_drain
 from sessions.models import ChunkRecord
 from tests.factories import SessionFactory, UserFactory
 from tests.sessions.sockets import communicator_as, connect_as
-from workers.records import INGEST_LOCK, STREAM
-from workers.streaming import chunk_message, decode_chunk_frame, group_name
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

@@ -21,11 +21,7 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from sessions import ingest, services, tasks
-from sessions.ingest import chunk_records_drain, chunk_records_ingest
-from sessions.models import ChunkRecord, GenerationSession
-from tests.factories import GpuWorkerFactory, SessionFactory
-from workers.records import (
+from contracts.wire.records import (
     GROUP,
     INGEST_LOCK,
     STREAM,
@@ -33,6 +29,10 @@ from workers.records import (
     chunk_record_append,
     chunk_row,
 )
+from sessions import ingest, services, tasks
+from sessions.ingest import chunk_records_drain, chunk_records_ingest
+from sessions.models import ChunkRecord, GenerationSession
+from tests.factories import GpuWorkerFactory, SessionFactory
 
 # The ingester commits its own transactions (COPY into a temp table that empties on commit).
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -79,7 +79,7 @@ def test_records_of_a_killed_worker_are_ingested_once_even_when_the_ingester_run
     heads = [header(session, i, worker=worker.name) for i in range(5)]
     script = (
         "import json, os, signal, sys, redis\n"
-        "from workers.records import chunk_record_append\n"
+        "from contracts.wire.records import chunk_record_append\n"
         "client = redis.Redis.from_url(sys.argv[1])\n"
         "for h in json.loads(sys.argv[2]):\n"
         "    chunk_record_append(client, h)\n"

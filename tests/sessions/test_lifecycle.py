@@ -6,11 +6,11 @@ import pytest
 import redis
 from django.conf import settings
 
+from contracts.wire.channel import PublishFence, delivered_key, epoch_key
 from sessions import lifecycle
 from sessions.models import GenerationSession, SessionEvent
 from sessions.signals import session_event_committed
 from tests.factories import GpuWorkerFactory, SessionFactory
-from workers.channel import PublishFence, delivered_key, epoch_key
 
 pytestmark = pytest.mark.django_db
 

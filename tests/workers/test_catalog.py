@@ -6,11 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from workers.catalog import PRESETS
+from contracts.catalog import PRESETS
+from contracts.catalog.presets import PRESETS as DEFINITIONS
 from workers.runtime.models import MODEL_REGISTRY
 from workers.runtime.models.causal_dit import PRESETS as CAUSAL_DIT_CONFIGS
 from workers.runtime.models.demo import PRESETS as DEMO_CONFIGS
-from workers.runtime.presets import PRESETS as DEFINITIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME_CONFIGS = {**DEMO_CONFIGS, **CAUSAL_DIT_CONFIGS}
@@ -34,7 +34,7 @@ def test_catalogue_shows_what_the_runtime_generates():
 
 
 def test_the_catalogue_does_not_import_torch():
-    probe = "import sys, workers.catalog; print('torch' in sys.modules)"
+    probe = "import sys, contracts.catalog; print('torch' in sys.modules)"
     result = subprocess.run(
         [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60
     )

@@ -10,7 +10,13 @@ import pytest
 import redis
 from django.conf import settings
 
-from workers.channel import CommandReader, StreamClaimWatch, claims_the_device, send_command, stream_key
+from contracts.wire.channel import (
+    CommandReader,
+    StreamClaimWatch,
+    claims_the_device,
+    send_command,
+    stream_key,
+)
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import pytest
 import redis
 from django.conf import settings
 
+from contracts.wire.channel import PublishFence, delivered_key, stream_key
 from scheduling.live.outbox import Outbox
 from scheduling.models import WorkerCommand
 from sessions.ingest import chunk_records_drain
@@ -17,7 +18,6 @@ from sessions.models import ChunkRecord
 from tests.daemons import stepped_daemon, steps_until
 from tests.e2e.conftest import wait_for
 from tests.factories import GpuWorkerFactory, SessionFactory
-from workers.channel import PublishFence, delivered_key, stream_key
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,7 +15,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from workers.channel import (
+from contracts.wire.channel import (
     EPOCH_ENDED,
     LEASE_TTL_S,
     PublishFence,
@@ -23,8 +23,8 @@ from workers.channel import (
     delivered_key,
     epoch_key,
 )
+from contracts.wire.records import STREAM
 from workers.daemon import ChunkPublisher
-from workers.records import STREAM
 
 
 @pytest.fixture

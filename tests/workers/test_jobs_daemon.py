@@ -22,7 +22,7 @@ import redis
 import torch
 from django.conf import settings
 
-from workers.channel import send_command, stream_key
+from contracts.wire.channel import send_command, stream_key
 from workers.daemon import Reporter, WorkerDaemon
 from workers.runtime.encoding import encode_mp4
 from workers.runtime.engine import ChunkEngine

@@ -13,9 +13,9 @@ import redis
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from contracts.wire.frames import CHUNK_MESSAGE, group_name
+from contracts.wire.records import STREAM, row_parse
 from workers.daemon import ChunkPublisher
-from workers.records import STREAM, row_parse
-from workers.streaming import CHUNK_MESSAGE, group_name
 
 
 def a_result(session_id: str, index: int) -> SimpleNamespace:

@@ -24,12 +24,12 @@ import redis
 import torch
 from django.conf import settings
 
+from contracts.wire.channel import send_command, stream_key
 from gpu.models import GpuWorker
 from tests.daemons import stepped_daemon
 from tests.e2e.conftest import wait_for
 from tests.factories import GpuWorkerFactory, SessionFactory
 from tests.workers.test_stage_roles import answer_of, send, steps_until_all
-from workers.channel import send_command, stream_key
 from workers.daemon import Reporter, WorkerDaemon
 from workers.runtime.encoding import encode_mp4
 from workers.runtime.engine import ChunkEngine

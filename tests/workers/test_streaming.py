@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.streaming import (
+from contracts.wire.frames import (
     CHUNK_MESSAGE,
     STATUS_MESSAGE,
     chunk_message,

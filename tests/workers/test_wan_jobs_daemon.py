@@ -17,10 +17,10 @@ import redis
 import torch
 from django.conf import settings
 
+from contracts.catalog.local_paths import read_wan_architecture
 from tests.workers.test_jobs_daemon import CONTEXT, QueueReporter, Worker
 from tests.workers_runtime.wan_layouts import TINY_SETTINGS, write_diffusers_layout
 from workers.runtime.encoding import encode_mp4, encode_png
-from workers.runtime.local_models import read_wan_architecture
 from workers.runtime.models.wan_causal import WanCausalModel
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from contracts.catalog.presets import DEFAULT_PRESET
 from workers.runtime.engine import ChunkEngine
 from workers.runtime.models import StateManifestError, build_model
 from workers.runtime.models.demo_data import (
@@ -26,7 +27,6 @@ from workers.runtime.models.demo_data import (
     tokenize,
 )
 from workers.runtime.models.demo_eval import evaluate, measure_clip, score, summarise
-from workers.runtime.presets import DEFAULT_PRESET
 
 
 @pytest.fixture(scope="module")

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from contracts.catalog.local_paths import register_model_path
+from contracts.catalog.presets import PRESETS
 from tests.workers_runtime.test_stages import STEPS, monolithic_frames, script_messages
 from tests.workers_runtime.wan_layouts import write_diffusers_layout
-from workers.runtime.local_models import register_model_path
 from workers.runtime.models import build_model
-from workers.runtime.presets import PRESETS
 from workers.runtime.stages.chain import StageChain
 from workers.runtime.stages.contract import ROLES, build_staged, stage_weight_bytes
 from workers.runtime.stages.pipeline import StageMessage

@@ -17,12 +17,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from contracts.catalog.local_paths import ModelLayoutError, read_wan_architecture
 from tests.workers_runtime.wan_layouts import (
     write_diffusers_layout,
     write_generator_checkpoint,
     write_wan_layout,
 )
-from workers.runtime.local_models import ModelLayoutError, read_wan_architecture
 from workers.runtime.models.wan_causal import WanCausalModel
 from workers.runtime.stages.contract import parse_role
 from workers.runtime.stages.pipeline import StageRunner
@@ -410,7 +410,7 @@ def test_model_paths_registers_a_catalogue_preset_at_startup(wan_dir):
     root = Path(__file__).resolve().parents[2]
     script = (
         "import django, json; django.setup();"
-        "from django.conf import settings; from workers.catalog import PRESETS;"
+        "from django.conf import settings; from contracts.catalog import PRESETS;"
         "from workers.runtime.models import model_class; p = PRESETS['wan-local'];"
         "print(json.dumps([p.default_resolution, p.fps, p.frames_per_chunk, "
         "settings.STREAMSERVE['SERVED_MODELS'], model_class('wan-local').__name__]))"

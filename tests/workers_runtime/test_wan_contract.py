@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 
+from contracts.catalog.local_paths import register_model_path
+from contracts.catalog.presets import PRESETS
 from tests.workers_runtime import test_engine as contract
 from tests.workers_runtime.test_migration_engine import CONTEXT, EngineWorker, _engine_worker, chunk_digests
 from tests.workers_runtime.wan_layouts import write_diffusers_layout
 from workers.runtime.engine import ChunkEngine
-from workers.runtime.local_models import register_model_path
-from workers.runtime.presets import PRESETS
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 

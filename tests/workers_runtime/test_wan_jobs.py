@@ -11,11 +11,11 @@ import threading
 import pytest
 import torch
 
+from contracts.catalog.local_paths import read_wan_architecture
 from tests.workers_runtime.wan_layouts import write_diffusers_layout
 from workers.benchmarks.jobs import bench_pause_resume, step_seconds
 from workers.runtime.encoding import encode_mp4
 from workers.runtime.engine import ChunkEngine
-from workers.runtime.local_models import read_wan_architecture
 from workers.runtime.models.base import JobSpecError, StateManifestError
 from workers.runtime.models.wan_causal import WanCausalModel
 from workers.runtime.stages.contract import StageNotHosted, parse_role

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from contracts.catalog.local_paths import register_model_path
+from contracts.catalog.presets import PRESETS
 from tests.workers_runtime.wan_layouts import write_diffusers_layout
-from workers.runtime.local_models import register_model_path
 from workers.runtime.models import build_model
-from workers.runtime.presets import PRESETS
 from workers.runtime.weights import PackedWeights, WeightsUnavailable, model_from_weights, pack_model
 from workers.weights_loading import DISK, PoolLink, WeightsLoader
 

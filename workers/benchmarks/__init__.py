@@ -5,5 +5,5 @@
 (``python -m workers.benchmarks.migration``); ``ingest``: chunk records into PostgreSQL
 (``bench_ingest``); ``delivery_publisher``: the worker's side of ``bench_delivery``; ``live``: the
 benchmark database, service checks and child processes that ``bench_ingest``, ``bench_delivery`` and
-``bench_activation`` share. Arguments, figures, the machine and JSON are :mod:`controlplane.bench`'s.
+``bench_activation`` share. Arguments, figures, the machine and JSON are :mod:`contracts.bench`'s.
 """

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from controlplane.bench import summarize
-from workers.records import chunk_record_append
-from workers.streaming import chunk_message, group_name
+from contracts.bench import summarize
+from contracts.wire.frames import chunk_message, group_name
+from contracts.wire.records import chunk_record_append
 
 # --- frames ------------------------------------------------------------------------------------
 
@@ -72,7 +72,7 @@ def run_publisher(
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
     django.setup()
     # The worker's own channel key needs the app registry set up just above.
-    from workers.channel import delivered_key
+    from contracts.wire.channel import delivered_key
 
     client = redis.Redis.from_url(settings.REDIS_URL)
     record = worker_id is not None

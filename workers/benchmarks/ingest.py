@@ -18,12 +18,12 @@ import psutil
 from django.contrib.auth import get_user_model
 from django.db import connection
 
-from controlplane.bench import machine_load, summarize
+from contracts.bench import machine_load, summarize
+from contracts.wire.records import ChunkRow
 from gpu.models import GpuWorker
 from sessions.ingest import chunk_records_ingest
 from sessions.models import ChunkRecord, GenerationSession
 from workers.benchmarks.live import bench_sessions, use_bench_database
-from workers.records import ChunkRow
 
 TARGET_RECORDS_PER_S = 5000.0
 WINDOWS = 10

@@ -30,8 +30,8 @@ from typing import Any
 import redis
 import torch
 
-from controlplane.bench import describe_machine, rounds, summarize
-from workers.channel import StreamClaimWatch, send_command, stream_key
+from contracts.bench import describe_machine, rounds, summarize
+from contracts.wire.channel import StreamClaimWatch, send_command, stream_key
 from workers.runtime.engine import ChunkEngine
 from workers.runtime.models import build_model
 

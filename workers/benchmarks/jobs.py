@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from controlplane.bench import describe_machine, rounds, summarize
+from contracts.bench import describe_machine, rounds, summarize
 from workers.runtime.engine import ChunkEngine
 from workers.runtime.models import build_model
 from workers.runtime.models.base import StreamingVideoModel

@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from controlplane import bench
+from contracts import bench
 from scheduling.core.profiles import BUILTIN_PROFILES
 from workers.runtime.models.causal_dit import (
     PRESETS,

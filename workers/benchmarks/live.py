@@ -2,7 +2,7 @@
 
 Service checks, the benchmark database and its throwaway rows, and a group of child processes that
 is always torn down (own process groups, SIGTERM then SIGKILL, also on Ctrl-C). Arguments, figures,
-the machine and JSON are the shared harness's (:mod:`controlplane.bench`).
+the machine and JSON are the shared harness's (:mod:`contracts.bench`).
 
 Why a dedicated database: the benchmarks start their own platform processes (ASGI server, Celery,
 local workers) and create throwaway rows. In the configured database a developer's running

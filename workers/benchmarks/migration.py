@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from controlplane import bench
+from contracts import bench
 from workers.runtime.transport.migration import MigrationListener, MigrationSender, send_state
 from workers.runtime.transport.pair import backend_for_device
 from workers.runtime.transport.wire import dtype_from_name

@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 import torch
 
-from controlplane.bench import rounds
+from contracts.bench import rounds
 from gpu import telemetry
 from workers.benchmarks.migration import bench_migration
 from workers.runtime.engine import ChunkEngine

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import xxhash
 
-from controlplane.bench import rounds
+from contracts.bench import rounds
 from scheduling.core.scaleplan import Endpoint, Topology, plan_scale_out
 from workers.runtime.models import build_model
 from workers.runtime.models.causal_dit import PRESETS as CONFIGS

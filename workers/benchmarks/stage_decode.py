@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from controlplane import bench
+from contracts import bench
 from workers.runtime.engine import ChunkEngine
 from workers.runtime.models import build_model
 from workers.runtime.stages.link import resolve_device

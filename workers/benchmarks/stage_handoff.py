@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from controlplane import bench
+from contracts import bench
 from workers.runtime.stages.contract import build_staged, staged_class
 from workers.runtime.stages.link import (
     DEFAULT_MAX_IN_FLIGHT_BYTES,

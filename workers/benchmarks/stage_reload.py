@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from controlplane import bench
+from contracts import bench
 from workers.runtime.engine import ChunkEngine
 from workers.runtime.stages.serving import StageHost
 from workers.runtime.transport import MigrationListener

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from controlplane import bench
+from contracts import bench
 from workers.runtime.engine import ChunkEngine
 from workers.runtime.stages.link import resolve_device
 from workers.runtime.stages.serving import StageHost, staged_engine_model

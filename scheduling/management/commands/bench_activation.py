@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane import bench
+from contracts import bench
 from scheduling.benchmarks.activation import format_activation, run_activation
 from scheduling.benchmarks.platform import add_platform_arguments, platform_options
 from workers.benchmarks.live import BenchmarkFailed, ServiceUnavailable

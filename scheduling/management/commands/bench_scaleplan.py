@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane import bench
+from contracts import bench
 from scheduling.benchmarks.scaleplan import format_bench, run_bench
 from scheduling.core.cli import CliError
 

@@ -14,7 +14,7 @@ from dataclasses import asdict
 
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane.health import Check, readiness
+from contracts.health import Check, readiness
 from scheduling.health import BEAT_MAX_AGE_S, beat_check, celery_check, gpu_worker_check
 
 ROLES = ("web", "celery", "beat", "worker")

@@ -25,10 +25,10 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from contracts.catalog.presets import PRESETS
 from gpu.provisioners.registry import get_provisioner
 from scheduling.services import beat_schedule_install
 from scheduling.supervision import become_subreaper, platform_programs, supervisord_config
-from workers.runtime.presets import PRESETS
 
 logger = logging.getLogger("scheduling.runplatform")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane import bench
+from contracts import bench
 from sessions.benchmarks.delivery import format_verdict, run_delivery
 from workers.benchmarks.live import ServiceUnavailable
 

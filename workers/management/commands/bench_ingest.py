@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane import bench
+from contracts import bench
 from workers.benchmarks.ingest import format_ingest, run_ingest
 from workers.benchmarks.live import ServiceUnavailable
 

@@ -8,7 +8,7 @@ import torch
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane import bench
+from contracts import bench
 from workers.benchmarks.job_abandon import format_abandon_bench, run_abandon_bench
 from workers.benchmarks.jobs import parse_resolution
 from workers.runtime.models import UnknownPresetError

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane import bench
+from contracts import bench
 from workers.benchmarks.job_sp import format_job_sp_bench, run_job_sp_bench
 from workers.benchmarks.jobs import parse_video
 from workers.runtime.models import UnknownPresetError

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane import bench
+from contracts import bench
 from workers.benchmarks.jobs import format_jobs_bench, parse_resolution, parse_video, run_jobs_bench
 from workers.runtime.models import UnknownPresetError
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane import bench
+from contracts import bench
 from workers.benchmarks.runtime import format_bench, run_bench
 from workers.runtime.models import UnknownPresetError
 

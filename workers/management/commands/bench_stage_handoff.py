@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane import bench
+from contracts import bench
 from workers.benchmarks.stage_handoff import DEFAULT_PRESETS, format_report, run_stage_handoff
 from workers.runtime.models import UnknownPresetError
 

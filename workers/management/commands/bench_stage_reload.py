@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane import bench
+from contracts import bench
+from contracts.catalog.presets import PRESETS
 from workers.benchmarks.stage_reload import format_report, run_stage_reload
-from workers.runtime.presets import PRESETS
 
 
 class Command(BaseCommand):

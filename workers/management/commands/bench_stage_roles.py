@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane import bench
+from contracts import bench
 from workers.benchmarks.stage_roles import format_report, run_stage_roles
 from workers.runtime.models import UnknownPresetError
 

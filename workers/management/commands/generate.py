@@ -8,6 +8,7 @@ import torch
 from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
+from contracts.catalog.presets import DEFAULT_PRESET
 from workers.runtime.generate import (
     GenerateError,
     check_output,
@@ -16,7 +17,6 @@ from workers.runtime.generate import (
     write_output,
 )
 from workers.runtime.models import MODEL_REGISTRY, build_model
-from workers.runtime.presets import DEFAULT_PRESET
 
 
 class Command(BaseCommand):

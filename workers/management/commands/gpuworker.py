@@ -14,6 +14,7 @@ import torch
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from contracts.catalog.presets import DEFAULT_PRESET, PRESETS
 from gpu.models import GpuWorker
 from gpu.services import TransitionError, worker_fail, worker_register, worker_release
 from scheduling.live.enqueue import scheduler_trigger
@@ -23,7 +24,6 @@ from workers.daemon import WorkerDaemon
 from workers.reporting import DjangoPoolLink, DjangoReporter, phase_report
 from workers.runtime.engine import ChunkEngine
 from workers.runtime.models import UnknownPresetError, model_class
-from workers.runtime.presets import DEFAULT_PRESET, PRESETS
 from workers.runtime.stages.contract import RoleError, staged_class
 from workers.runtime.stages.serving import StageHost, daemon_role, staged_engine_model
 from workers.runtime.transport import MigrationListener

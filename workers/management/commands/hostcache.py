@@ -11,9 +11,9 @@ import torch
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from contracts.catalog.presets import PRESETS
 from workers.hostcache import HostCacheDaemon
 from workers.runtime.models import model_class
-from workers.runtime.presets import PRESETS
 
 logger = logging.getLogger("workers.hostcache")
 

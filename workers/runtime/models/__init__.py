@@ -1,6 +1,6 @@
 """Registry of streaming video models: preset name -> ``package.module:ClassName`` of the model class.
 
-The built-in entries come from the one preset table (``workers.runtime.presets``). A model class is
+The built-in entries come from the one preset table (``contracts.catalog.presets``). A model class is
 built with `cls.from_preset(preset, device=..., weights_path=..., dtype=...)`. Plug another model in
 with `register_model("my-preset", "package.module:MyModel")`.
 """
@@ -10,13 +10,13 @@ from __future__ import annotations
 import pkgutil
 from typing import Any
 
+from contracts.catalog.presets import PRESETS
 from workers.runtime.models.base import (
     GeneratedChunk,
     SessionState,
     StateManifestError,
     StreamingVideoModel,
 )
-from workers.runtime.presets import PRESETS
 
 MODEL_REGISTRY: dict[str, str] = {name: preset.model for name, preset in PRESETS.items()}
 
@@ -30,7 +30,7 @@ def register_model(preset: str, dotted_path: str) -> None:
 
 
 def model_class(preset: str) -> type[StreamingVideoModel]:
-    # Presets registered after import (``MODEL_PATHS``, ``workers.runtime.local_models``) are found
+    # Presets registered after import (``MODEL_PATHS``, ``contracts.catalog.local_paths``) are found
     # in the preset table.
     dotted = MODEL_REGISTRY.get(preset) or (PRESETS[preset].model if preset in PRESETS else None)
     if dotted is None:

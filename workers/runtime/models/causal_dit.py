@@ -41,6 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from contracts.catalog.presets import PRESETS as MODEL_PRESETS
+from contracts.catalog.presets import CausalDiTArchitecture
 from workers.runtime.models import UnknownPresetError
 from workers.runtime.models.base import (
     DTYPES_BY_NAME,
@@ -53,8 +55,6 @@ from workers.runtime.models.base import (
     splitmix64,
 )
 from workers.runtime.models.partial import load_subset, load_subset_from_file, partial_network
-from workers.runtime.presets import PRESETS as MODEL_PRESETS
-from workers.runtime.presets import CausalDiTArchitecture
 
 TEXT_VOCAB = 259  # 256 bytes + pad/bos/eos
 WORD_BUCKETS = 1024
@@ -63,7 +63,7 @@ PAD, BOS, EOS = 0, 1, 2
 
 @dataclass(frozen=True)
 class CausalDiTConfig(CausalDiTArchitecture):
-    """A preset's architecture (``workers.runtime.presets``) with what the model derives from it."""
+    """A preset's architecture (``contracts.catalog.presets``) with what the model derives from it."""
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -37,6 +37,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from contracts.catalog.presets import PRESETS as MODEL_PRESETS
+from contracts.catalog.presets import DemoArchitecture
 from workers.runtime.models import UnknownPresetError
 from workers.runtime.models.base import (
     JobSpecError,
@@ -47,8 +49,6 @@ from workers.runtime.models.base import (
     splitmix64,
 )
 from workers.runtime.models.demo_data import MAX_TOKENS, OBJECT_EXTENT, PAD, VOCAB, tokenize
-from workers.runtime.presets import PRESETS as MODEL_PRESETS
-from workers.runtime.presets import DemoArchitecture
 
 # The decoder draws the object inside a box of ± CUTOFF (fraction of the frame) around its position;
 # everything outside is background, in training as in generation.

@@ -49,13 +49,14 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from workers.runtime.local_models import (
+from contracts.catalog.local_paths import (
     WAN_FILES,
     ModelLayoutError,
     WanCausalArchitecture,
     read_json,
     read_wan_architecture,
 )
+from contracts.catalog.presets import PRESETS
 from workers.runtime.models import UnknownPresetError
 from workers.runtime.models.base import (
     DTYPES_BY_NAME,
@@ -68,7 +69,6 @@ from workers.runtime.models.base import (
     region_offsets,
 )
 from workers.runtime.models.causal_dit import apply_rope, rope_tables, splitmix64
-from workers.runtime.presets import PRESETS
 
 # Prefixes the training code of the causal projects puts in front of the Wan DiT parameter names:
 # the diffusion wrapper's `.model`, FSDP and DDP wrappers, torch.compile.

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 import torch
 from torch._C._distributed_c10d import TCPStore
 
-from workers.runtime.local_models import WanCausalArchitecture
-from workers.runtime.presets import PRESETS
+from contracts.catalog.local_paths import WanCausalArchitecture
+from contracts.catalog.presets import PRESETS
 from workers.runtime.stages import worker
 from workers.runtime.stages.contract import parse_role
 from workers.runtime.stages.link import DEFAULT_TIMEOUT_S, LinkReceiver, LinkSender, connect_store, open_pair

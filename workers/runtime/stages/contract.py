@@ -36,10 +36,10 @@ from typing import Any
 
 import torch
 
-from workers.runtime.local_models import WAN_CAUSAL
+from contracts.catalog.local_paths import WAN_CAUSAL
+from contracts.catalog.presets import CAUSAL_DIT, DEMO, PRESETS
 from workers.runtime.models import UnknownPresetError
 from workers.runtime.models.base import Layout, SessionState, StagewiseModel, allocate_region
-from workers.runtime.presets import CAUSAL_DIT, DEMO, PRESETS
 
 DecoderCache = dict[str, torch.Tensor]
 

@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 
-from workers.runtime.local_models import WanCausalArchitecture
+from contracts.catalog.local_paths import WanCausalArchitecture
+from contracts.catalog.presets import PRESETS
 from workers.runtime.models import UnknownPresetError
 from workers.runtime.models.base import DTYPES_BY_NAME, Layout, SessionState
 from workers.runtime.models.wan_causal import WanCausalModel, component_weight_bytes
-from workers.runtime.presets import PRESETS
 from workers.runtime.stages.contract import Stage, StagedModel
 
 

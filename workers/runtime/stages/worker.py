@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from workers.runtime.local_models import ModelLayoutError, register_model_path
+from contracts.catalog.local_paths import ModelLayoutError, register_model_path
 from workers.runtime.stages.contract import RoleError, build_staged, parse_role, role_name
 from workers.runtime.stages.link import (
     DEFAULT_MAX_IN_FLIGHT_BYTES,

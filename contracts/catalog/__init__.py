@@ -1,6 +1,6 @@
 """The catalogue of model presets users may ask for, as the control plane validates them.
 
-Derived from the one preset table (``workers.runtime.presets``, pure Python, so the web process never
+Derived from the one preset table (``contracts.catalog.presets``, pure Python, so the web process never
 imports torch): each entry names the resolutions a worker runtime serves for the preset, its frame
 rate and chunk length, and its relative per-chunk cost (``load``) at each resolution, which the
 scheduler uses for heterogeneous placement.
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from workers.runtime.local_models import register_model_path
-from workers.runtime.presets import PRESETS as RUNTIME_PRESETS
-from workers.runtime.presets import Preset
+from contracts.catalog.local_paths import register_model_path
+from contracts.catalog.presets import PRESETS as RUNTIME_PRESETS
+from contracts.catalog.presets import Preset
 
 
 @dataclass(frozen=True)

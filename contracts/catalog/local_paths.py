@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from workers.runtime.presets import PRESETS, Preset
+from contracts.catalog.presets import PRESETS, Preset
 
 WAN_CAUSAL = "workers.runtime.models.wan_causal:WanCausalModel"
 SETTINGS_FILE = "streamserve.json"

@@ -4,7 +4,7 @@ A preset is a name users ask for, the model class that builds it (``package.modu
 resolved by ``workers.runtime.models``), a description, and the model's architecture. Everything
 else is derived from this table: the runtime's model registry and configurations
 (``workers.runtime.models``, ``causal_dit.PRESETS``) and the control plane's catalogue
-(``workers.catalog``: resolution, frame rate and chunk length users see).
+(``contracts.catalog``: resolution, frame rate and chunk length users see).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from typing import Any, TypedDict
 
 import redis
 
-logger = logging.getLogger("workers.records")
+logger = logging.getLogger("contracts.wire.records")
 
 STREAM = "ss:records:chunks"
 GROUP = "ingest"
@@ -53,7 +53,7 @@ class ChunkRow(TypedDict):
 
 
 def chunk_row(header: dict[str, Any], *, delivery_ms: float | None = None) -> ChunkRow:
-    """The record of a chunk from its header (``workers.streaming`` wire format)."""
+    """The record of a chunk from its header (``contracts.wire.frames`` wire format)."""
     return ChunkRow(
         session=str(header["session"]),
         index=int(header["index"]),

@@ -2,7 +2,7 @@
 audit endpoints' shared shape.
 
 The audit endpoints of several apps (``/api/audit/latency/`` in sessions, ``/api/audit/cost/`` in
-gpu) take the same query parameters (parsed by ``controlplane.timerange``) and answer CSV the same way.
+gpu) take the same query parameters (parsed by ``contracts.http.timerange``) and answer CSV the same way.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""The REST API's shared shape (Django REST framework)."""
