@@ -12,7 +12,14 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from contracts.http.api import AUDIT_PARAMETERS, audit_format, audit_responses, csv_cell, csv_response
+from contracts.http.api import (
+    AUDIT_PARAMETERS,
+    StrictFloatField,
+    audit_format,
+    audit_responses,
+    csv_cell,
+    csv_response,
+)
 from contracts.http.timerange import parse_time_range
 from gpu import selectors, services
 from gpu.models import GpuWorker, Region
@@ -23,7 +30,7 @@ class RegionSerializer(serializers.ModelSerializer):
         child=serializers.IntegerField(min_value=0), help_text="GPU type -> most GPUs the region may hold"
     )
     rtt_ms = serializers.DictField(
-        child=serializers.FloatField(min_value=0), help_text="user origin -> round-trip time in ms"
+        child=StrictFloatField(min_value=0), help_text="user origin -> round-trip time in ms"
     )
     workers = serializers.IntegerField(read_only=True, source="live_workers", help_text="live workers")
 

@@ -18,6 +18,7 @@ from contracts.http.api import (
     AUDIT_PARAMETERS,
     NO_NUL,
     StrictCharField,
+    StrictFloatField,
     audit_format,
     audit_responses,
     csv_cell,
@@ -114,6 +115,7 @@ class SchedulerConfigSerializer(serializers.ModelSerializer):
     serializer_field_mapping = {
         **serializers.ModelSerializer.serializer_field_mapping,
         models.CharField: StrictCharField,
+        models.FloatField: StrictFloatField,
     }
 
     class Meta:

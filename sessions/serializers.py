@@ -6,7 +6,7 @@ from rest_framework import serializers
 
 from contracts.catalog import PRESETS
 from contracts.catalog.presets import DEFAULT_PRESET
-from contracts.http.api import StrictCharField
+from contracts.http.api import StrictCharField, StrictFloatField
 from sessions.jobs import MAX_PRIORITY, MAX_SLO_S
 from sessions.models import ChunkRecord, GenerationSession, Job, Prompt, SessionEvent
 from sessions.selectors import job_result_url
@@ -220,7 +220,7 @@ class JobCreateSerializer(serializers.Serializer):
         help_text="denoising steps; default: the model's",
     )  # fmt: skip
     seed = serializers.IntegerField(required=False, min_value=0, max_value=2**63 - 1)
-    slo_s = serializers.FloatField(
+    slo_s = StrictFloatField(
         required=False, min_value=0.001, max_value=MAX_SLO_S,
         help_text="seconds from submission to result; default: JOB_DEFAULT_SLO_S (not with deadline)",
     )  # fmt: skip

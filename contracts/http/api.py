@@ -47,6 +47,16 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+class StrictFloatField(serializers.FloatField):
+    """A number field that refuses JSON booleans: DRF's own turns ``true`` into ``1.0`` (Python's
+    ``float(True)``), so a client sending a flag where a number belongs would be silently obeyed."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
     """handler404: an API client gets the API's JSON error shape for a URL no route matches."""
     if request.path.startswith(API_PREFIX):

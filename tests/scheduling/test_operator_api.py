@@ -95,6 +95,16 @@ def test_scheduler_config_update_and_validation(staff_api):
     assert bad.status_code == 400 and "target_utilization" in bad.json()
 
 
+def test_a_boolean_is_not_a_number(staff_api):
+    # Found by the schema fuzzer: DRF's FloatField took `true` as 1.0 and answered 200.
+    before = staff_api.get("/api/scheduler/config/").json()
+    bad = staff_api.patch("/api/scheduler/config/", {"target_utilization": True}, format="json")
+    assert bad.status_code == 400 and "target_utilization" in bad.json()
+    assert (
+        staff_api.get("/api/scheduler/config/").json()["target_utilization"] == before["target_utilization"]
+    )
+
+
 def test_session_migrate_endpoint(staff_api, user_api):
     source = GpuWorkerFactory(gpu_type="cpu")
     target = GpuWorkerFactory(gpu_type="cpu")
