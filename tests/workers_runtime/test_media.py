@@ -87,6 +87,7 @@ def test_a_chunk_from_another_encoder_instance_continues_the_stream(fragments):
     assert other.init == fragments[0].init
     frames, pts = decode_fragments(fragments[0].init, [*(f.data for f in fragments), other.data])
     assert pts == list(range(5 * PER_CHUNK))
+    assert square_column(frames[-1]) == square_column(moving_square(4)[-1])
 
 
 def test_odd_sides_are_padded_to_what_yuv420p_takes():
