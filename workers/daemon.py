@@ -57,7 +57,8 @@ from gpu.telemetry import sample
 from workers.job_runner import JobRefused, JobRunner
 from workers.runtime.engine import ChunkEngine, ChunkResult, HostStateRecord, SessionNotFound, region_to_bytes
 from workers.runtime.jobs import window_s
-from workers.runtime.stages.serving import RoleRefused, StageHost, StageUnavailable
+from workers.runtime.stages.clients import StageUnavailable
+from workers.runtime.stages.host import RoleRefused, StageHost
 from workers.runtime.transport import send_state
 
 logger = logging.getLogger("workers.daemon")

@@ -95,7 +95,7 @@ class LoadedWeights:
         if self.closer is not None:
             self.closer.close()
 
-    # -- the worker's copy in the parameter pool (``workers.runtime.stages.serving.PoolCopy``) ----
+    # -- the worker's copy in the parameter pool (``workers.runtime.stages.host.PoolCopy``) ----
 
     def tensors(self) -> list[torch.Tensor]:
         """The packed buffers this worker holds for the pool (the model's weights are views of them)."""
@@ -283,7 +283,7 @@ class WeightsLoader:
 
 
 class PooledCopy:
-    """A worker's loaded weights as its copy in the parameter pool (``stages.serving.PoolCopy``)."""
+    """A worker's loaded weights as its copy in the parameter pool (``stages.host.PoolCopy``)."""
 
     def __init__(self, weights: LoadedWeights, pool: PoolLink) -> None:
         self.weights = weights

@@ -20,7 +20,8 @@ from workers.reporting import DjangoPoolLink
 from workers.runtime.engine import ChunkEngine
 from workers.runtime.models import build_model
 from workers.runtime.stages.contract import stage_weight_bytes
-from workers.runtime.stages.serving import StageHost, staged_engine_model
+from workers.runtime.stages.host import StageHost
+from workers.runtime.stages.staged_model import staged_engine_model
 from workers.runtime.transport import MigrationListener
 from workers.weights_loading import PooledCopy, StageWeightsFetcher, WeightsLoader, weights_file
 

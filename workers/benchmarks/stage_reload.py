@@ -18,7 +18,7 @@ import torch
 
 from contracts import bench
 from workers.runtime.engine import ChunkEngine
-from workers.runtime.stages.serving import StageHost
+from workers.runtime.stages.host import StageHost
 from workers.runtime.transport import MigrationListener
 from workers.weights_loading import PooledCopy, PoolLink, StageWeightsFetcher, WeightsLoader
 

@@ -25,7 +25,8 @@ from workers.reporting import DjangoPoolLink, DjangoReporter, phase_report
 from workers.runtime.engine import ChunkEngine
 from workers.runtime.models import UnknownPresetError, model_class
 from workers.runtime.stages.contract import RoleError, staged_class
-from workers.runtime.stages.serving import StageHost, daemon_role, staged_engine_model
+from workers.runtime.stages.host import StageHost
+from workers.runtime.stages.staged_model import daemon_role, staged_engine_model
 from workers.runtime.transport import MigrationListener
 from workers.runtime.weights import WeightsUnavailable
 from workers.weights_loading import (
