@@ -8,7 +8,7 @@ queues. Everything slower runs on threads beside it:
   publish lease (``contracts.wire.channel.PublishFence``): the chunk's audit record goes to a durable Redis
   stream first (``contracts.wire.records``, ingested by the control plane), the delivered index is marked
   after the send;
-- the *reporter* (``workers.reporting``) answers commands and reports migrations and heartbeats
+- the *reporter* (``workers.ports.Reporter``; ``workers.adapters.reporting`` in production) answers commands and reports migrations and heartbeats
   to PostgreSQL through the control plane's services;
 - the *heartbeat* samples telemetry every ``heartbeat_s`` and reports it;
 - migrations run on their own threads (``workers.runtime.transport``) while other sessions step;
@@ -55,6 +55,7 @@ from contracts.wire.frames import chunk_message, group_name
 from contracts.wire.records import chunk_record_append
 from gpu.telemetry import sample
 from workers.job_runner import JobRefused, JobRunner
+from workers.ports import Reporter
 from workers.runtime.engine import ChunkEngine, ChunkResult, HostStateRecord, SessionNotFound, region_to_bytes
 from workers.runtime.jobs import window_s
 from workers.runtime.stages.clients import StageUnavailable
@@ -86,41 +87,6 @@ class OwnedSession:
     parked: HostStateRecord | None = None
     prompts: list[tuple[int, str]] = field(default_factory=list)
     last_checkpoint: int = -1
-
-
-class Reporter:
-    """Interface of the side-effect sink; ``workers.reporting.DjangoReporter`` is the real one."""
-
-    def answer(
-        self, command: dict[str, Any], status: str, reason: str = "", result: dict | None = None
-    ) -> None: ...
-    def migration_sent(self, command: dict[str, Any], report: dict[str, Any]) -> None: ...
-    def migration_failed(self, command: dict[str, Any], error: str) -> None: ...
-    def heartbeat(
-        self,
-        telemetry: dict[str, Any],
-        resident: list[str],
-        parked: list[str],
-        stage: dict[str, Any] | None = None,
-    ) -> None: ...
-    def close(self) -> None: ...
-
-    # One-shot jobs (docs/jobs.md): the signatures of ``sessions.jobs``'s functions of the same names.
-    def job_progress(
-        self, job_id: str, epoch: int, worker_name: str, *, state: str, step: int, steps: int
-    ) -> None: ...
-    def job_completed(
-        self,
-        job_id: str,
-        epoch: int,
-        worker_name: str,
-        *,
-        content: bytes,
-        content_type: str,
-        extension: str,
-        run_s: float,
-    ) -> None: ...
-    def job_failed(self, job_id: str, epoch: int, worker_name: str, *, reason: str) -> None: ...
 
 
 class ChunkPublisher(threading.Thread):
