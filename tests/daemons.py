@@ -18,8 +18,8 @@ from django.conf import settings
 
 from contracts.wire.channel import stream_key
 from gpu.models import GpuWorker
+from workers.adapters.reporting import DjangoReporter
 from workers.daemon import WorkerDaemon
-from workers.reporting import DjangoReporter
 from workers.runtime.engine import ChunkEngine
 
 T = TypeVar("T")

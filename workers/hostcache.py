@@ -3,14 +3,17 @@
 BlitzScale §5.3 keeps one copy of each model's parameters in host memory somewhere in the cluster,
 so a scale-out never has to go to storage while any GPU or host holds them. This process is that
 copy: for each model it is asked to cache it reserves one of the model's host slots in the parameter
-pool (``gpu.services.host_copy_register``: the cluster-wide bound, eviction when its memory is
-bounded), fills host memory (pinned on CUDA hosts) from a GPU that holds the weights or from local
+pool (``HostCacheLink.reserve``, ``gpu.services.host_copy_register`` behind it: the cluster-wide
+bound, eviction when its memory is bounded), fills host memory (pinned on CUDA hosts) from a GPU that holds the weights or from local
 storage, verifies every block, and serves blocks to peers through ``workers.runtime.weights``.
 
 ``HostCacheDaemon.step()`` does one bounded unit: a heartbeat (which also tells it what the pool
 evicted: those copies are freed), then at most one model loaded. A model whose host slots are all
 taken is retried at later steps, so when another cache dies this one takes over its copy (the pool
 heals itself, §5.3 "reclaim/reload cached copies").
+
+This module holds no ORM code: the pool is reached through the ``HostCacheLink`` port
+(``workers.ports``; ``workers.adapters.pool.DjangoHostCacheLink`` is the real one).
 """
 
 from __future__ import annotations
@@ -21,11 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import close_old_connections
-
-from gpu import services as pool
-from gpu.models import HostCache, WeightHolding
-from gpu.selectors import weight_sources
+from workers.ports import CopyRefused, HostCacheLink
 from workers.runtime.weights import (
     PackedWeights,
     WeightServer,
@@ -56,22 +55,24 @@ class HostCacheDaemon:
     models: list[str]
     capacity_bytes: int
     weights_dir: str
+    pool: HostCacheLink
     weights_from: str = "auto"  # auto: a GPU holder, else disk; pool: GPU holders only; disk
     link_mbps: float | None = None
     heartbeat_s: float = 1.0
     retry_s: float = 5.0
-    cache: HostCache | None = None
+    pinned: bool = False
     held: dict[str, CachedModel] = field(default_factory=dict)
     stopping: threading.Event = field(default_factory=threading.Event)
     _next_try: dict[str, float] = field(default_factory=dict)
 
     def start(self) -> None:
-        self.cache = pool.host_cache_register(
+        self.pinned = pinned_memory_available()
+        self.pool.join(
             name=self.name,
             host=self.host,
             address=self.host,
             capacity_bytes=self.capacity_bytes,
-            pinned=pinned_memory_available(),
+            pinned=self.pinned,
         )
         logger.info(
             "hostcache.up cache=%s capacity_bytes=%d models=%s", self.name, self.capacity_bytes, self.models
@@ -91,9 +92,7 @@ class HostCacheDaemon:
 
     def step(self) -> bool:
         """Heartbeat (free what the pool evicted), then load at most one wanted model."""
-        close_old_connections()
-        assert self.cache is not None
-        listed = pool.host_cache_heartbeat(cache_id=self.cache.pk)
+        listed = self.pool.beat()
         if listed is None:
             # Declared lost (we were frozen past the timeout): our copies left the pool. Start over.
             logger.warning("hostcache.lost_rejoin cache=%s", self.name)
@@ -107,7 +106,7 @@ class HostCacheDaemon:
             # A copy that served peers since the last beat is the most recently used (LRU eviction).
             if len(cached.server.served) > cached.served_seen:
                 cached.served_seen = len(cached.server.served)
-                pool.holding_touch(holding_id=cached.holding_id)
+                self.pool.touch(holding_id=cached.holding_id)
         now = time.monotonic()
         for model in self.models:
             if model in self.held or self._next_try.get(model, 0.0) > now:
@@ -117,15 +116,12 @@ class HostCacheDaemon:
         return False
 
     def _load(self, model: str) -> bool:
-        assert self.cache is not None
         path = weights_file(self.weights_dir, model)
         weights_file_ensure(path, model)
         manifest = read_manifest(path)
         try:
-            holding = pool.host_copy_register(
-                cache=self.cache, model_preset=model, weights_bytes=manifest.total_bytes
-            )
-        except pool.PoolError as exc:
+            holding_id = self.pool.reserve(model_preset=model, weights_bytes=manifest.total_bytes)
+        except CopyRefused as exc:
             logger.info("hostcache.not_cached cache=%s model=%s reason=%s", self.name, model, exc)
             return False
         started = time.monotonic()
@@ -133,16 +129,14 @@ class HostCacheDaemon:
             packed, source = self._fill(model, manifest, path)
         except (WeightsUnavailable, OSError, ValueError) as exc:
             logger.error("hostcache.load_failed cache=%s model=%s error=%s", self.name, model, exc)
-            pool.host_copy_evict(cache=self.cache, model_preset=model)
+            self.pool.evict(model_preset=model)
             return True
         server = weights_serve(packed, device="cpu", host=self.host, link_mbps=self.link_mbps)
-        if not pool.holding_complete(
-            holding_id=holding.pk, digest=manifest.weights_id, address=server.address
-        ):
+        if not self.pool.complete(holding_id=holding_id, digest=manifest.weights_id, address=server.address):
             # Evicted (or the cache was declared lost) while we were loading: do not serve it.
             server.close()
             return True
-        self.held[model] = CachedModel(holding.pk, packed, server, source)
+        self.held[model] = CachedModel(holding_id, packed, server, source)
         logger.info(
             "hostcache.cached cache=%s model=%s bytes=%d source=%s seconds=%.3f address=%s pinned=%s",
             self.name,
@@ -151,7 +145,7 @@ class HostCacheDaemon:
             source,
             time.monotonic() - started,
             server.address,
-            self.cache.pinned,
+            self.pinned,
         )
         return True
 
@@ -159,8 +153,8 @@ class HostCacheDaemon:
         """From GPU holders first (the fast network), then local storage (unless ``pool``)."""
         sources = [
             s["address"]
-            for s in weight_sources(model_preset=model)
-            if s["kind"] == WeightHolding.Kind.GPU and s["address"] and s["digest"] == manifest.weights_id
+            for s in self.pool.sources_now(model_preset=model)
+            if s["kind"] == "gpu" and s["address"] and s["digest"] == manifest.weights_id
         ]
         if self.weights_from == "disk":
             return pinned(load_weights(path, manifest, device="cpu")), "disk"
@@ -185,8 +179,7 @@ class HostCacheDaemon:
 
     def shutdown(self) -> None:
         self._drop_all()
-        if self.cache is not None:
-            pool.host_cache_stop(cache_id=self.cache.pk)
+        self.pool.leave()
         logger.info("hostcache.stopped cache=%s", self.name)
 
 

@@ -16,8 +16,8 @@ before it starts receiving, so ``T(k+1)`` finds its upstream there. Whatever the
 built only from a complete, verified set, and the worker then keeps serving its weights to later
 scale-outs (a *complete* holding) until it exits.
 
-This module holds no ORM code: the pool is reached through ``PoolLink``
-(``workers.reporting.DjangoPoolLink`` is the real one), like the daemon's ``Reporter``.
+This module holds no ORM code: the pool is reached through the ``PoolLink`` port (``workers.ports``;
+``workers.adapters.pool.DjangoPoolLink`` is the real one), like the daemon's ``Reporter``.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from workers.ports import PoolLink
 from workers.runtime.models import build_model, model_class
 from workers.runtime.weights import (
     PackedWeights,
@@ -54,32 +55,6 @@ DISK, INIT, PEER, HOST_CACHE = "disk", "init", "peer", "host_cache"
 STAGE_SOURCES = {PEER: "peer", HOST_CACHE: "host-cache", DISK: "local", INIT: "seed"}
 
 
-class PoolLink:
-    """What the loader asks of the parameter pool; ``workers.reporting.DjangoPoolLink`` is the real one."""
-
-    def plan(self) -> dict[str, Any]:
-        """This worker's part of the scale plan (empty when it has none)."""
-        return {}
-
-    def holder_address(self, name: str, timeout_s: float) -> str | None:
-        """Where the holder ``name`` (a worker, loading or complete, or a host cache) serves blocks;
-        waits up to ``timeout_s`` for a chain predecessor that has not advertised yet."""
-        return None
-
-    def sources_now(self) -> list[dict[str, Any]]:
-        """The pool's complete copies of this worker's model (``gpu.selectors.weight_sources``)."""
-        return []
-
-    def loading(self, *, address: str, weights_bytes: int) -> None:
-        """This worker receives the weights and serves what it has at ``address``."""
-
-    def complete(self, *, digest: str, address: str, weights_bytes: int) -> None:
-        """Every block is in place and verified: this worker is a source for later scale-outs."""
-
-    def withdraw(self) -> None:
-        """This worker no longer holds a complete copy (it dropped a stage, issue 15): out of the pool."""
-
-
 @dataclass
 class LoadedWeights:
     model: Any
@@ -95,7 +70,7 @@ class LoadedWeights:
         if self.closer is not None:
             self.closer.close()
 
-    # -- the worker's copy in the parameter pool (``workers.runtime.stages.serving.PoolCopy``) ----
+    # -- the worker's copy in the parameter pool (``workers.runtime.stages.host.PoolCopy``) ----
 
     def tensors(self) -> list[torch.Tensor]:
         """The packed buffers this worker holds for the pool (the model's weights are views of them)."""
@@ -283,7 +258,7 @@ class WeightsLoader:
 
 
 class PooledCopy:
-    """A worker's loaded weights as its copy in the parameter pool (``stages.serving.PoolCopy``)."""
+    """A worker's loaded weights as its copy in the parameter pool (``stages.host.PoolCopy``)."""
 
     def __init__(self, weights: LoadedWeights, pool: PoolLink) -> None:
         self.weights = weights

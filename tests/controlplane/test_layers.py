@@ -37,7 +37,10 @@ def test_every_contract_holds():
         ("gpu/services.py", "import sessions.models", "gpu knows nothing of sessions or the scheduler"),
         ("scheduling/core/placement.py", "import django.db", "scheduling.core is pure Python"),
         ("workers/runtime/engine.py", "import scheduling.models", "workers.runtime is pure PyTorch"),
-        ("workers/daemon.py", "import sessions.models", "the worker daemon reaches the control plane"),
+        ("workers/daemon/worker.py", "import sessions.models", "the worker reaches the control plane only"),
+        ("workers/hostcache.py", "import gpu.models", "the worker reaches the control plane only"),
+        ("workers/daemon/streams.py", "import django.db", "the worker reaches the control plane only"),
+        ("workers/daemon/streams.py", "import workers.adapters.reporting", "the Django adapters are wired"),
         ("sessions/services.py", "import scheduling.live.run", "events flow one way"),
         ("contracts/wire/frames.py", "import workers.daemon", "the shared contracts know no app"),
         ("contracts/catalog/presets.py", "import torch", "the wire and the catalogue are pure Python"),
@@ -55,6 +58,19 @@ def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, contract
     broken = result.stdout.split("Broken contracts", 1)[1]
     importer = module.removesuffix(".py").replace("/", ".")
     assert contract in broken and importer in broken
+
+
+def test_an_import_circle_in_workers_breaks_its_contract(tmp_path):
+    # A copy where the job runner imports the daemon that composes it.
+    for app in APPS:
+        shutil.copytree(ROOT / app, tmp_path / app, ignore=shutil.ignore_patterns("__pycache__", "*.json"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    target = tmp_path / "workers/daemon/jobs.py"
+    target.write_text(target.read_text() + "\nimport workers.daemon.worker  # noqa\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0
+    broken = result.stdout.split("Broken contracts", 1)[1]
+    assert "no import circle in workers" in broken and ".jobs -> .worker" in broken
 
 
 def _function_level_imports(path: Path):

@@ -10,8 +10,8 @@ from django.utils import timezone
 from gpu import services as pool
 from gpu.models import HostCache, WeightHolding
 from tests.factories import GpuWorkerFactory
+from workers.adapters.pool import DjangoHostCacheLink, DjangoPoolLink
 from workers.hostcache import HostCacheDaemon
-from workers.reporting import DjangoPoolLink
 from workers.runtime.weights import read_manifest, weights_receive
 from workers.weights_loading import HOST_CACHE, WeightsLoader, weights_file
 
@@ -29,7 +29,13 @@ def daemons():
 def make_daemon(daemons, tmp_path, name: str, **kwargs) -> HostCacheDaemon:
     kwargs.setdefault("capacity_bytes", 64 << 20)
     daemon = HostCacheDaemon(
-        name=name, host="127.0.0.1", models=[PRESET], weights_dir=str(tmp_path), retry_s=0.0, **kwargs
+        name=name,
+        host="127.0.0.1",
+        models=[PRESET],
+        weights_dir=str(tmp_path),
+        pool=DjangoHostCacheLink(),
+        retry_s=0.0,
+        **kwargs,
     )
     daemon.start()
     daemons.append(daemon)
@@ -119,7 +125,7 @@ def test_an_evicted_copy_is_freed_at_the_next_heartbeat(tmp_path, daemons):
     cache = make_daemon(daemons, tmp_path, "c1")
     assert cache.step()
     server = cache.held[PRESET].server
-    pool.host_copy_evict(cache=cache.cache, model_preset=PRESET)
+    pool.host_copy_evict(cache=HostCache.objects.get(name="c1"), model_preset=PRESET)
     cache.retry_s = 3600.0  # do not take it back in the same step
     cache._next_try[PRESET] = float("inf")
     cache.step()

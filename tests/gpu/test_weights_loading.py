@@ -9,7 +9,7 @@ import torch
 
 from gpu.models import GpuWorker, WeightHolding
 from tests.factories import GpuWorkerFactory
-from workers.reporting import DjangoPoolLink
+from workers.adapters.pool import DjangoPoolLink
 from workers.runtime.weights import WeightsUnavailable
 from workers.weights_loading import DISK, INIT, PEER, WeightsLoader, weights_file
 

@@ -17,7 +17,7 @@ from tests.factories import GpuWorkerFactory, SessionFactory
 from tests.workers.test_stage_live_gaps import ChunkLog, encoders  # noqa: F401 (the fixture)
 from tests.workers.test_stage_roles import answer_of, send, steps_until_all
 from workers.runtime.engine import ChunkEngine
-from workers.runtime.stages.serving import staged_engine_model
+from workers.runtime.stages.staged_model import staged_engine_model
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -23,7 +23,7 @@ def _dc_worker_main(name: str, redis_url: str, reports: Any) -> None:
     django.setup()  # the chunk publisher's channel layer reads the settings
     # Imported in the child, after django.setup() (the daemon's publisher needs the settings).
     from workers.daemon import WorkerDaemon
-    from workers.runtime.stages.serving import staged_engine_model
+    from workers.runtime.stages.staged_model import staged_engine_model
     from workers.runtime.transport import MigrationListener
 
     torch.set_num_threads(1)

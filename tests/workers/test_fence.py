@@ -24,7 +24,7 @@ from contracts.wire.channel import (
     epoch_key,
 )
 from contracts.wire.records import STREAM
-from workers.daemon import ChunkPublisher
+from workers.daemon.publisher import ChunkPublisher
 
 
 @pytest.fixture

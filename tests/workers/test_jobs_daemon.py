@@ -23,7 +23,8 @@ import torch
 from django.conf import settings
 
 from contracts.wire.channel import send_command, stream_key
-from workers.daemon import Reporter, WorkerDaemon
+from workers.daemon import WorkerDaemon
+from workers.ports import Reporter
 from workers.runtime.encoding import encode_mp4
 from workers.runtime.engine import ChunkEngine
 
@@ -299,7 +300,7 @@ def test_on_a_fake_clock_the_daemon_runs_due_chunks_first_and_job_steps_only_in_
         daemon.step()
         assert progress() == (2, 1)
         # A window shorter than a measured step runs nothing; at the chunk's start the chunk runs
-        chunk_start = daemon._next_chunk_start()
+        chunk_start = daemon.streams.next_chunk_start()
         clock.now = chunk_start - 1e-5
         assert not daemon.step() and progress() == (2, 1)
         clock.now = chunk_start

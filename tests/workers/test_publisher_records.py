@@ -15,7 +15,7 @@ from django.conf import settings
 
 from contracts.wire.frames import CHUNK_MESSAGE, group_name
 from contracts.wire.records import STREAM, row_parse
-from workers.daemon import ChunkPublisher
+from workers.daemon.publisher import ChunkPublisher
 
 
 def a_result(session_id: str, index: int) -> SimpleNamespace:

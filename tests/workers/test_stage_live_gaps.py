@@ -30,10 +30,11 @@ from tests.daemons import stepped_daemon
 from tests.e2e.conftest import wait_for
 from tests.factories import GpuWorkerFactory, SessionFactory
 from tests.workers.test_stage_roles import answer_of, send, steps_until_all
-from workers.daemon import Reporter, WorkerDaemon
+from workers.daemon import WorkerDaemon
+from workers.ports import Reporter
 from workers.runtime.encoding import encode_mp4
 from workers.runtime.engine import ChunkEngine
-from workers.runtime.stages.serving import staged_engine_model
+from workers.runtime.stages.staged_model import staged_engine_model
 from workers.runtime.transport import MigrationListener
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -25,7 +25,7 @@ from tests.e2e.conftest import wait_for
 from tests.factories import GpuWorkerFactory, SessionFactory
 from workers.runtime.engine import ChunkEngine
 from workers.runtime.stages.contract import stage_weight_bytes
-from workers.runtime.stages.serving import staged_engine_model
+from workers.runtime.stages.staged_model import staged_engine_model
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -23,7 +23,7 @@ from tests.workers.test_stage_live_gaps import (  # noqa: F401 (encoders: the fi
     uninterrupted_mp4,
 )
 from workers.runtime.engine import ChunkEngine
-from workers.runtime.stages.serving import staged_engine_model
+from workers.runtime.stages.staged_model import staged_engine_model
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

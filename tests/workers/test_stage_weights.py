@@ -15,12 +15,13 @@ from django.core.management import call_command
 
 from gpu.models import WeightHolding
 from tests.factories import GpuWorkerFactory
+from workers.adapters.pool import DjangoHostCacheLink, DjangoPoolLink
 from workers.hostcache import HostCacheDaemon
-from workers.reporting import DjangoPoolLink
 from workers.runtime.engine import ChunkEngine
 from workers.runtime.models import build_model
 from workers.runtime.stages.contract import stage_weight_bytes
-from workers.runtime.stages.serving import StageHost, staged_engine_model
+from workers.runtime.stages.host import StageHost
+from workers.runtime.stages.staged_model import staged_engine_model
 from workers.runtime.transport import MigrationListener
 from workers.weights_loading import PooledCopy, StageWeightsFetcher, WeightsLoader, weights_file
 
@@ -81,7 +82,12 @@ def test_dropping_a_stage_frees_its_weights_and_leaves_the_pool(tmp_path):
 def test_a_stage_added_at_run_time_comes_from_the_host_cache_or_a_peer(tmp_path):
     # Given a host cache holding the preset (filled from disk), and a DC worker
     cache = HostCacheDaemon(
-        name="c1", host="127.0.0.1", models=[PRESET], capacity_bytes=64 << 20, weights_dir=str(tmp_path)
+        name="c1",
+        host="127.0.0.1",
+        models=[PRESET],
+        capacity_bytes=64 << 20,
+        weights_dir=str(tmp_path),
+        pool=DjangoHostCacheLink(),
     )
     cache.start()
     reference = build_model(PRESET, device="cpu")

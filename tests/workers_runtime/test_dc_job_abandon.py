@@ -18,7 +18,8 @@ from tests.workers_runtime.test_job_abandon import (
 )
 from workers.runtime.engine import ChunkEngine
 from workers.runtime.models import build_model
-from workers.runtime.stages.serving import StagedStreamingModel, StageHost, staged_engine_model
+from workers.runtime.stages.host import StageHost
+from workers.runtime.stages.staged_model import StagedStreamingModel, staged_engine_model
 from workers.runtime.transport import MigrationListener
 
 

@@ -17,8 +17,9 @@ import pytest
 import redis
 import torch
 
-from workers.daemon import Reporter, WorkerDaemon
-from workers.job_runner import JobRefused, JobRunner
+from workers.daemon import WorkerDaemon
+from workers.daemon.jobs import JobRefused, JobRunner
+from workers.ports import Reporter
 from workers.runtime.engine import ChunkEngine
 from workers.runtime.models import build_model
 
@@ -175,13 +176,13 @@ def test_the_daemon_heartbeat_reports_how_many_devices_a_video_step_can_use(mode
         name=f"sp-{uuid.uuid4().hex[:8]}", engine=engine, redis_client=client, reporter=reporter, capacity=1,
         heartbeat_s=0.01,
     )  # fmt: skip
-    daemon._heartbeat.start()
+    daemon.heartbeat.start()
     try:
         # When it beats
         telemetry = reporter.beats.get(timeout=60)
     finally:
         daemon.stopping.set()
-        daemon._heartbeat.join()
+        daemon.heartbeat.join()
         daemon.jobs.close()
         engine.close()
     # Then the telemetry the control plane stores names its job devices (the dispatcher's SP degree)

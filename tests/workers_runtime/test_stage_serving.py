@@ -1,4 +1,4 @@
-"""Stage roles of a worker (issue 15, ``stages/serving.py``) without the control plane: role changes
+"""Stage roles of a worker (issue 15, ``stages/host.py``) without the control plane: role changes
 with lazy loads, their refusals, and a DC engine fed by an encoder service over a real link."""
 
 from __future__ import annotations
@@ -12,13 +12,9 @@ from django.core.management import CommandError, call_command
 
 from workers.runtime.engine import ChunkEngine
 from workers.runtime.stages.contract import stage_weight_bytes
-from workers.runtime.stages.serving import (
-    RoleRefused,
-    StageHost,
-    hosted_stages,
-    pending_switch,
-    staged_engine_model,
-)
+from workers.runtime.stages.host import RoleRefused, StageHost, pending_switch
+from workers.runtime.stages.restage import hosted_stages
+from workers.runtime.stages.staged_model import staged_engine_model
 from workers.runtime.transport import MigrationListener
 
 

@@ -13,9 +13,10 @@ import torch
 from contracts.catalog.local_paths import register_model_path
 from contracts.catalog.presets import PRESETS
 from tests.workers_runtime.wan_layouts import write_diffusers_layout
+from workers.ports import PoolLink
 from workers.runtime.models import build_model
 from workers.runtime.weights import PackedWeights, WeightsUnavailable, model_from_weights, pack_model
-from workers.weights_loading import DISK, PoolLink, WeightsLoader
+from workers.weights_loading import DISK, WeightsLoader
 
 WAN_PRESET = "wan-weights-contract"
 

@@ -1,7 +1,7 @@
 """The publisher's side of ``bench_delivery``, in its own process
 (``python -m workers.benchmarks.delivery_publisher``).
 
-Publishes chunks exactly as ``workers.daemon.ChunkPublisher`` does — header with
+Publishes chunks exactly as ``workers.daemon.publisher.ChunkPublisher`` does — header with
 ``generated_at = time.time()``, the delivered-index write to Redis, then ``group_send`` of
 ``session.chunk`` with real JPEG frames through the configured channel layer — one chunk per session
 every ``--period`` seconds, sessions' phases spread evenly over the period. It is the worker's side,

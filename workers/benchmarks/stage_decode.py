@@ -2,7 +2,7 @@
 process.
 
 A ``D`` worker's job steps here; its final decode goes to a decoder worker process over a stage link
-(``stages/serving.py``: the C worker's own store, Gloo on CPU, NCCL on GPUs). Figures (ms), per
+(``stages/service.py``: the C worker's own store, Gloo on CPU, NCCL on GPUs). Figures (ms), per
 finished job of the given shape:
 
 - ``decode_round_trip_ms``: latents and meta out, frames back (`Decoders.decode_job`, what a ``D``
@@ -23,8 +23,9 @@ import torch
 from contracts import bench
 from workers.runtime.engine import ChunkEngine
 from workers.runtime.models import build_model
+from workers.runtime.stages.host import StageHost
 from workers.runtime.stages.link import resolve_device
-from workers.runtime.stages.serving import StageHost, staged_engine_model
+from workers.runtime.stages.staged_model import staged_engine_model
 from workers.runtime.transport import MigrationListener
 
 

@@ -17,10 +17,11 @@ from typing import Any
 import torch
 
 from contracts import bench
+from workers.ports import PoolLink
 from workers.runtime.engine import ChunkEngine
-from workers.runtime.stages.serving import StageHost
+from workers.runtime.stages.host import StageHost
 from workers.runtime.transport import MigrationListener
-from workers.weights_loading import PooledCopy, PoolLink, StageWeightsFetcher, WeightsLoader
+from workers.weights_loading import PooledCopy, StageWeightsFetcher, WeightsLoader
 
 
 class _Listed(PoolLink):

@@ -1,7 +1,7 @@
 """``manage.py bench_stage_roles``: a ``DC`` worker fed by an ``E`` worker process vs a monolithic one.
 
 Both engines run in this process, one after the other in alternating rounds (same load for both); the
-encoder worker is a second process serving encodings over a stage link (``stages/serving.py``: its
+encoder worker is a second process serving encodings over a stage link (``stages/service.py``: its
 own store, Gloo on CPU, NCCL on GPUs). Figures (ms):
 
 - ``chunk_ms``: a steady chunk's generation time at batch ``sessions`` (no prompt switch), DC and EDC;
@@ -23,8 +23,9 @@ import torch
 
 from contracts import bench
 from workers.runtime.engine import ChunkEngine
+from workers.runtime.stages.host import StageHost
 from workers.runtime.stages.link import resolve_device
-from workers.runtime.stages.serving import StageHost, staged_engine_model
+from workers.runtime.stages.staged_model import staged_engine_model
 from workers.runtime.transport import MigrationListener
 
 

@@ -20,12 +20,14 @@ from gpu.services import TransitionError, worker_fail, worker_register, worker_r
 from scheduling.live.enqueue import scheduler_trigger
 from scheduling.live.liveness import sessions_recover
 from scheduling.live.profiles import default_gpu_type, gpu_profiles
+from workers.adapters.pool import DjangoPoolLink
+from workers.adapters.reporting import DjangoReporter, phase_report
 from workers.daemon import WorkerDaemon
-from workers.reporting import DjangoPoolLink, DjangoReporter, phase_report
 from workers.runtime.engine import ChunkEngine
 from workers.runtime.models import UnknownPresetError, model_class
 from workers.runtime.stages.contract import RoleError, staged_class
-from workers.runtime.stages.serving import StageHost, daemon_role, staged_engine_model
+from workers.runtime.stages.host import StageHost
+from workers.runtime.stages.staged_model import daemon_role, staged_engine_model
 from workers.runtime.transport import MigrationListener
 from workers.runtime.weights import WeightsUnavailable
 from workers.weights_loading import (

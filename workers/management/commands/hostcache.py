@@ -12,6 +12,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from contracts.catalog.presets import PRESETS
+from workers.adapters.pool import DjangoHostCacheLink
 from workers.hostcache import HostCacheDaemon
 from workers.runtime.models import model_class
 
@@ -70,6 +71,7 @@ class Command(BaseCommand):
             models=list(dict.fromkeys(options["model"])),
             capacity_bytes=capacity_mb * (1 << 20),
             weights_dir=conf["WEIGHTS_DIR"],
+            pool=DjangoHostCacheLink(),
             weights_from=options["weights_from"],
             link_mbps=options["link_mbps"],
             heartbeat_s=heartbeat,

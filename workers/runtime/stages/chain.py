@@ -12,7 +12,7 @@ frames from each branch's tail:
 With several branches ``roles[0]`` is one worker shared by all of them — a shared text-encoder
 (``E``) serving several diffusion workers — and a session's ``open`` names its branch in
 ``meta["route"]`` (``"b0"``, ``"b1"``, …). It is what the tests and the hand-off benchmark use; live
-workers run as worker daemons in a role instead (``gpuworker --stages``, ``stages/serving.py``).
+workers run as worker daemons in a role instead (``gpuworker --stages``, ``stages/host.py``).
 """
 
 from __future__ import annotations

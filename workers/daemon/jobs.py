@@ -26,17 +26,15 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from workers.ports import Reporter
 from workers.runtime.encoding import encode_mp4, encode_png
 from workers.runtime.engine import ChunkEngine, HostStateRecord
 from workers.runtime.jobs import JobTicket, StepTimes, plan_job_batch
 from workers.runtime.models.base import JobSpecError, OneShotUnsupported
-
-if TYPE_CHECKING:
-    from workers.daemon import Reporter
 
 logger = logging.getLogger("workers.jobs")
 

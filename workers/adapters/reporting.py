@@ -1,10 +1,10 @@
 """The worker daemon's side-effect sink: control-plane writes on a thread beside the hot loop.
 
-This is the ``Reporter`` seam's control-plane side (and the weights loader's ``PoolLink``), and the
-only module of ``workers`` that imports the control plane. Command answers, migration results and heartbeats go through the control plane's
-services, so the daemon never holds session logic of its own. Chunk records do not pass here: the
-publisher appends each to the durable record stream (``contracts.wire.records``) before the chunk is
-sent, so none is lost with a killed worker's buffers, and the control plane ingests them.
+The Django side of the ``Reporter`` port (``workers.ports``). Command answers, migration results and
+heartbeats go through the control plane's services, so the daemon never holds session logic of its
+own. Chunk records do not pass here: the publisher appends each to the durable record stream
+(``contracts.wire.records``) before the chunk is sent, so none is lost with a killed worker's
+buffers, and the control plane ingests them.
 """
 
 from __future__ import annotations
@@ -12,26 +12,15 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable
 
 from django.db import close_old_connections, connection
-from django.db.models import Q
 
-from gpu.models import GpuWorker, WeightHolding
-from gpu.selectors import weight_sources
-from gpu.services import (
-    holding_complete,
-    holdings_of_worker_drop,
-    worker_heartbeat,
-    worker_holding_register,
-    worker_weights_complete,
-)
+from gpu.services import worker_heartbeat, worker_weights_complete
 from scheduling.live.answers import command_answered, migration_completed, migration_failed
 from scheduling.live.scaling import scaling_phase_record
 from sessions import jobs
-from workers.daemon import Reporter
-from workers.weights_loading import PoolLink
+from workers.ports import Reporter
 
 logger = logging.getLogger("workers.reporting")
 
@@ -125,56 +114,6 @@ class DjangoReporter(Reporter, threading.Thread):
             task()
         except Exception:
             logger.exception("report failed worker=%s", self.worker_name)
-
-
-class DjangoPoolLink(PoolLink):
-    """The loader's view of the parameter pool (``gpu``): this worker's plan and holding, its chain
-    predecessors' addresses. Called from the main thread before the daemon runs."""
-
-    POLL_S = 0.1
-
-    def __init__(self, worker_id: int, preset: str) -> None:
-        self.worker_id = worker_id
-        self.preset = preset
-        self.holding_id: int | None = None
-
-    def plan(self) -> dict:
-        return (
-            GpuWorker.objects.filter(pk=self.worker_id).values_list("weights_plan", flat=True).first() or {}
-        )
-
-    def holder_address(self, name: str, timeout_s: float) -> str | None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            address = (
-                WeightHolding.objects.filter(model_preset=self.preset)
-                .filter(Q(worker__name=name) | Q(cache__name=name))
-                .exclude(address="")
-                .values_list("address", flat=True)
-                .first()
-            )
-            if address or time.monotonic() >= deadline:
-                return address
-            time.sleep(self.POLL_S)
-
-    def sources_now(self) -> list[dict]:
-        return weight_sources(model_preset=self.preset)
-
-    def loading(self, *, address: str, weights_bytes: int) -> None:
-        worker = GpuWorker.objects.get(pk=self.worker_id)
-        holding = worker_holding_register(
-            worker=worker, model_preset=self.preset, weights_bytes=weights_bytes, address=address
-        )
-        self.holding_id = holding.pk
-
-    def complete(self, *, digest: str, address: str, weights_bytes: int) -> None:
-        if self.holding_id is None:
-            self.loading(address=address, weights_bytes=weights_bytes)
-        holding_complete(holding_id=self.holding_id, digest=digest, address=address)
-
-    def withdraw(self) -> None:
-        holdings_of_worker_drop(worker_id=self.worker_id)
-        self.holding_id = None
 
 
 def phase_report(*, worker_id: int, phase: str, source: str = "", detail: str = "") -> None:

@@ -1,0 +1,229 @@
+"""The GPU worker daemon: one model replica, many sessions, commands applied at chunk boundaries.
+
+The hot loop (`WorkerDaemon.step`) only touches the engine, Redis (commands in) and in-process
+queues; it composes one part per role (``workers.daemon``'s docstring lists them). Everything
+slower runs on threads beside it: the chunk publisher, the reporter (``workers.ports.Reporter``),
+the heartbeat, migrations' transfers, and the encoding of finished one-shot jobs, which take the
+time the streams leave: a step of denoising runs only when no chunk is due and it is expected to
+end before the next one must start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from contracts.wire.channel import CommandReader, StreamClaimWatch
+from workers.daemon.answers import Answers
+from workers.daemon.commands import CommandDispatcher
+from workers.daemon.jobs import JobRunner
+from workers.daemon.liveness import Heartbeat
+from workers.daemon.migration import MigrationEndpoint
+from workers.daemon.outage import REDIS_DOWN, retry_delay
+from workers.daemon.publisher import ChunkPublisher
+from workers.daemon.stages import StageRole
+from workers.daemon.streams import OwnedSession, Streams
+from workers.ports import Reporter
+from workers.runtime.engine import ChunkEngine
+from workers.runtime.jobs import window_s
+from workers.runtime.stages.host import StageHost
+
+logger = logging.getLogger("workers.daemon")
+
+
+class WorkerDaemon:
+    def __init__(
+        self,
+        *,
+        name: str,
+        engine: ChunkEngine,
+        redis_client: redis.Redis,
+        reporter: Reporter,
+        capacity: int,
+        migration_listener: Any = None,
+        checkpoint_dir: str | os.PathLike | None = None,
+        checkpoint_every: int = 8,
+        migration_timeout_s: float = 20.0,
+        heartbeat_s: float = 1.0,
+        lookahead_chunks: float = 1.0,
+        liveness_ttl_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        stage_host: StageHost | None = None,
+    ) -> None:
+        self.name = name
+        self.engine = engine
+        self.redis = redis_client
+        self.reporter = reporter
+        self.listener = migration_listener
+        self.clock = clock
+        self.stopping = threading.Event()
+        # The worker's stage role (issue 15; docs/runtime.md "Stage-level serving"): EDC unless
+        # built over a stage model; `set_role` changes it at a chunk boundary.
+        self.stage = stage_host or StageHost(
+            engine, store_address=getattr(migration_listener, "address", None)
+        )
+        reader = CommandReader(redis_client, name)
+        # Sets its flag when a stream claims the device while a job step runs: the step is
+        # abandoned at its next block boundary and the command is applied at once.
+        self.claims = StreamClaimWatch(redis_client, name)
+        self.publisher = ChunkPublisher(name, redis_client)
+        outgoing: dict[str, Future] = {}  # session or job id → its region's transfer in flight
+        self.streams = Streams(
+            name=name,
+            engine=engine,
+            publisher=self.publisher,
+            capacity=capacity,
+            clock=clock,
+            leaving=outgoing,
+            lookahead_chunks=lookahead_chunks,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
+        )
+        self.jobs = JobRunner(
+            engine=engine, reporter=reporter, worker_name=name, capacity=capacity, clock=clock
+        )
+        self.stage_role = StageRole(name=name, host=self.stage, streams=self.streams, jobs=self.jobs)
+        answers = Answers(reporter)
+        self.migration = MigrationEndpoint(
+            name=name,
+            streams=self.streams,
+            jobs=self.jobs,
+            stage_role=self.stage_role,
+            answers=answers,
+            reporter=reporter,
+            outgoing=outgoing,
+            listener=migration_listener,
+            timeout_s=migration_timeout_s,
+        )
+        self.commands = CommandDispatcher(
+            name=name,
+            reader=reader,
+            answers=answers,
+            streams=self.streams,
+            jobs=self.jobs,
+            stage_role=self.stage_role,
+            migration=self.migration,
+            stopping=self.stopping,
+        )
+        self.heartbeat = Heartbeat(
+            name=name,
+            reporter=reporter,
+            redis_client=redis_client,
+            streams=self.streams,
+            jobs=self.jobs,
+            stage=self.stage,
+            stopping=self.stopping,
+            interval_s=heartbeat_s,
+            ttl_s=liveness_ttl_s,
+        )
+        self._job_stepped = False  # whether the last turn ran a job step
+
+    @property
+    def sessions(self) -> dict[str, OwnedSession]:
+        return self.streams.sessions
+
+    @property
+    def checkpoint_dir(self) -> Path | None:
+        return self.streams.checkpoint_dir
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.publisher.start()
+        self.heartbeat.start()
+        self.claims.start()
+        self.stage.start()
+
+    def run(self) -> None:
+        self.start()
+        outage = 0
+        try:
+            while not self.stopping.is_set():
+                try:
+                    self.step()
+                    outage = 0
+                except REDIS_DOWN as exc:
+                    # Commands cannot be read nor acknowledged: wait for Redis. Sessions stay
+                    # here; the heartbeat (PostgreSQL) keeps telling the control plane we live.
+                    self.publisher.redis_failed()
+                    if outage == 0:
+                        logger.warning("redis.unreachable worker=%s: waiting for it (%s)", self.name, exc)
+                    self.stopping.wait(retry_delay(outage))
+                    outage += 1
+        finally:
+            self.shutdown()
+
+    def request_stop(self, *_args: Any) -> None:
+        """SIGTERM: the loop finishes the chunk in progress, then shuts down."""
+        self.stopping.set()
+
+    def shutdown(self) -> None:
+        """Checkpoint every session we hold so the control plane can restart them elsewhere."""
+        for sid in list(self.streams.sessions):
+            self.streams.checkpoint(sid)
+        if self.jobs.jobs:
+            # Jobs are not checkpointed: the control plane re-runs them from step 0 elsewhere.
+            logger.warning("worker %s stops with %d job(s) unfinished", self.name, len(self.jobs.jobs))
+        self.jobs.close()
+        self.claims.stop()
+        self.publisher.stop()
+        self.publisher.join(timeout=10)
+        self.reporter.close()
+        self.stage.close()
+        self.engine.close()
+        if self.listener is not None:
+            self.listener.close()
+
+    # --- the hot loop --------------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """One bounded unit: apply commands, then run at most one coalesced batch of chunks or, when
+        no chunk is due, at most one batched job step that ends before the next chunk must start.
+        Returns whether anything was done."""
+        now = self.clock()
+        due_at = self.streams.earliest_due()
+        wait_s = 0.0 if due_at is None else max(0.0, due_at - now)
+        block_ms = int(min(wait_s, 0.2) * 1000) if due_at is not None else 200
+        if self._job_stepped:
+            block_ms = 0  # jobs are making progress: poll for commands without blocking
+        did = self.migration.collect_arrivals()
+        did = self.commands.apply_pending(block_ms=None if did else (block_ms or None)) or did
+        did = self.migration.collect_outgoing() or did
+        did = self.streams.collect_superseded() or did
+        now = self.clock()
+        due = self.streams.due(now)
+        if not due:
+            # Chunks first: a job step runs only in the time left before the next chunk is due.
+            free_s = window_s(self.streams.next_chunk_start(), now)
+            # When no job step fits, the next turn blocks until a chunk or a command is due.
+            self._job_stepped = self._job_step(now, free_s)
+            return self._job_stepped or did
+        results = self.streams.generate(due)
+        self.stage_role.note_waiting(due, results)
+        if not results:
+            # Every due session waits for a prompt's embeddings from the encoder worker (a DC
+            # worker, `step_ready`): give the answer a moment instead of spinning on Redis.
+            self.stopping.wait(0.002)
+        self.streams.deliver(results)
+        return True
+
+    def _job_step(self, now: float, free_s: float) -> bool:
+        """One job step, abandoned at a block boundary if a stream claims the device meanwhile."""
+        if not self.jobs.jobs:
+            self.jobs.abandoned = None  # what a claim cost was answered by now
+            return False
+        self.claims.arm(self.commands.reader.last_id)
+        try:
+            return self.jobs.run_step(
+                now=now, free_s=free_s, probe_s=self.streams.chunk_generation_s, abandon=self.claims.claimed
+            )
+        finally:
+            self.claims.disarm()
