@@ -43,7 +43,7 @@ from scheduling.core.stages.placement import (
     role_changes,
     stream_fits,
 )
-from scheduling.core.stages.profiles import GPUS, GpuSpec, PipelineProfile, Shape, get_gpu, get_pipeline
+from scheduling.core.stages.stage_profiles import GPUS, GpuSpec, PipelineProfile, Shape, get_gpu, get_pipeline
 from scheduling.live.enqueue import scheduler_trigger
 from scheduling.live.outbox import Outbox
 from scheduling.models import SchedulerState, StagePlacement, StageRoleChange, WorkerCommand

@@ -6,7 +6,8 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.core.regions.cli import RegionsCliError, run_bench_solve
+from scheduling.benchmarks.regions import run_bench_solve
+from scheduling.sim.regions.cli import RegionsCliError
 
 
 class Command(BaseCommand):

@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from contracts import bench
 from scheduling.benchmarks.scheduler import format_bench, run_bench
-from scheduling.core.cli import CliError
+from scheduling.sim.cli import CliError
 
 
 class Command(BaseCommand):

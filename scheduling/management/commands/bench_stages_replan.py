@@ -6,7 +6,8 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.core.stages.cli import StagesCliError, run_bench_replan
+from scheduling.benchmarks.stages import run_bench_replan
+from scheduling.sim.stages.cli import StagesCliError
 
 
 class Command(BaseCommand):

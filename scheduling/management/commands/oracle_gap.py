@@ -7,9 +7,9 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.core.oracles.gap import load_heuristic, placement_gap
+from scheduling.sim.oracles.gap import load_heuristic, placement_gap
 
-DEFAULT_HEURISTIC = "scheduling.core.oracles.gap:turboserve_heuristic"
+DEFAULT_HEURISTIC = "scheduling.sim.oracles.gap:turboserve_heuristic"
 
 
 class Command(BaseCommand):

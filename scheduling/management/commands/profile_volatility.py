@@ -6,8 +6,8 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.core.cli import CliError, run_profile_volatility
 from scheduling.core.detector import DEFAULT_TABLE_PATH
+from scheduling.sim.cli import CliError, run_profile_volatility
 
 
 class Command(BaseCommand):

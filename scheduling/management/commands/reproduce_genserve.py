@@ -6,7 +6,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.core.jobs.reproduce import run_reproduction, write_outputs
+from scheduling.reproduce.genserve import run_reproduction, write_outputs
 
 
 def _floats(flag: str, text: str) -> tuple[float, ...]:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.core.stages.cli import StagesCliError, run_reproduce
-from scheduling.core.stages.encoder_pool import stream_model
+from scheduling.reproduce.tridentserve import run_reproduce
+from scheduling.sim.stages.cli import StagesCliError
+from scheduling.sim.stages.encoder_pool import stream_model
 from workers.runtime.stages.memory import stream_figures
 
 

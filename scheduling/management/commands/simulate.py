@@ -6,7 +6,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.core.cli import (
+from scheduling.sim.cli import (
     CliError,
     add_forecast_arguments,
     forecast_options,

@@ -6,14 +6,14 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.core.cli import (
+from scheduling.sim.cli import (
     CliError,
     add_forecast_arguments,
     forecast_options,
     format_compare,
     run_compare,
 )
-from scheduling.core.compare import DEFAULT_POLICIES
+from scheduling.sim.compare import DEFAULT_POLICIES
 
 
 class Command(BaseCommand):

@@ -6,8 +6,8 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.core.regions.cli import RegionsCliError, format_result, run_simulate_regions
-from scheduling.core.regions.policies import POLICIES
+from scheduling.sim.regions.cli import RegionsCliError, format_result, run_simulate_regions
+from scheduling.sim.regions.policies import POLICIES
 
 
 class Command(BaseCommand):

@@ -6,8 +6,8 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.core.stages.cli import WORKLOADS, StagesCliError, format_result, run_simulate_stages
-from scheduling.core.stages.simulator import ABLATIONS, POLICIES
+from scheduling.sim.stages.cli import WORKLOADS, StagesCliError, format_result, run_simulate_stages
+from scheduling.sim.stages.simulator import ABLATIONS, POLICIES
 
 
 class Command(BaseCommand):

@@ -64,7 +64,7 @@ L20 = GpuSpec(
     price_per_hour=1.0,
 )
 # For the encoder-pool memory model on the GPUs this project rents (prices as in
-# scheduling/core/profiles.py for the H100; the H200's is our assumption).
+# scheduling/core/gpu_profiles.py for the H100; the H200's is our assumption).
 H100 = GpuSpec(
     name="H100",
     memory_bytes=80 * GB,

@@ -20,9 +20,10 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .detector import VolatilityLevel, VolatilityTable, fixed_table
+from scheduling.core.detector import VolatilityLevel, VolatilityTable, fixed_table
+from scheduling.core.turboserve import TurboServePolicy
+
 from .simulator import SimConfig, simulate
-from .turboserve import TurboServePolicy
 
 DEFAULT_RHO_GRID = (0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6, 0.55, 0.5, 0.45, 0.4, 0.35, 0.3, 0.25)
 DEFAULT_LAMBDA_GRID = (0.2,)
@@ -146,7 +147,7 @@ def profile_volatility_table(
         meta=(
             ("profile", ",".join(p.name for p in config.profiles)),
             ("slo_ms", slo_ms),
-            ("source", "profile_volatility grid search (scheduling/core/profiling.py)"),
+            ("source", "profile_volatility grid search (scheduling/sim/profiling.py)"),
         ),
     )
     return table, rows

@@ -24,10 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from .demand import origin_load_by_slot
-from .forecast import OracleForecaster, make_forecaster, prediction_accuracy, predictive_floor
-from .moves import MoveCase, move_verdict
-from .transport import (
+from scheduling.core.regions.forecast import (
+    OracleForecaster,
+    make_forecaster,
+    prediction_accuracy,
+    predictive_floor,
+)
+from scheduling.core.regions.moves import MoveCase, move_verdict
+from scheduling.core.regions.transport import (
     CostWeights,
     TransportPlan,
     cost_matrix,
@@ -36,6 +40,8 @@ from .transport import (
     smooth_plan,
     solve_plan,
 )
+
+from .demand import origin_load_by_slot
 
 
 class RegionPolicyError(ValueError):

@@ -10,8 +10,8 @@ and never plan more running jobs on a worker than its room. The dispatcher
 
 Streams come first: a worker's room is its capacity K minus its resident sessions, and a pool whose
 streams wait for a GPU gets no new job. The ``JOB_POLICY`` setting names the policy: ``edf``, ``genserve``
-(``scheduling.live.jobs_genserve``: GenServe's round solver), ``tridentserve``
-(``scheduling.live.jobs_tridentserve``: TridentServe's per-tick integer program over the workers'
+(``scheduling.core.jobs.genserve``: GenServe's round solver), ``tridentserve``
+(``scheduling.core.jobs.tridentserve``: TridentServe's per-tick integer program over the workers'
 stage roles) or a ``package.module:ClassName`` path.
 """
 
@@ -193,9 +193,9 @@ def batch_worker(
 
 
 BUILTIN_JOB_POLICIES = {
-    "edf": "scheduling.live.jobs_policy:EdfJobPolicy",
-    "genserve": "scheduling.live.jobs_genserve:GenServeJobPolicy",
-    "tridentserve": "scheduling.live.jobs_tridentserve:TridentServeJobPolicy",
+    "edf": "scheduling.core.jobs.policy:EdfJobPolicy",
+    "genserve": "scheduling.core.jobs.genserve:GenServeJobPolicy",
+    "tridentserve": "scheduling.core.jobs.tridentserve:TridentServeJobPolicy",
 }
 
 

@@ -30,13 +30,13 @@ from typing import Any
 
 import numpy as np
 
-from ..generators import poisson_trace
-from ..policy import make_policy
-from ..profiles import load_profiles
-from ..simulator import SimConfig, simulate
-from .cosim import job_config
-from .profiles import load_job_catalog
-from .workload import genserve_jobs, isolated_latency_s
+from scheduling.core.gpu_profiles import load_profiles
+from scheduling.core.jobs.job_profiles import load_job_catalog
+from scheduling.core.policy import make_policy
+from scheduling.sim.generators import poisson_trace
+from scheduling.sim.jobs.cosim import job_config
+from scheduling.sim.jobs.workload import genserve_jobs, isolated_latency_s
+from scheduling.sim.simulator import SimConfig, simulate
 
 LADDER = ("fcfs", "fcfs-preempt", "genserve-no-sp", "genserve")
 ABLATIONS = ("edf", "genserve-no-preempt", "genserve-no-dp")

@@ -36,12 +36,13 @@ from typing import Any
 
 import numpy as np
 
+from scheduling.core.policy import Policy
+from scheduling.core.provisioning import FIXED, SCALE_OUT_PATHS
+from scheduling.core.scaleplan import ScalePlanError
+from scheduling.core.types import Decision, Event, GpuTypeSpec, GpuView, SessionView, Snapshot
+
 from .jobs.cosim import JobConfig, JobSide
-from .policy import Policy
-from .provisioning import FIXED, SCALE_OUT_PATHS
-from .scaleplan import ScalePlanError
 from .traces import JobEvent, merge_by_time
-from .types import Decision, Event, GpuTypeSpec, GpuView, SessionView, Snapshot
 
 
 class SimulationError(RuntimeError):

@@ -1,5 +1,5 @@
 """``JOB_POLICY=genserve``: GenServe's round solver (Alg. 1, ``scheduling.core.jobs.solver``) behind
-the live dispatcher's policy contract (``scheduling.live.jobs_policy``). Pure Python, like the contract.
+the live dispatcher's policy contract (``scheduling.core.jobs.policy``). Pure Python, like the contract.
 
 Each dispatch is one round, solved per pool (the workers serving one model):
 
@@ -24,7 +24,7 @@ worker's engine batches the images it holds by resolution on its own). A pool wh
 a GPU starts no new job. Priorities are not part of GenServe's objective: this policy orders by
 deadlines and slack alone (use ``edf`` where priorities must win).
 
-Step costs come from the job profiles the simulator uses (``scheduling.core.jobs.profiles``: the
+Step costs come from the job profiles the simulator uses (``scheduling.core.jobs.job_profiles``: the
 built-in SD3.5 and Wan2.2 profiles, plus the ``JOB_PROFILES`` setting's names or JSON paths — e.g.
 what ``profile_model --one-shot`` wrote). A job whose model has a profile of its kind is costed by
 it; any other (the platform's own presets) by its kind's default profile, at its own resolution and
@@ -36,9 +36,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from scheduling.core.jobs.profiles import JobCatalog, JobProfile, load_job_catalog
-from scheduling.core.jobs.solver import ImageRequest, RoundInput, VideoRequest, job_policy
-from scheduling.live.jobs_policy import (
+from scheduling.core.jobs.job_profiles import JobCatalog, JobProfile, load_job_catalog
+from scheduling.core.jobs.policy import (
     JobPlan,
     JobPolicy,
     JobRound,
@@ -48,6 +47,7 @@ from scheduling.live.jobs_policy import (
     note_image,
     roomiest,
 )
+from scheduling.core.jobs.solver import ImageRequest, RoundInput, VideoRequest, round_solver
 
 # Δ: a round covers this many denoising steps (the simulator's default ``round_steps``).
 ROUND_STEPS = 5
@@ -79,7 +79,7 @@ class GenServeJobPolicy(JobPolicy):
 
     def __init__(self, *, job_profiles: Sequence[str] = ()) -> None:
         self.costs = JobCosts(job_profiles)
-        self.solver = job_policy("genserve")
+        self.solver = round_solver("genserve")
 
     def slack(self, job: JobView, now: float) -> float:
         return job.deadline - now - self.costs.remaining_s(job)

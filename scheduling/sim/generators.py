@@ -1,6 +1,6 @@
 """Seeded, deterministic session-trace generators (TurboServe Tables 5, 7, 11, 12; Poisson; diurnal).
 
-Every generator returns ``(meta, events)`` in the format of :mod:`scheduling.core.traces` and is a
+Every generator returns ``(meta, events)`` in the format of :mod:`scheduling.sim.traces` and is a
 pure function of its arguments: the same seed gives the same trace, byte for byte.
 
 Activity model (see docs/traces.md): a session arrives idle, becomes active after a short think time,

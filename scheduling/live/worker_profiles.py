@@ -6,7 +6,7 @@ from functools import cache
 
 from django.conf import settings
 
-from scheduling.core.profiles import load_profile
+from scheduling.core.gpu_profiles import load_profile
 from scheduling.core.types import GpuTypeSpec
 
 

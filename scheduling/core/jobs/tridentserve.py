@@ -1,5 +1,5 @@
 """``JOB_POLICY=tridentserve``: TridentServe's per-tick dispatch (§6.2, App. C.2) behind the live
-dispatcher's policy contract (``scheduling.live.jobs_policy``). Pure Python, like the contract.
+dispatcher's policy contract (``scheduling.core.jobs.policy``). Pure Python, like the contract.
 
 Each dispatch round:
 
@@ -27,9 +27,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from scheduling.core.stages.dispatch import Candidate, solve_dispatch
-from scheduling.live.jobs_genserve import JobCosts
-from scheduling.live.jobs_policy import (
+from scheduling.core.jobs.genserve import JobCosts
+from scheduling.core.jobs.policy import (
     EdfJobPolicy,
     JobPlan,
     JobRound,
@@ -39,6 +38,7 @@ from scheduling.live.jobs_policy import (
     note_image,
     roomiest,
 )
+from scheduling.core.stages.dispatch import Candidate, solve_dispatch
 
 # The stage roles a job can run on (docs/stages.md, "Live placement").
 JOB_ROLES = ("EDC", "ED", "DC", "D")

@@ -25,7 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from .policy import accepts_rho_hat, is_static, make_policy
+from scheduling.core.policy import accepts_rho_hat, is_static, make_policy
+
 from .simulator import SimConfig, SimResult, simulate
 
 DEFAULT_POLICIES = ("turboserve", "base", "lag", "mag", "turboserve-no-migration", "turboserve-no-autoscale")

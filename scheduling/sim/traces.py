@@ -261,7 +261,7 @@ def _parse_lines(
             if not jobs_allowed:
                 raise TraceError(
                     number,
-                    "job events need the mixed-trace reader (scheduling.core.traces.parse_mixed_trace / "
+                    "job events need the mixed-trace reader (scheduling.sim.traces.parse_mixed_trace / "
                     "read_mixed_trace); this reader takes session events only",
                 )
             job_event = _parse_job_event(record, number)

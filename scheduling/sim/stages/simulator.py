@@ -33,10 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from scheduling.core.traces import JobEvent, TraceEvent
-
-from .dispatch import Candidate, assign_machines, solve_dispatch
-from .placement import (
+from scheduling.core.stages.dispatch import Candidate, assign_machines, solve_dispatch
+from scheduling.core.stages.placement import (
     PRIMARY_ROLE,
     VR_TYPES,
     ReplacementTrigger,
@@ -46,7 +44,15 @@ from .placement import (
     request_options,
     role_weight_bytes,
 )
-from .profiles import DEGREES, STAGES, GpuSpec, PipelineProfile, Shape, get_pipeline
+from scheduling.core.stages.stage_profiles import (
+    DEGREES,
+    STAGES,
+    GpuSpec,
+    PipelineProfile,
+    Shape,
+    get_pipeline,
+)
+from scheduling.sim.traces import JobEvent, TraceEvent
 
 POLICIES = ("tridentserve", "pipeline-static", "stage-srtf")
 ABLATIONS = {

@@ -1,195 +1,44 @@
-"""Pure functions behind ``simulate_regions``, ``bench_regions_solve`` and ``reproduce_regions``.
-
-Errors about a flag raise :class:`RegionsCliError` naming it; commands turn that into ``CommandError``.
-"""
+"""TORTA's comparisons reproduced in simulation (``reproduce_regions``: docs/results/regions.md and
+regions.json): every built-in topology × region policy, TORTA's variants and ablations."""
 
 from __future__ import annotations
 
 import json
-import math
+import os
 import platform
-import time
-import warnings
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from scheduling.sim.regions.cli import format_result, run_simulate_regions
+from scheduling.sim.regions.simulator import RegionSimConfig
+from scheduling.sim.regions.topology import BUILTIN_SHAPES
 
-from scheduling.core.traces import TraceError
-
-from .demand import DemandShape, generate_demand, read_region_trace, write_region_trace
-from .policies import POLICIES, RegionPolicyError, make_region_policy
-from .simulator import RegionSimConfig, RegionSimulationError, simulate_regions
-from .topology import BUILTIN_SHAPES, TopologyError, load_topology
-from .transport import CostWeights, TransportPlan, cost_matrix, routing_probabilities, smooth_plan, solve_plan
-
-RESULT_KEYS = (
-    "policy",
-    "mean_response_ms",
-    "worst_chunk_latency_ms",
-    "slo_pass_rate",
-    "gpu_cost_usd",
-    "cross_region_moves",
-    "macro_solve_ms_p99",
+# (label, TORTA options) run on one topology next to the default.
+ABLATIONS = (
+    ("default", ()),
+    ("no forecast: OT routing, reactive scaling only", ("forecast=none",)),
+    ("last-value forecast", ("forecast=last-value",)),
+    ("seasonal-naive forecast", ("forecast=seasonal-naive",)),
+    ("σ = 0 (Eq. 6 without the √F buffer)", ("sigma=0",)),
+    ("σ = 1", ("sigma=1",)),
+    ("floor on top of the reactive 0.85 target", ("reactive_utilisation=0.85",)),
+    ("no smoothing (β = 1)", ("beta=1",)),
+    ("unbalanced Sinkhorn instead of emd", ("method=sinkhorn",)),
+    ("price-blind plan (w_price = 0)", ("w_price=0",)),
+    ("never move a live session", ("switch_penalty=1e12",)),
+    # TORTA Fig. 12: prediction accuracy against gain, with a forecast that knows the future and is
+    # blurred by multiplicative lognormal noise of the given σ.
+    *(
+        (f"oracle forecast, noise {noise}", ("forecast=oracle", f"oracle_noise={noise}"))
+        for noise in (0.0, 0.1, 0.25, 0.5, 1.0, 2.0)
+    ),
 )
 
 
-class RegionsCliError(ValueError):
-    def __init__(self, flag: str, message: str):
-        super().__init__(f"--{flag}: {message}")
-        self.flag = flag
+# TORTA variants shown on every topology (not baselines): the OT plan alone, without the floor.
+VARIANTS = (("torta, no forecast floor", ("forecast=none",)),)
 
-
-def parse_options(items: Sequence[str]) -> dict[str, Any]:
-    """``["sigma=0", "forecast=none"]`` → keyword options for the policy (JSON values, else strings)."""
-    options: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.isidentifier():
-            raise RegionsCliError("option", f"expected key=value, got {item!r}")
-        try:
-            options[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            options[key] = raw
-    return options
-
-
-def _finite(value: float | None, flag: str, *, minimum: float = 0.0, strict: bool = False) -> None:
-    if value is None:
-        return
-    bad = not math.isfinite(value) or (value <= minimum if strict else value < minimum)
-    if bad:
-        raise RegionsCliError(flag, f"must be a number {'>' if strict else '>='} {minimum}, got {value}")
-
-
-def run_simulate_regions(
-    *,
-    topology: str,
-    policy: str,
-    trace: str | None = None,
-    seed: int = 0,
-    options: Sequence[str] = (),
-    duration_s: float | None = None,
-    mean_utilisation: float | None = None,
-    provisioning_delay_s: float | None = None,
-    slot_s: float | None = None,
-    write_trace: str | None = None,
-) -> dict[str, Any]:
-    """One policy on one topology: the given trace, or a seeded diurnal demand generated for it."""
-    _finite(duration_s, "duration-s", strict=True)
-    _finite(provisioning_delay_s, "provisioning-delay-s")
-    _finite(slot_s, "slot-s", strict=True)
-    if mean_utilisation is not None and not (0 < mean_utilisation <= 1):
-        raise RegionsCliError("mean-utilisation", f"must be in (0, 1], got {mean_utilisation}")
-    if seed < 0:
-        raise RegionsCliError("seed", f"must be >= 0, got {seed}")
-    try:
-        topo = load_topology(topology, seed=0)
-    except TopologyError as exc:
-        raise RegionsCliError("topology", str(exc)) from exc
-    if trace is not None:
-        if duration_s is not None or mean_utilisation is not None:
-            raise RegionsCliError(
-                "trace", "--duration-s and --mean-utilisation apply to generated demand only"
-            )
-        try:
-            demand = read_region_trace(trace, topo)
-        except FileNotFoundError as exc:
-            raise RegionsCliError("trace", f"no such file {trace}") from exc
-        except TraceError as exc:
-            raise RegionsCliError("trace", f"{trace}: {exc}") from exc
-    else:
-        shape = DemandShape()
-        if duration_s is not None:
-            shape = replace(shape, duration_s=duration_s, day_s=duration_s / 2)
-        if mean_utilisation is not None:
-            shape = replace(shape, mean_utilisation=mean_utilisation)
-        demand = generate_demand(topo, shape, seed)
-        demand.meta["day_s"] = shape.day_s
-        if write_trace:
-            write_region_trace(write_trace, demand)
-    config = RegionSimConfig()
-    if provisioning_delay_s is not None:
-        config = replace(config, provisioning_delay_s=provisioning_delay_s)
-    if slot_s is not None:
-        config = replace(config, slot_s=slot_s)
-    try:
-        config.validate()
-    except RegionSimulationError as exc:
-        raise RegionsCliError("slot-s", str(exc)) from exc
-    try:
-        chosen = make_region_policy(policy, **parse_options(options))
-    except RegionPolicyError as exc:
-        flag = "policy" if policy not in POLICIES else "option"
-        raise RegionsCliError(flag, str(exc)) from exc
-    result = simulate_regions(topo, demand, chosen, config)
-    result["seed"] = seed
-    return result
-
-
-def format_result(result: dict[str, Any]) -> str:
-    solve = result["macro_solve_ms_p99"]
-    return (
-        f"{result['policy']} on {result['topology']} ({result['regions']} regions, {result['sessions']} sessions): "
-        f"mean response {result['mean_response_ms']:.1f} ms, worst chunk {result['worst_chunk_latency_ms']:.0f} ms, "
-        f"SLO pass {100 * result['slo_pass_rate']:.2f} %, GPU cost ${result['gpu_cost_usd']:.2f}, "
-        f"{result['cross_region_moves']} cross-region moves"
-        + (f", macro solve p99 {solve:.2f} ms" if solve is not None else "")
-    )
-
-
-def run_bench_solve(
-    *, regions: int = 32, method: str = "emd", repeats: int = 200, seed: int = 0, beta: float = 0.5
-) -> dict[str, Any]:
-    """Time one macro step (OT solve + row-normalise + smoothing) on a random ``regions``-region
-    instance with two GPU pools per region, as the router solves it each slot."""
-    if regions < 2:
-        raise RegionsCliError("regions", f"must be >= 2, got {regions}")
-    if repeats < 1:
-        raise RegionsCliError("repeats", f"must be >= 1, got {repeats}")
-    if method not in ("emd", "sinkhorn"):
-        raise RegionsCliError("method", f"must be emd or sinkhorn, got {method!r}")
-    rng = np.random.default_rng(seed)
-    positions = rng.uniform(0, 1, size=(regions, 2))
-    rtt = 2 + 150 * np.linalg.norm(positions[:, None] - positions[None], axis=2)
-    allowed = rtt <= np.percentile(rtt, 75)
-    np.fill_diagonal(allowed, True)
-    pool_region = np.repeat(np.arange(regions), 2)
-    pool_capacity = rng.uniform(5, 25, size=2 * regions)
-    pool_price = rng.uniform(0.2, 1.5, size=2 * regions)
-    cost = cost_matrix(rtt[:, pool_region], np.zeros((regions, 2 * regions)), pool_price, CostWeights())
-    pool_allowed = allowed[:, pool_region]
-    previous = None
-    times = []
-    for _ in range(repeats):
-        demand = rng.uniform(0, 20, size=regions)
-        started = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            plan = solve_plan(demand, pool_capacity, cost, pool_allowed, method=method)
-        flow = np.zeros((regions, regions))
-        np.add.at(flow.T, pool_region, plan.flow.T)
-        probabilities = routing_probabilities(TransportPlan(flow, plan.overflow), allowed, np.ones(regions))
-        previous = smooth_plan(previous, probabilities, beta)
-        times.append((time.perf_counter() - started) * 1000.0)
-    values = np.array(times)
-    return {
-        "regions": regions,
-        "pools": 2 * regions,
-        "method": method,
-        "repeats": repeats,
-        "solve_ms_p50": float(np.percentile(values, 50)),
-        "solve_ms_p99": float(np.percentile(values, 99)),
-        "solve_ms_max": float(values.max()),
-        "target_ms": 20.0,
-        "machine": f"{platform.machine()}, {__import__('os').cpu_count()} CPUs, Python {platform.python_version()}",
-    }
-
-
-# --------------------------------------------------------------------------------------------------
-# The results section (docs/results/regions.md).
 
 REPORT_POLICIES = ("nearest", "round-robin", "least-loaded", "skylb", "torta")
 PAPER_CLAIMS = {"response": "up to 15 % lower", "cost": "10–20 % lower"}
@@ -244,7 +93,7 @@ def run_regions_report(
         "runs": runs,
         "ablation_topology": ablation_topology,
         "ablations": ablation_runs,
-        "machine": f"{platform.machine()}, {__import__('os').cpu_count()} CPUs, Python {platform.python_version()}",
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
     }
 
 
@@ -311,7 +160,7 @@ def render_report(report: dict[str, Any], bench: dict[str, Any] | None = None) -
         f"({report['duration_s'] / 3600:.0f} h of seeded diurnal demand per topology, slots of "
         f"{report['config']['slot_s']:.0f} s, {report['config']['provisioning_delay_s']:.0f} s provisioning delay) "
         f"on {report['machine']}; {report.get('generated_at', '')}. Raw figures: `regions.json`. Everything here is "
-        "simulated (`scheduling.core.regions`), as the paper's are; the model and its assumptions are in "
+        "simulated (`scheduling.sim.regions`), as the paper's are; the model and its assumptions are in "
         "`docs/regions.md`. Response = mean chunk latency (compute stretched by overload, plus RTT); cost = GPU "
         "dollars from request to release; moves = live sessions moved to another region.",
         "",

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from .profiles import GB, WAN_13B_STREAM, GpuSpec, PipelineProfile, Shape
+from scheduling.core.stages.stage_profiles import GB, WAN_13B_STREAM, GpuSpec, PipelineProfile, Shape
 
 ACTIVE_SESSIONS = 4  # sessions whose chunk is in flight at once: their activations are resident
 SWITCHES_PER_SESSION_S = 1 / 30  # prompt encodes per session per second (session start, switches)

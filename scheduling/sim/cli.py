@@ -13,14 +13,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from scheduling.core.gpu_profiles import ProfileError, load_profiles
+from scheduling.core.jobs.job_profiles import JobProfileError
+from scheduling.core.jobs.solver import ROUND_SOLVERS
+from scheduling.core.policy import PolicyError, is_static, make_policy
+from scheduling.core.provisioning import FIXED, SCALE_OUT_PATHS, with_path
+from scheduling.core.scaleplan import ScalePlanError
+
 from .compare import DEFAULT_POLICIES, compare_policies
 from .jobs.cosim import JobConfig, job_config
-from .jobs.profiles import JobProfileError
-from .jobs.solver import JOB_POLICIES
-from .policy import PolicyError, is_static, make_policy
-from .profiles import ProfileError, load_profiles
-from .provisioning import FIXED, SCALE_OUT_PATHS, with_path
-from .scaleplan import ScalePlanError
 from .simulator import SimConfig, SimulationError, simulate
 from .traces import TraceError, read_mixed_trace, read_trace
 
@@ -142,8 +143,8 @@ def load_mixed_trace(path: str) -> tuple[dict, list, list]:
 
 def build_job_config(job_policy: str, job_profiles: Sequence[str] = (), round_steps: int = 5) -> JobConfig:
     """The job side of a simulation (issue 14): ``--job-policy``, ``--job-profile``, ``--job-round-steps``."""
-    if job_policy not in JOB_POLICIES:
-        raise CliError("job-policy", f"unknown job policy {job_policy!r} (known: {', '.join(JOB_POLICIES)})")
+    if job_policy not in ROUND_SOLVERS:
+        raise CliError("job-policy", f"unknown job policy {job_policy!r} (known: {', '.join(ROUND_SOLVERS)})")
     if round_steps < 1:
         raise CliError("job-round-steps", "must be >= 1")
     try:

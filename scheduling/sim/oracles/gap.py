@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from ..placement import PlacementWork
-from ..types import GB, GpuTypeSpec, GpuView, SessionView, Snapshot
+from scheduling.core.placement import PlacementWork
+from scheduling.core.types import GB, GpuTypeSpec, GpuView, SessionView, Snapshot
+
 from .placement import (
     InfeasibleInstance,
     Kappa,

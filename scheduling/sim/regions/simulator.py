@@ -29,8 +29,9 @@ from typing import Any
 
 import numpy as np
 
+from scheduling.core.regions.moves import PastMove, switch_cost_ms
+
 from .demand import RegionTrace
-from .moves import PastMove, switch_cost_ms
 from .topology import Topology
 
 

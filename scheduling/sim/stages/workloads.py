@@ -19,9 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scheduling.core.traces import JobEvent
-
-from .profiles import GpuSpec, PipelineProfile, Shape
+from scheduling.core.stages.stage_profiles import GpuSpec, PipelineProfile, Shape
+from scheduling.sim.traces import JobEvent
 
 LEVELS = ("light", "medium", "heavy")
 KINDS = ("steady", "dynamic")

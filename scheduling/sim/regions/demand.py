@@ -1,9 +1,9 @@
 """Demand by origin: a seeded diurnal generator and traces whose ``arrive`` events carry ``"origin"``.
 
-A region trace is an ordinary trace (``scheduling.core.traces``, ``docs/traces.md``) whose ``arrive``
+A region trace is an ordinary trace (``scheduling.sim.traces``, ``docs/traces.md``) whose ``arrive``
 lines also carry ``"origin": "<name>"``. The shared trace parser stays as it is: :func:`parse_region_trace`
 takes the origin off each ``arrive`` line, checks it against the topology, and hands the rest to
-:func:`scheduling.core.traces.parse_trace`, so every other rule of the format still applies.
+:func:`scheduling.sim.traces.parse_trace`, so every other rule of the format still applies.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scheduling.core.traces import TraceError, TraceEvent, parse_trace
+from scheduling.sim.traces import TraceError, TraceEvent, parse_trace
 
 from .topology import Topology
 

@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from scheduling.core.jobs.job_profiles import JobCatalog, load_job_catalog
+
 from ..traces import JobEvent
-from .profiles import JobCatalog, load_job_catalog
 
 SIDES = (256, 480, 768)
 RESOLUTION_WEIGHTS = {"uniform": (1 / 3, 1 / 3, 1 / 3), "skewed": (0.2, 0.3, 0.5)}

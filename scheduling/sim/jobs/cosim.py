@@ -1,6 +1,6 @@
 """One-shot jobs co-simulated with the streams on the same GPU pool (issue 14).
 
-The stream simulator (``scheduling/core/simulator.py``) owns the pool and the streams; it calls this
+The stream simulator (``scheduling/sim/simulator.py``) owns the pool and the streams; it calls this
 module (:class:`JobSide`) on job events, on its own timers and after every stream decision. Rules:
 
 * **Streams first.** Jobs run only on *ready GPUs with no resident session*: GPUs the stream
@@ -28,26 +28,29 @@ module (:class:`JobSide`) on job events, on its own timers and after every strea
 * **Demand for the autoscaler** (:meth:`JobSide.demand_gpus`): the EDF density of the backlog,
   max over jobs i in deadline order of (Σ_{j ≤ i} remaining GPU-seconds at SP 1) / max(D_i − now,
   job i's own remaining time) — the GPUs needed to finish every job by its deadline, a job already
-  late counting as one GPU for its remaining time.
+  late counting as one GPU for its remaining time (``scheduling.core.jobs.backlog``: the rule the
+  live autoscaler runs).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from scheduling.core.jobs.backlog import backlog_gpus
+from scheduling.core.jobs.job_profiles import JobCatalog, JobProfile, load_job_catalog
+from scheduling.core.jobs.solver import ImageRequest, RoundInput, RoundSolver, VideoRequest, round_solver
+
 from ..traces import JobEvent
-from .profiles import JobCatalog, JobProfile, load_job_catalog
-from .solver import ImageRequest, JobPolicy, RoundInput, VideoRequest, job_policy
 
 
 @dataclass(frozen=True)
 class JobConfig:
-    policy: JobPolicy
+    solver: RoundSolver
     catalog: JobCatalog = field(default_factory=load_job_catalog)
     round_steps: int = 5  # Δ: a running video triggers a round every Δ of its steps
     abandon_steps: bool = True  # a session's claim abandons the job step in flight (`JobSide.claim`)
@@ -56,7 +59,7 @@ class JobConfig:
 def job_config(
     policy: str, profiles: tuple[str, ...] = (), round_steps: int = 5, abandon_steps: bool = True
 ) -> JobConfig:
-    return JobConfig(job_policy(policy), load_job_catalog(profiles), round_steps, abandon_steps)
+    return JobConfig(round_solver(policy), load_job_catalog(profiles), round_steps, abandon_steps)
 
 
 class _Job:
@@ -127,18 +130,6 @@ class _Allocation:
         self.decoding = False
 
 
-def backlog_gpus(open_jobs: Iterable[tuple[float, str, float]], now: float) -> float:
-    """GPUs the open jobs' backlog needs to meet its deadlines (the autoscaler's job demand): over
-    the jobs ``(deadline, id, remaining seconds on one GPU)`` in deadline order, the largest ratio of
-    the work due by a deadline to the time left until it (at least the job's own remaining time)."""
-    work = 0.0
-    demand = 0.0
-    for deadline, _id, remaining in sorted(open_jobs):
-        work += remaining
-        demand = max(demand, work / max(deadline - now, remaining))
-    return demand
-
-
 def image_request(job: _Job, max_batch: int) -> ImageRequest:
     return ImageRequest(
         job.id,
@@ -165,7 +156,7 @@ class JobSide:
     def __init__(self, host: Any, config: JobConfig, schedule: Callable[[float, tuple], None]):
         self.host = host
         self.cfg = config
-        self.policy = config.policy
+        self.solver = config.solver
         self.schedule = schedule  # push a timer (time, payload) into the host's event heap
         self.jobs: dict[str, _Job] = {}
         self.allocations: dict[str, _Allocation] = {}  # key: video id or "batch:<n>"
@@ -220,7 +211,7 @@ class JobSide:
     def on_trace(self, event: JobEvent) -> None:
         if event.event == "submit":
             profile = self.cfg.catalog.profile(event.kind or "", event.model)
-            self.jobs[event.job] = _Job(event, profile, self.policy.max_batch)
+            self.jobs[event.job] = _Job(event, profile, self.solver.max_batch)
         else:
             job = self.jobs.get(event.job)
             if job is None or job.state in ("done", "cancelled"):
@@ -385,7 +376,7 @@ class JobSide:
             now=now,
             gpus=gpus,
             round_s=round_s,
-            images=tuple(image_request(j, self.policy.max_batch) for j in waiting_images),
+            images=tuple(image_request(j, self.solver.max_batch) for j in waiting_images),
             videos=tuple(
                 video_request(j, j.degree if j.id in running_video else 0, gpus)
                 for j in videos
@@ -395,7 +386,7 @@ class JobSide:
         if not inp.images and not inp.videos:
             return
         t0 = time.perf_counter()
-        plan = self.policy.plan(inp)
+        plan = self.solver.plan(inp)
         self.round_ms.append((time.perf_counter() - t0) * 1000.0)
         # Running videos: record the target; it applies at their next step boundary.
         for vid in running_video:
@@ -436,7 +427,7 @@ class JobSide:
         latencies = [j.done_at - j.arrival for j in jobs if j.done_at is not None]
         rounds = np.asarray(self.round_ms, dtype=float)
         return {
-            "policy": self.policy.name,
+            "policy": self.solver.name,
             "submitted": len(jobs) + self.cancelled,
             "cancelled": self.cancelled,
             "completed": sum(j.done_at is not None for j in jobs),

@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from ..traces import JobEvent
-from .cosim import _Job, image_request, video_request
-from .profiles import load_job_catalog
-from .solver import RoundInput, job_policy
+from scheduling.core.jobs.job_profiles import load_job_catalog
+from scheduling.core.jobs.solver import RoundInput, round_solver
+from scheduling.sim.jobs.cosim import _Job, image_request, video_request
+from scheduling.sim.traces import JobEvent
 
 _SIDES = (256, 480, 768)
 
@@ -61,7 +61,7 @@ def bench_round(
 ) -> dict[str, Any]:
     if not groups or min(groups) < 1 or gpus < 1 or repeats < 1:
         raise ValueError("groups, gpus and repeats must be >= 1")
-    solver = job_policy(policy)
+    solver = round_solver(policy)
     rng = np.random.default_rng(seed)
     rows = []
     for g in groups:
