@@ -26,7 +26,7 @@ from gpu.models import GpuWorker
 from scheduling.core.jobs.genserve import JobCosts
 from scheduling.core.jobs.policy import JobPolicy, JobRound, JobView, WorkerView, load_job_policy
 from scheduling.live.outbox import Outbox, scheduler_lock
-from scheduling.live.stages import EncoderMissing, StageServiceMissing, decoder_for, encoder_for
+from scheduling.live.stages.peers import EncoderMissing, StageServiceMissing, decoder_for, encoder_for
 from scheduling.models import WorkerCommand
 from sessions import jobs as job_services
 from sessions.models import GenerationSession, Job

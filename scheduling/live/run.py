@@ -46,7 +46,8 @@ from scheduling.live.regions import (
     region_layout,
     sessions_reroute,
 )
-from scheduling.live.stages import encoder_failover, stage_placement_step
+from scheduling.live.stages.encoders import encoder_failover
+from scheduling.live.stages.placement import stage_placement_step
 from scheduling.live.worker_profiles import default_gpu_type, gpu_profiles
 from scheduling.models import SchedulerConfig, SchedulerDecision, SchedulerState, WorkerCommand
 from sessions.models import GenerationSession
