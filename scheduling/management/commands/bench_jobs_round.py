@@ -11,7 +11,7 @@ from scheduling.core.jobs.solver import ROUND_SOLVERS
 
 
 class Command(BaseCommand):
-    help = "Time one job-scheduling round (GenServe Alg. 1) for up to 12 groups; target < 2 ms p99."
+    help = "Benchmark (lab): time one job-scheduling round (GenServe Alg. 1) for up to 12 groups; target < 2 ms p99."
 
     def add_arguments(self, parser):
         parser.add_argument("--max-groups", type=int, default=12, help="rounds with 1..N video groups")

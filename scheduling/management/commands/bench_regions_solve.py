@@ -11,7 +11,7 @@ from scheduling.sim.regions.cli import RegionsCliError
 
 
 class Command(BaseCommand):
-    help = "Time one macro routing step (OT solve, row-normalise, smoothing); target < 20 ms at 32 regions."
+    help = "Benchmark (lab): time one macro routing step (OT solve, row-normalise, smoothing); target < 20 ms at 32 regions."
 
     def add_arguments(self, parser):
         parser.add_argument("--regions", type=int, default=32)

@@ -10,7 +10,7 @@ from scheduling.sim.cli import CliError
 
 
 class Command(BaseCommand):
-    help = "Scale-plan decision time (p50/p99/max) for the largest scale-out at several cluster sizes."
+    help = "Benchmark (lab): scale-plan decision time (p50/p99/max) for the largest scale-out at several cluster sizes."
 
     def add_arguments(self, parser):
         parser.add_argument("--gpus", default="8,64,256,1024", help="comma list of cluster sizes")

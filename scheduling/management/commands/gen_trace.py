@@ -36,7 +36,7 @@ def parse_load_mix(text: str) -> list[tuple[float, float]]:
 
 class Command(BaseCommand):
     help = (
-        "Generate a seeded session trace: TurboServe-shaped (T1..T6 = Table 12, table11, table7, "
+        "Research tool (lab): generate a seeded session trace: TurboServe-shaped (T1..T6 = Table 12, table11, table7, "
         "segment = Table 5 volatility level) or open-ended (poisson, diurnal). Deterministic per seed."
     )
 

@@ -11,7 +11,7 @@ from scheduling.sim.cli import CliError, run_profile_volatility
 
 
 class Command(BaseCommand):
-    help = "Grid-search (λ, ρ̂) per volatility level by replaying trace segments; write the table JSON."
+    help = "Research tool (lab): grid-search (λ, ρ̂) per volatility level by replaying trace segments; write the table JSON."
 
     def add_arguments(self, parser):
         parser.add_argument("--out", default=str(DEFAULT_TABLE_PATH), help="where to write the table")

@@ -20,7 +20,7 @@ def _floats(flag: str, text: str) -> tuple[float, ...]:
 
 
 class Command(BaseCommand):
-    help = "Reproduce GenServe's ablation ladder and σ sweep, with and without streams (issue 14)."
+    help = "Research tool (lab): reproduce GenServe's ablation ladder and σ sweep, with and without streams (issue 14)."
 
     def add_arguments(self, parser):
         parser.add_argument("--rates", default="24,48,72", help="job arrivals per minute, comma-separated")

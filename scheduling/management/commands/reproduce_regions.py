@@ -16,7 +16,7 @@ from scheduling.sim.regions.topology import BUILTIN_SHAPES
 
 
 class Command(BaseCommand):
-    help = "Run every built-in topology × region policy (+ TORTA ablations, + the macro-solve benchmark)."
+    help = "Research tool (lab): reproduce TORTA over every built-in topology × region policy (+ TORTA ablations, + the macro-solve benchmark)."
 
     def add_arguments(self, parser):
         parser.add_argument("--out", default="docs/results")

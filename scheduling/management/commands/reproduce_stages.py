@@ -16,7 +16,7 @@ from workers.runtime.stages.memory import stream_figures
 
 
 class Command(BaseCommand):
-    help = "Reproduce TridentServe's comparisons in simulation; writes stages.md and stages.json."
+    help = "Research tool (lab): reproduce TridentServe's comparisons in simulation; writes stages.md and stages.json."
 
     def add_arguments(self, parser):
         parser.add_argument("--out", default="docs/results", help="output directory")

@@ -16,7 +16,7 @@ from scheduling.sim.cli import (
 
 
 class Command(BaseCommand):
-    help = "Simulate a scheduling policy on a session trace; --json prints exactly one JSON object."
+    help = "Research tool (lab): simulate a scheduling policy on a session trace; --json prints exactly one JSON object."
 
     def add_arguments(self, parser):
         parser.add_argument("--trace", required=True, help="JSON Lines trace (docs/traces.md)")

@@ -17,7 +17,7 @@ from scheduling.sim.compare import DEFAULT_POLICIES
 
 
 class Command(BaseCommand):
-    help = "Cost at matched latency and worst latency at matched cost for every policy on one trace."
+    help = "Research tool (lab): cost at matched latency and worst latency at matched cost for every policy on one trace."
 
     def add_arguments(self, parser):
         parser.add_argument("--trace", required=True)

@@ -11,7 +11,7 @@ from scheduling.sim.regions.policies import POLICIES
 
 
 class Command(BaseCommand):
-    help = "Simulate routing across GPU regions (TORTA and baselines); --json prints exactly one JSON object."
+    help = "Research tool (lab): simulate routing across GPU regions (TORTA and baselines); --json prints exactly one JSON object."
 
     def add_arguments(self, parser):
         parser.add_argument(

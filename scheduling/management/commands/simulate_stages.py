@@ -11,7 +11,7 @@ from scheduling.sim.stages.simulator import ABLATIONS, POLICIES
 
 
 class Command(BaseCommand):
-    help = "Simulate TridentServe stage-level serving or a baseline; --json prints exactly one JSON object."
+    help = "Research tool (lab): simulate TridentServe stage-level serving or a baseline; --json prints exactly one JSON object."
 
     def add_arguments(self, parser):
         parser.add_argument(
