@@ -15,7 +15,7 @@ Experiments 1 and 2 also run every policy beside the streams (same jobs, one aut
 a Poisson session trace), reporting its attainment and the stream chunks over SLO there.
 
 Every figure is an average over ``seeds``; the rates are the paper's anchor (24 req/min) and the
-heavier ones given, because the derived step times (profiles.py) make 24 req/min a light load on
+heavier ones given, because the derived step times (core/jobs/job_profiles.py) make 24 req/min a light load on
 8 GPUs — the offered load (Σ one-GPU latencies / GPU-time) is reported for each rate.
 """
 

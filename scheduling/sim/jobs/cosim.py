@@ -20,9 +20,9 @@ module (:class:`JobSide`) on job events, on its own timers and after every strea
   profile's step time at p; an image batch of b takes the batch step time. Pause, resume and SP
   changes take effect at step boundaries (slides Table 7: pause µs, resume < 0.12 % of a step —
   not charged). After its last step a video decodes on one GPU (``decode_fraction``).
-* **Rounds.** A policy round (:mod:`.solver`) runs on every job submit or cancel, every time an
-  allocation ends (a batch or video finishes, pauses, is evicted), every Δ steps of a running
-  video, and after a stream decision that changed the GPUs jobs may use. A plan starts what fits on
+* **Rounds.** A policy round (``scheduling.core.jobs.solver``) runs on every job submit or cancel,
+  every time an allocation ends (a batch or video finishes, pauses, is evicted), every Δ steps of a
+  running video, and after a stream decision that changed the GPUs jobs may use. A plan starts what fits on
   GPUs free now; GPUs a pausing or shrinking video gives back are free at its step end, which
   triggers the next round.
 * **Demand for the autoscaler** (:meth:`JobSide.demand_gpus`): the EDF density of the backlog,
