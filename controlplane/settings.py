@@ -374,7 +374,7 @@ STREAMSERVE = {
     "JOB_MAX_STEPS": _typed("JOB_MAX_STEPS", env.int, 100),
     "JOB_MAX_FRAMES": _typed("JOB_MAX_FRAMES", env.int, 129),
     "JOB_DEFAULT_SLO_S": _typed("JOB_DEFAULT_SLO_S", env.float, 300.0),
-    # The job dispatcher's policy (scheduling.live.jobs_policy): `edf`, `genserve` or
+    # The job dispatcher's policy (scheduling.core.jobs.policy): `edf`, `genserve` or
     # package.module:ClassName.
     "JOB_POLICY": env.str("JOB_POLICY", default="edf"),
     # Job cost profiles `genserve` costs steps with, beside the built-in ones: names or JSON paths

@@ -34,7 +34,7 @@ from gpu import services as gpu_services
 from gpu.models import GpuWorker, HostCache, Region
 from scheduling.api import SchedulerConfigSerializer
 from scheduling.live.regions import origin_demand
-from scheduling.live.stages import current_encoders
+from scheduling.live.stages.encoders import current_encoders
 from scheduling.models import (
     Migration,
     ScalingAction,

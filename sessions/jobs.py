@@ -2,7 +2,7 @@
 
 Users submit and cancel (``job_submit``, ``job_cancel``); the scheduler's dispatcher assigns,
 pauses, resumes, moves and re-queues (``job_assign``, ``job_pause``, ``job_resume``, ``job_move``,
-``job_requeue``); workers report through ``workers.reporting.DjangoReporter``, which calls
+``job_requeue``); workers report through ``workers.adapters.reporting.DjangoReporter``, which calls
 ``job_progress``, ``job_completed`` and ``job_failed`` (the contract with the runtime, issue 14).
 
 Every change is a row-locked update inside ``transaction.atomic()``; broadcasts to the owner's
@@ -354,7 +354,7 @@ def job_requeue(*, job: Job, reason: str, retry_now: bool = True) -> bool:
     return bool(applied)
 
 
-# --- what workers report (workers.reporting.DjangoReporter) -------------------------------------------
+# --- what workers report (workers.adapters.reporting.DjangoReporter) -------------------------------------------
 
 
 def _current(job_id: str, epoch: int, worker_name: str) -> Job | None:

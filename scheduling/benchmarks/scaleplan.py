@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from contracts import bench
-from scheduling.core.cli import CliError
 from scheduling.core.scaleplan import (
     GB,
     Endpoint,
@@ -24,6 +23,7 @@ from scheduling.core.scaleplan import (
     host_cache_endpoint,
     plan_scale_out,
 )
+from scheduling.sim.cli import CliError
 
 GPUS_PER_HOST = 8
 HOSTS_PER_DOMAIN = 4

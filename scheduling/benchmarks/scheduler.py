@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from scheduling.core.cli import CliError
+from scheduling.core.gpu_profiles import BUILTIN_PROFILES
 from scheduling.core.policy import make_policy
-from scheduling.core.profiles import BUILTIN_PROFILES
-from scheduling.core.simulator import SimConfig, Simulator
-from scheduling.core.traces import TraceEvent
+from scheduling.sim.cli import CliError
+from scheduling.sim.simulator import SimConfig, Simulator
+from scheduling.sim.traces import TraceEvent
 
 
 def synthetic_events(n_gpus: int, capacity: float, n_events: int, seed: int) -> list[TraceEvent]:

@@ -1,8 +1,13 @@
-"""StreamServe's scheduling core: pure Python, no Django (docs/scheduling.md).
+"""StreamServe's scheduling core: the pure algorithms the service runs, no Django (docs/scheduling.md).
 
 Entry points: ``types.Snapshot.build`` / ``types.Event`` / ``types.Decision``,
-``policy.make_policy`` (built-in names or ``package.module:ClassName``), ``profiles.load_profile``,
-``simulator.simulate``, ``compare.compare_policies``, ``profiling.profile_volatility_table``; traces
-in ``traces`` and ``generators``; oracles in ``oracles``. The decision-time benchmark lives apart, in
-``scheduling.benchmarks.scheduler``.
+``policy.make_policy`` (built-in names or ``package.module:ClassName``: ``turboserve``,
+``baselines``, ``forecast_floor``), ``gpu_profiles.load_profile``, ``scaleplan`` and ``provisioning``
+(scale-out); ``jobs`` (the job dispatcher's ``JobPolicy``), ``stages`` (stage placement and
+dispatch), ``regions`` (routing, forecasts, moves). The live loop (``scheduling.live``) and the
+simulator run the same objects.
+
+The lab lives apart and the core never imports it (import-linter ``core-pure``): simulators, traces,
+generators and oracles in ``scheduling.sim``, paper reproductions in ``scheduling.reproduce``,
+benchmarks in ``scheduling.benchmarks``.
 """

@@ -1,6 +1,6 @@
 """What workers report back: command answers, and migrations the target verified or that failed.
 
-Called by the worker's reporter thread (``workers.reporting``), never inside a scheduler run.
+Called by the worker's reporter thread (``workers.adapters.reporting``), never inside a scheduler run.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from django.utils import timezone
 from scheduling.live.enqueue import scheduler_trigger
 from scheduling.live.jobs import job_command_failed
 from scheduling.live.outbox import Outbox
-from scheduling.live.stages import stage_change_answered
+from scheduling.live.stages.changes import stage_change_answered
 from scheduling.live.state import delivered_index
 from scheduling.models import Migration, WorkerCommand
 from sessions import lifecycle
@@ -37,7 +37,7 @@ def command_answered(*, command: dict, status: str, reason: str, result: dict) -
             from_chunk=result["from_chunk"]
         )
     if updated and command.get("kind") == WorkerCommand.Kind.SET_ROLE:
-        # A stage role change of a placement (scheduling.live.stages): applied, refused or failed.
+        # A stage role change of a placement (scheduling.live.stages.changes): applied, refused or failed.
         stage_change_answered(command_id=str(command["id"]), status=status, reason=reason, result=result)
         return
     if not updated or status == "acked":

@@ -18,7 +18,7 @@ from scheduling.core.types import Decision
 from scheduling.live.moves import migration_start
 from scheduling.live.outbox import Outbox
 from scheduling.live.scaling import scale_in, scale_out
-from scheduling.live.stages import EncoderMissing, encoder_for
+from scheduling.live.stages.peers import EncoderMissing, encoder_for
 from scheduling.live.state import checkpoint_file, delivered_index, prompt_history
 from scheduling.models import Migration, SchedulerConfig, SchedulerDecision
 from sessions import lifecycle

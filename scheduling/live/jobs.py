@@ -5,7 +5,7 @@
 ``scheduling.tasks.jobs_dispatch``), under the same cluster-wide lock as the scheduler's runs, so it
 always sees the streams' latest placement. In one transaction it re-queues the jobs of workers that
 have ended, reads the pools (workers locked in primary-key order, like every multi-row locker), asks
-the ``JOB_POLICY`` (``jobs_policy``) for a plan, applies each entry as a compare-and-set
+the ``JOB_POLICY`` (``scheduling.core.jobs.policy``) for a plan, applies each entry as a compare-and-set
 ``sessions.jobs`` transition and writes the commands (``job_run``, ``job_pause``, ``job_resume``,
 migration with ``"job"``), which go out after commit (``outbox``).
 """
@@ -23,10 +23,10 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from gpu.models import GpuWorker
-from scheduling.live.jobs_genserve import JobCosts
-from scheduling.live.jobs_policy import JobPolicy, JobRound, JobView, WorkerView, load_job_policy
+from scheduling.core.jobs.genserve import JobCosts
+from scheduling.core.jobs.policy import JobPolicy, JobRound, JobView, WorkerView, load_job_policy
 from scheduling.live.outbox import Outbox, scheduler_lock
-from scheduling.live.stages import EncoderMissing, StageServiceMissing, decoder_for, encoder_for
+from scheduling.live.stages.peers import EncoderMissing, StageServiceMissing, decoder_for, encoder_for
 from scheduling.models import WorkerCommand
 from sessions import jobs as job_services
 from sessions.models import GenerationSession, Job

@@ -10,8 +10,8 @@ from django.utils import timezone
 
 from gpu.models import GpuWorker
 from scheduling.live.outbox import Outbox
-from scheduling.live.profiles import profile_for
 from scheduling.live.state import prompt_history
+from scheduling.live.worker_profiles import profile_for
 from scheduling.models import Migration, SchedulerDecision
 from sessions import lifecycle
 from sessions.models import GenerationSession

@@ -6,7 +6,7 @@ import logging
 
 from gpu.models import GpuWorker
 from scheduling.live.outbox import Outbox
-from scheduling.live.stages import EncoderMissing, encoder_for
+from scheduling.live.stages.peers import EncoderMissing, encoder_for
 from scheduling.models import Migration
 from sessions.models import GenerationSession, Job, Prompt
 

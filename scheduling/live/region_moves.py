@@ -34,8 +34,8 @@ from scheduling.core.regions.moves import (
 from scheduling.core.regions.transport import CostWeights
 from scheduling.live.moves import migration_start
 from scheduling.live.outbox import Outbox, redis_client, scheduler_lock
-from scheduling.live.profiles import default_gpu_type, profile_for
 from scheduling.live.regions import PLAN_KEY, ParkedMove, parked_sessions_reroute
+from scheduling.live.worker_profiles import default_gpu_type, profile_for
 from scheduling.models import Migration
 from sessions.models import GenerationSession
 

@@ -49,7 +49,7 @@ from scheduling.core.regions.transport import (
     solve_plan,
 )
 from scheduling.live.outbox import redis_client
-from scheduling.live.profiles import default_gpu_type, gpu_profiles
+from scheduling.live.worker_profiles import default_gpu_type, gpu_profiles
 from sessions.models import GenerationSession
 
 log = logging.getLogger(__name__)

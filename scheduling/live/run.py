@@ -21,7 +21,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from gpu.models import GpuWorker, Region
-from scheduling.core.jobs.cosim import backlog_gpus
+from scheduling.core.jobs.backlog import backlog_gpus
 from scheduling.core.policy import make_policy
 from scheduling.core.regions.partition import decide_by_region, partition_snapshot, regions_to_zero
 from scheduling.core.turboserve import TurboServePolicy
@@ -39,7 +39,6 @@ from scheduling.live.apply import Pool, decision_apply
 from scheduling.live.jobs import JobBacklog, jobs_backlog
 from scheduling.live.liveness import sessions_recover
 from scheduling.live.outbox import Outbox, scheduler_lock
-from scheduling.live.profiles import default_gpu_type, gpu_profiles
 from scheduling.live.regions import (
     RegionLayout,
     region_floor_load,
@@ -47,7 +46,9 @@ from scheduling.live.regions import (
     region_layout,
     sessions_reroute,
 )
-from scheduling.live.stages import encoder_failover, stage_placement_step
+from scheduling.live.stages.encoders import encoder_failover
+from scheduling.live.stages.placement import stage_placement_step
+from scheduling.live.worker_profiles import default_gpu_type, gpu_profiles
 from scheduling.models import SchedulerConfig, SchedulerDecision, SchedulerState, WorkerCommand
 from sessions.models import GenerationSession
 

@@ -29,9 +29,9 @@ from gpu.provisioners.registry import get_provisioner, provisioner_for
 from scheduling.core.scaleplan import Endpoint, Topology, plan_scale_out
 from scheduling.live.enqueue import worker_release_enqueue
 from scheduling.live.outbox import Outbox, redis_client
-from scheduling.live.profiles import default_gpu_type, gpu_profiles
 from scheduling.live.regions import region_price_multiplier
-from scheduling.live.stages import new_worker_role
+from scheduling.live.stages.auxiliary import new_worker_role
+from scheduling.live.worker_profiles import default_gpu_type, gpu_profiles
 from scheduling.models import Migration, ScalingAction, SchedulerDecision, WorkerCommand
 
 logger = logging.getLogger("scheduling.live")

@@ -1,7 +1,7 @@
 """Experiment definitions of the reproduction: each *unit* is an independent, JSON-returning job.
 
 Every unit calls the scheduling core (``scheduling.core``) — the simulator, the §7.1 comparison
-protocol (:func:`scheduling.core.compare.compare_policies`), the decision-time benchmark, the
+protocol (:func:`scheduling.sim.compare.compare_policies`), the decision-time benchmark, the
 placement-gap command's function and the oracles — and never reimplements them. ``quick=True``
 shrinks every input (short trace prefixes, tiny grids) for the smoke test and for iteration.
 """
@@ -18,21 +18,21 @@ from typing import Any
 
 from scheduling.benchmarks.scheduler import bench_scheduler
 from scheduling.core import detector
-from scheduling.core.compare import (
+from scheduling.core.detector import load_volatility_table
+from scheduling.core.gpu_profiles import BUILTIN_PROFILES
+from scheduling.core.policy import make_policy
+from scheduling.sim.compare import (
     DEFAULT_POLICIES,
     DEFAULT_RHO_GRID,
     autoscaler_for_slo,
     compare_policies,
     config_for_slo,
 )
-from scheduling.core.detector import load_volatility_table
-from scheduling.core.generators import diurnal_trace, paper_trace, poisson_trace, table7_windows
-from scheduling.core.oracles.autoscaling import RHO_GRID, per_window_rho_oracle, trace_autoscaling_oracle
-from scheduling.core.oracles.gap import placement_gap, turboserve_heuristic
-from scheduling.core.policy import make_policy
-from scheduling.core.profiles import BUILTIN_PROFILES
-from scheduling.core.simulator import SimConfig, simulate
-from scheduling.core.traces import TraceEvent, active_count_steps, trace_duration
+from scheduling.sim.generators import diurnal_trace, paper_trace, poisson_trace, table7_windows
+from scheduling.sim.oracles.autoscaling import RHO_GRID, per_window_rho_oracle, trace_autoscaling_oracle
+from scheduling.sim.oracles.gap import placement_gap, turboserve_heuristic
+from scheduling.sim.simulator import SimConfig, simulate
+from scheduling.sim.traces import TraceEvent, active_count_steps, trace_duration
 
 from .policies import (
     NO_COOLDOWN,
@@ -231,7 +231,7 @@ def fig4_motivation(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def fig7_compare(p: dict[str, Any]) -> dict[str, Any]:
-    """§7.1 protocol (scheduling.core.compare) on one trace × profile."""
+    """§7.1 protocol (scheduling.sim.compare) on one trace × profile."""
     meta, events = make_trace(p["trace"], p["seed"], p["quick"])
     duration = trace_duration(events, meta)
     profile = p["profile"]

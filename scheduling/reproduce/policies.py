@@ -5,7 +5,7 @@
 * :class:`NoHeadroom`, :class:`NoCooldown` (and the built-in ``turboserve-paper``) — TurboServe with one or all of the
   beyond-the-paper extensions switched off, and :class:`WithScaleInWindow` with the opt-in scale-in
   stabilisation window switched on, as named policies so that the §7.1 comparison
-  (``scheduling.core.compare``) can search their cheapest SLO-meeting configuration like any other.
+  (``scheduling.sim.compare``) can search their cheapest SLO-meeting configuration like any other.
   They are reachable by dotted path (``scheduling.reproduce.policies:NoHeadroom``).
 """
 

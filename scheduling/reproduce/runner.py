@@ -36,13 +36,13 @@ def _paper_figures() -> dict[str, Any]:
 
 
 def _core_commit() -> str | None:
-    """The last git commit that touched scheduling/core (None outside a git checkout)."""
+    """The last git commit that touched the scheduling core or the simulators (None outside a git checkout)."""
     import subprocess
 
     root = Path(__file__).resolve().parents[2]
     try:
         out = subprocess.run(
-            ["git", "log", "-1", "--format=%h", "--", "scheduling/core", "scheduling/data"],
+            ["git", "log", "-1", "--format=%h", "--", "scheduling/core", "scheduling/sim", "scheduling/data"],
             cwd=root,
             capture_output=True,
             text=True,

@@ -10,6 +10,7 @@ import ast
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,20 @@ def test_every_contract_holds():
         ("sessions/services.py", "import scheduling.live.run", "events flow one way"),
         ("contracts/wire/frames.py", "import workers.daemon", "the shared contracts know no app"),
         ("contracts/catalog/presets.py", "import torch", "the wire and the catalogue are pure Python"),
+        # Service and lab apart (issue 24): the live loop, the top modules and the pure core of the
+        # service never import the simulators, the reproductions or the benchmarks.
+        ("scheduling/live/run.py", "import scheduling.sim.jobs.cosim", "no service module imports the lab"),
+        ("scheduling/tasks.py", "import scheduling.reproduce.runner", "no service module imports the lab"),
+        ("scheduling/api.py", "import scheduling.benchmarks.scheduler", "no service module imports the lab"),
+        ("scheduling/core/jobs/policy.py", "import contracts.bench", "no service module imports the lab"),
+        ("scheduling/core/turboserve.py", "import scheduling.sim.traces", "scheduling.core is pure Python"),
+        ("scheduling/sim/simulator.py", "import django.db", "scheduling.sim is pure Python"),
+        ("scheduling/sim/traces.py", "import scheduling.reproduce.torta", "scheduling.sim is pure Python"),
+        (
+            "scheduling/reproduce/genserve.py",
+            "import scheduling.models",
+            "scheduling.reproduce is pure Python",
+        ),
     ],
 )
 def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, contract):
@@ -71,6 +86,58 @@ def test_an_import_circle_in_workers_breaks_its_contract(tmp_path):
     assert result.returncode != 0
     broken = result.stdout.split("Broken contracts", 1)[1]
     assert "no import circle in workers" in broken and ".jobs -> .worker" in broken
+
+
+# The lab of the scheduling app (issue 24): where simulators, reproductions and benchmarks live. The
+# research commands in scheduling/management/commands are the lab's too and say so in their help.
+SCHEDULING_LAB = ("scheduling.sim", "scheduling.reproduce", "scheduling.benchmarks")
+LAB_HELP = ("Research tool (lab): ", "Benchmark (lab): ")
+
+
+def _contract(contract_id: str) -> dict:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return next(c for c in config["tool"]["importlinter"]["contracts"] if c["id"] == contract_id)
+
+
+def _command_help(path: Path) -> str:
+    """The ``help`` of a management command's ``Command`` class, read without importing it."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["help"]:
+            return ast.literal_eval(node.value)
+    return ""
+
+
+def test_every_scheduling_module_is_service_or_lab():
+    # A module the service contract does not cover would be free to import the lab: every top-level
+    # module and package of scheduling is either one of the contract's sources or in the lab, and
+    # every management command either runs the platform (a source) or says it is a research tool.
+    service = set(_contract("service-not-lab")["source_modules"])
+    top = {
+        f"scheduling.{path.stem if path.suffix else path.name}"
+        for path in (ROOT / "scheduling").iterdir()
+        if (path.suffix == ".py" and path.stem != "__init__") or (path / "__init__.py").exists()
+    }
+    unclassified = top - service - set(SCHEDULING_LAB) - {"scheduling.management"}
+    assert unclassified == set(), (
+        f"neither service (pyproject service-not-lab) nor lab: {sorted(unclassified)}"
+    )
+    commands = sorted((ROOT / "scheduling/management/commands").glob("[!_]*.py"))
+    unmarked = [
+        path.stem
+        for path in commands
+        if f"scheduling.management.commands.{path.stem}" not in service
+        and not _command_help(path).startswith(LAB_HELP)
+    ]
+    assert unmarked == [], (
+        f"commands neither in the service contract nor marked as lab in their help: {unmarked}"
+    )
+    mislabelled = [
+        path.stem
+        for path in commands
+        if f"scheduling.management.commands.{path.stem}" in service
+        and _command_help(path).startswith(LAB_HELP)
+    ]
+    assert mislabelled == [], f"service commands whose help calls them lab: {mislabelled}"
 
 
 def _function_level_imports(path: Path):

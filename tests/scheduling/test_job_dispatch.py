@@ -14,10 +14,10 @@ from django.utils import timezone
 
 from controlplane.celery import app
 from gpu.models import GpuWorker
+from scheduling.core.jobs.policy import EdfJobPolicy, JobRound, JobView, WorkerView, load_job_policy
 from scheduling.live.answers import command_answered
 from scheduling.live.enqueue import JOBS_DISPATCH
 from scheduling.live.jobs import jobs_dispatch, jobs_recover
-from scheduling.live.jobs_policy import EdfJobPolicy, JobRound, JobView, WorkerView, load_job_policy
 from scheduling.models import WorkerCommand
 from scheduling.tasks import jobs_dispatch as jobs_dispatch_task
 from sessions import jobs
@@ -223,11 +223,11 @@ def test_the_edf_policy_never_plans_more_running_jobs_than_a_worker_has_room():
     assert plan.assign == [("j0", "a"), ("j1", "a"), ("j2", "b")]
     assert isinstance(load_job_policy("edf"), EdfJobPolicy)
     assert (
-        load_job_policy("scheduling.live.jobs_policy:EdfJobPolicy").plan(JobRound(0.0, [], [])).assign == []
+        load_job_policy("scheduling.core.jobs.policy:EdfJobPolicy").plan(JobRound(0.0, [], [])).assign == []
     )
     for bad, reason in [
         ("fifo", "use one of edf"),
-        ("scheduling.live.jobs_policy:JobView", "not a JobPolicy"),
+        ("scheduling.core.jobs.policy:JobView", "not a JobPolicy"),
     ]:
         with pytest.raises(ValueError, match=f"JOB_POLICY='{bad}'.*{reason}"):
             load_job_policy(bad)

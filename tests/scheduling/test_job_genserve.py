@@ -11,9 +11,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from scheduling.core.jobs.genserve import GenServeJobPolicy
+from scheduling.core.jobs.policy import JobView, load_job_policy
 from scheduling.live.jobs import jobs_dispatch
-from scheduling.live.jobs_genserve import GenServeJobPolicy
-from scheduling.live.jobs_policy import JobView, load_job_policy
 from sessions.models import Job
 from tests.factories import GpuWorkerFactory, JobFactory, SessionFactory
 

@@ -12,8 +12,8 @@ import pytest
 from django.utils import timezone
 
 from gpu.models import GpuWorker
-from scheduling.live.profiles import default_gpu_type, gpu_profiles
 from scheduling.live.run import scheduler_run
+from scheduling.live.worker_profiles import default_gpu_type, gpu_profiles
 from scheduling.models import ScalingAction, SchedulerConfig
 from tests.factories import GpuWorkerFactory, JobFactory
 

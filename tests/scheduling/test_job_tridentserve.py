@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from scheduling.core.jobs.policy import JobRound, JobView, WorkerView, load_job_policy
+from scheduling.core.jobs.tridentserve import TridentServeJobPolicy, handoff_bytes
 from scheduling.live.jobs import jobs_dispatch
-from scheduling.live.jobs_policy import JobRound, JobView, WorkerView, load_job_policy
-from scheduling.live.jobs_tridentserve import TridentServeJobPolicy, handoff_bytes
 from scheduling.models import WorkerCommand
 from tests.scheduling.test_job_genserve import policy, video_due_in  # noqa: F401 (the fixture)
 from tests.scheduling.test_stages_live import worker

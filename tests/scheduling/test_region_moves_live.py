@@ -16,7 +16,6 @@ from scheduling.core.regions.moves import switch_cost_ms
 from scheduling.live.answers import migration_completed, migration_failed
 from scheduling.live.liveness import commands_expire, sessions_recover
 from scheduling.live.outbox import redis_client
-from scheduling.live.profiles import default_gpu_type, profile_for
 from scheduling.live.region_moves import running_sessions_move, slot_moves
 from scheduling.live.regions import (
     FORECAST_KEY,
@@ -30,6 +29,7 @@ from scheduling.live.regions import (
 )
 from scheduling.live.run import scheduler_run
 from scheduling.live.scaling import release
+from scheduling.live.worker_profiles import default_gpu_type, profile_for
 from scheduling.models import Migration, ScalingAction, SchedulerConfig, SchedulerDecision, WorkerCommand
 from sessions.models import GenerationSession
 from tests.factories import GpuWorkerFactory, SessionFactory

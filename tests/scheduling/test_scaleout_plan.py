@@ -169,7 +169,7 @@ def test_a_profile_with_a_scale_out_model_gives_the_topology_and_the_boot(settin
 
     from scheduling.core.provisioning import ScaleOutModel
     from scheduling.core.scaleplan import Topology
-    from scheduling.live.profiles import gpu_profiles
+    from scheduling.live.worker_profiles import gpu_profiles
 
     # given a profile whose scale-out model says 2.5 s of boot and 0.25 GB/s within a host
     profile = json.loads((settings.BASE_DIR / "scheduling/data/profiles/cpu-tiny.json").read_text())

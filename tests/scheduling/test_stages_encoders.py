@@ -19,7 +19,7 @@ from scheduling.live.jobs import jobs_dispatch
 from scheduling.live.outbox import Outbox
 from scheduling.live.reactions import prompt_forward
 from scheduling.live.run import scheduler_run
-from scheduling.live.stages import new_worker_role
+from scheduling.live.stages.auxiliary import new_worker_role
 from scheduling.models import SchedulerDecision, SchedulerState, StagePlacement, WorkerCommand
 from sessions.models import Job, Prompt
 from tests.factories import JobFactory

@@ -8,12 +8,12 @@ import json
 import pytest
 from django.core.management import CommandError, call_command
 
-from scheduling.core.cli import CliError, forecast_options, run_compare, run_simulate
 from scheduling.core.forecast_floor import ForecastTurboServe
 from scheduling.core.policy import make_policy
-from scheduling.core.simulator import SimConfig, simulate
-from scheduling.core.traces import TraceEvent, write_trace
 from scheduling.core.types import GB, GpuTypeSpec
+from scheduling.sim.cli import CliError, forecast_options, run_compare, run_simulate
+from scheduling.sim.simulator import SimConfig, simulate
+from scheduling.sim.traces import TraceEvent, write_trace
 
 PERIOD = 300.0
 BURST = 20

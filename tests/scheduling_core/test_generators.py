@@ -7,7 +7,7 @@ import io
 import numpy as np
 import pytest
 
-from scheduling.core.generators import (
+from scheduling.sim.generators import (
     TABLE5,
     TABLE7,
     TABLE11,
@@ -19,7 +19,7 @@ from scheduling.core.generators import (
     segment_stats,
     table7_windows,
 )
-from scheduling.core.traces import parse_trace, span_stats, trace_stats, write_trace
+from scheduling.sim.traces import parse_trace, span_stats, trace_stats, write_trace
 
 
 def _reparse(meta, events):

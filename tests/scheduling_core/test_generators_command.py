@@ -8,8 +8,8 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from scheduling.core.generators import paper_trace, segment_family
-from scheduling.core.traces import read_trace
+from scheduling.sim.generators import paper_trace, segment_family
+from scheduling.sim.traces import read_trace
 
 
 def test_gen_trace_writes_the_generator_output(tmp_path):

@@ -9,13 +9,14 @@ from dataclasses import replace
 import pytest
 from django.core.management import call_command
 
-from scheduling.core.jobs.cosim import job_config
-from scheduling.core.jobs.profiles import BUILTIN_JOB_PROFILES
-from scheduling.core.jobs.workload import genserve_jobs
+from scheduling.core.gpu_profiles import BUILTIN_PROFILES, load_profiles
+from scheduling.core.jobs.job_profiles import BUILTIN_JOB_PROFILES
 from scheduling.core.policy import make_policy
-from scheduling.core.profiles import BUILTIN_PROFILES, load_profiles
-from scheduling.core.simulator import SimConfig, simulate
-from scheduling.core.traces import (
+from scheduling.core.types import GB, Event, GpuView, SessionView, Snapshot
+from scheduling.sim.jobs.cosim import job_config
+from scheduling.sim.jobs.workload import genserve_jobs
+from scheduling.sim.simulator import SimConfig, simulate
+from scheduling.sim.traces import (
     JobEvent,
     TraceError,
     TraceEvent,
@@ -23,7 +24,6 @@ from scheduling.core.traces import (
     read_trace,
     write_mixed_trace,
 )
-from scheduling.core.types import GB, Event, GpuView, SessionView, Snapshot
 
 JOB_KEYS = {
     "submitted",

@@ -8,14 +8,14 @@ import random
 import pytest
 
 from scheduling.core.jobs.solver import (
-    JOB_POLICIES,
+    ROUND_SOLVERS,
     ImageRequest,
     RoundInput,
     VideoRequest,
     _add,
     _image_scores,
     edf_batches,
-    job_policy,
+    round_solver,
 )
 
 SPEEDUP = {1: 1.0, 2: 1.9, 4: 3.6, 8: 6.5}
@@ -50,7 +50,7 @@ def _random_input(rng: random.Random) -> RoundInput:
 @pytest.mark.parametrize("seed", range(40))
 def test_dp_matches_brute_force_on_small_instances(seed):
     inp = _random_input(random.Random(seed))
-    policy = job_policy("genserve")
+    policy = round_solver("genserve")
     plan = policy.plan(inp)
     batches = edf_batches(inp.images, inp.now, policy.max_batch)
     images = _image_scores(batches, inp.gpus)
@@ -82,7 +82,7 @@ def test_preemption_pauses_the_video_with_the_most_slack(name):
     inp = RoundInput(
         now=0.0, gpus=2, round_s=2.0, images=(_image("img", deadline=2.0),), videos=(tight, loose)
     )
-    plan = job_policy(name).plan(inp)
+    plan = round_solver(name).plan(inp)
     assert plan.degrees == {"tight": 1, "loose": 0}
     assert [b.ids for b in plan.batches] == [("img",)]
 
@@ -92,9 +92,9 @@ def test_a_paused_video_resumes_when_its_slack_tightens():
     # pause the image is served; once a round of pause would cost the deadline, the video resumes.
     image = _image("img", deadline=0.5)
     relaxed = RoundInput(0.0, 1, 2.0, (image,), (_video("v", deadline=40.0, work_s=30.0),))
-    assert job_policy("genserve").plan(relaxed).degrees == {"v": 0}
+    assert round_solver("genserve").plan(relaxed).degrees == {"v": 0}
     tight = RoundInput(0.0, 1, 2.0, (image,), (_video("v", deadline=31.0, work_s=30.0),))
-    plan = job_policy("genserve").plan(tight)
+    plan = round_solver("genserve").plan(tight)
     assert plan.degrees == {"v": 1} and plan.batches == ()
 
 
@@ -117,7 +117,7 @@ def test_policies_make_different_decisions():
     inp = RoundInput(
         0.0, 1, 2.0, (_image("img", deadline=2.0),), (_video("v", deadline=90.0, work_s=30.0, degree=1),)
     )
-    served = {name: bool(p.plan(inp).batches) for name, p in JOB_POLICIES.items()}
+    served = {name: bool(p.plan(inp).batches) for name, p in ROUND_SOLVERS.items()}
     assert served == {
         "genserve": True,
         "genserve-no-preempt": False,
@@ -129,7 +129,7 @@ def test_policies_make_different_decisions():
     }
     # Four idle GPUs and one waiting video: SP policies use them all, the others one.
     idle = RoundInput(0.0, 4, 2.0, (), (_video("v", deadline=90.0, work_s=30.0),))
-    assert {n: p.plan(idle).degrees["v"] for n, p in JOB_POLICIES.items()} == {
+    assert {n: p.plan(idle).degrees["v"] for n, p in ROUND_SOLVERS.items()} == {
         "genserve": 4,
         "genserve-no-preempt": 4,
         "genserve-no-dp": 4,
@@ -142,4 +142,4 @@ def test_policies_make_different_decisions():
 
 def test_unknown_policy_names_the_known_ones():
     with pytest.raises(ValueError, match="genserve-no-sp"):
-        job_policy("sjf")
+        round_solver("sjf")

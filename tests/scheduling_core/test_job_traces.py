@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from scheduling.core.jobs.profiles import (
+from scheduling.core.jobs.job_profiles import (
     BUILTIN_JOB_PROFILES,
     JobProfileError,
     job_profile_from_json,
     load_job_catalog,
 )
-from scheduling.core.traces import (
+from scheduling.sim.traces import (
     JobEvent,
     TraceError,
     TraceEvent,

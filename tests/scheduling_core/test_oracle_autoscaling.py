@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from scheduling.core.oracles.autoscaling import (
+from scheduling.sim.oracles.autoscaling import (
     RHO_GRID,
     autoscaling_oracle,
     gpus_needed,
@@ -16,7 +16,7 @@ from scheduling.core.oracles.autoscaling import (
     slot_demand,
     trace_autoscaling_oracle,
 )
-from scheduling.core.traces import parse_trace
+from scheduling.sim.traces import parse_trace
 
 # 3600 $/h = 1 $/s keeps the hand arithmetic readable.
 PRICE = 3600.0

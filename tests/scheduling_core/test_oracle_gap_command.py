@@ -69,7 +69,7 @@ def test_oracle_gap_table_output():
         ({"eta": -1.0}, "--eta"),
         ({"time_limit": 0.0}, "--time-limit"),
         ({"heuristic": "nope"}, "--heuristic"),
-        ({"heuristic": "scheduling.core.oracles.gap:missing"}, "--heuristic"),
+        ({"heuristic": "scheduling.sim.oracles.gap:missing"}, "--heuristic"),
         ({"heuristic": "no_such_module_xyz:f"}, "--heuristic"),
     ],
 )

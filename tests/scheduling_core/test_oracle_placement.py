@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from scheduling.core.oracles.gap import placement_gap, random_instance, turboserve_heuristic
-from scheduling.core.oracles.placement import (
+from scheduling.sim.oracles.gap import placement_gap, random_instance, turboserve_heuristic
+from scheduling.sim.oracles.placement import (
     InfeasibleInstance,
     OracleGpu,
     OracleSession,

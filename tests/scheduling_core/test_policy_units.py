@@ -8,9 +8,9 @@ import math
 import pytest
 
 from scheduling.core.detector import VolatilityLevel, VolatilityTable, WorkloadDetector, load_volatility_table
+from scheduling.core.gpu_profiles import BUILTIN_PROFILES, ProfileError, load_profile, profile_from_json
 from scheduling.core.placement import PlacementWork, migration_gain
 from scheduling.core.policy import Policy, PolicyError, make_policy, resolve_policy_class
-from scheduling.core.profiles import BUILTIN_PROFILES, ProfileError, load_profile, profile_from_json
 from scheduling.core.turboserve import TurboServePolicy, cheapest_type, hysteresis, target_budget
 from scheduling.core.types import GB, Decision, Event, GpuTypeSpec, GpuView, SessionView, Snapshot
 

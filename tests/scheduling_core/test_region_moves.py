@@ -17,8 +17,8 @@ from scheduling.core.regions.moves import (
     switch_cost_ms,
 )
 from scheduling.core.regions.partition import regions_to_zero
-from scheduling.core.regions.simulator import RegionSimConfig
 from scheduling.core.types import Decision, GpuTypeSpec, GpuView, SessionView, Snapshot
+from scheduling.sim.regions.simulator import RegionSimConfig
 
 MB = 1e6
 

@@ -10,20 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduling.core.regions.demand import DemandShape, generate_demand, parse_region_trace
 from scheduling.core.regions.forecast import (
     EtsForecaster,
     SeasonalNaiveForecaster,
     prediction_accuracy,
     predictive_floor,
-)
-from scheduling.core.regions.policies import POLICIES, make_region_policy
-from scheduling.core.regions.simulator import RegionSimConfig, RegionSimulator
-from scheduling.core.regions.topology import (
-    BUILTIN_SHAPES,
-    TopologyError,
-    builtin_topology,
-    parse_topology,
 )
 from scheduling.core.regions.transport import (
     TransportPlan,
@@ -31,7 +22,16 @@ from scheduling.core.regions.transport import (
     smooth_plan,
     solve_plan,
 )
-from scheduling.core.traces import TraceError
+from scheduling.sim.regions.demand import DemandShape, generate_demand, parse_region_trace
+from scheduling.sim.regions.policies import POLICIES, make_region_policy
+from scheduling.sim.regions.simulator import RegionSimConfig, RegionSimulator
+from scheduling.sim.regions.topology import (
+    BUILTIN_SHAPES,
+    TopologyError,
+    builtin_topology,
+    parse_topology,
+)
+from scheduling.sim.traces import TraceError
 
 SMALL = {
     "name": "three",
@@ -137,7 +137,7 @@ def test_generated_demand_is_seeded_diurnal_and_carries_origins():
 
 
 def test_region_trace_round_trips_and_rejects_bad_origins(tmp_path):
-    from scheduling.core.regions.demand import read_region_trace, write_region_trace
+    from scheduling.sim.regions.demand import read_region_trace, write_region_trace
 
     topology = parse_topology(SMALL)
     trace = generate_demand(topology, DemandShape(duration_s=600, day_s=600, bursts=0), seed=0)
@@ -416,8 +416,8 @@ def test_policy_options_are_checked():
 
 
 def test_the_oracle_forecaster_knows_what_the_simulator_will_observe():
-    from scheduling.core.regions.demand import origin_load_by_slot
     from scheduling.core.regions.forecast import OracleForecaster
+    from scheduling.sim.regions.demand import origin_load_by_slot
 
     sim = _short_run(make_region_policy("torta", forecast="oracle"))
     result = sim.run()

@@ -9,7 +9,8 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from scheduling.core.regions.cli import RESULT_KEYS
+from scheduling.reproduce.torta import render_report, summarise
+from scheduling.sim.regions.cli import RESULT_KEYS
 
 SHORT = {"duration_s": 1800.0}
 
@@ -46,7 +47,7 @@ def test_simulate_regions_replays_a_written_trace_and_a_topology_file(tmp_path):
     assert replayed["mean_response_ms"] == pytest.approx(generated["mean_response_ms"])
     assert '"origin": "abilene-' in trace.read_text().splitlines()[1]
 
-    from scheduling.core.regions.topology import builtin_topology
+    from scheduling.sim.regions.topology import builtin_topology
 
     topology = tmp_path / "abilene.json"
     topology.write_text(json.dumps(builtin_topology("abilene").to_json()))
@@ -93,8 +94,6 @@ def test_bench_regions_solve_prints_solve_times():
 
 
 def test_the_report_compares_torta_with_the_best_baseline_and_never_with_its_variants():
-    from scheduling.core.regions.cli import render_report, summarise
-
     def run(policy, response, cost, slo, moves, variant=False):
         return {
             "topology": "t",

@@ -13,12 +13,12 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from scheduling.core.generators import table7_windows
-from scheduling.core.profiles import BUILTIN_PROFILES
-from scheduling.core.simulator import SimConfig, simulate
+from scheduling.core.gpu_profiles import BUILTIN_PROFILES
 from scheduling.reproduce.experiments import EXPERIMENTS, demand_shape, plan, truncate
 from scheduling.reproduce.policies import WindowRhoPolicy
 from scheduling.reproduce.report import _fig7_summary, write_report
+from scheduling.sim.generators import table7_windows
+from scheduling.sim.simulator import SimConfig, simulate
 
 PNGS = (
     "fig4_motivation.png",

@@ -7,15 +7,15 @@ from dataclasses import replace
 
 import pytest
 
-from scheduling.core.cli import CliError, run_simulate
-from scheduling.core.compare import compare_policies
+from scheduling.core.gpu_profiles import BUILTIN_PROFILES, ProfileError, profile_from_json
 from scheduling.core.policy import Policy, make_policy
-from scheduling.core.profiles import BUILTIN_PROFILES, ProfileError, profile_from_json
 from scheduling.core.provisioning import ScaleOutModel
 from scheduling.core.scaleplan import ScalePlanError, Topology
-from scheduling.core.simulator import SimConfig, SimulationError, simulate
-from scheduling.core.traces import write_trace
 from scheduling.core.types import GB, Decision
+from scheduling.sim.cli import CliError, run_simulate
+from scheduling.sim.compare import compare_policies
+from scheduling.sim.simulator import SimConfig, SimulationError, simulate
+from scheduling.sim.traces import write_trace
 
 from .test_simulator import burst_trace, flat_spec, trace
 

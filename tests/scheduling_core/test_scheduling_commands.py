@@ -9,8 +9,8 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from scheduling.core.cli import REQUIRED_RESULT_KEYS
-from scheduling.core.traces import TraceEvent, write_trace
+from scheduling.sim.cli import REQUIRED_RESULT_KEYS
+from scheduling.sim.traces import TraceEvent, write_trace
 
 
 @pytest.fixture
@@ -118,7 +118,7 @@ def test_simulate_compare_json_shape(tiny_trace):
 
 
 def test_simulate_compare_derives_k_from_the_slo_unless_told_otherwise(tiny_trace):
-    from scheduling.core.profiles import load_profile
+    from scheduling.core.gpu_profiles import load_profile
 
     spec = load_profile("h100-1.3b")
 

@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from scheduling.core.cli import REQUIRED_RESULT_KEYS, CliError, run_simulate
 from scheduling.core.policy import BUILTIN_POLICIES, Policy, make_policy
-from scheduling.core.simulator import SimConfig, SimulationError, simulate
-from scheduling.core.traces import TraceEvent, write_trace
 from scheduling.core.types import GB, Decision, GpuTypeSpec, Migration
+from scheduling.sim.cli import REQUIRED_RESULT_KEYS, CliError, run_simulate
+from scheduling.sim.simulator import SimConfig, SimulationError, simulate
+from scheduling.sim.traces import TraceEvent, write_trace
 
 
 def flat_spec(k=4, mem=8, ms=500.0, slope=100.0, delay=10.0, price=3.6, link_gbps=100.0, **kw) -> GpuTypeSpec:
@@ -277,7 +277,7 @@ def test_heterogeneous_pool_scales_out_with_the_cheapest_type_per_capacity_withi
         memory_limit_sessions=8,
     )
     sim_events = burst_trace(12, end=60.0)
-    from scheduling.core.simulator import Simulator
+    from scheduling.sim.simulator import Simulator
 
     sim = Simulator(
         make_policy("turboserve", rho_hat=0.8),
@@ -339,10 +339,10 @@ def test_capacity_for_slo_inverts_the_curve_with_one_stall_included():
 
 
 def test_autoscaler_search_refines_the_warm_pool_between_the_coarse_ones():
-    from scheduling.core.compare import autoscaler_for_slo, config_for_slo
-    from scheduling.core.profiles import BUILTIN_PROFILES
-    from scheduling.core.simulator import SimConfig
-    from scheduling.core.traces import TraceEvent
+    from scheduling.core.gpu_profiles import BUILTIN_PROFILES
+    from scheduling.sim.compare import autoscaler_for_slo, config_for_slo
+    from scheduling.sim.simulator import SimConfig
+    from scheduling.sim.traces import TraceEvent
 
     # Twenty sessions active one second in, for a minute: the ramp beats any 30 s boot, so the
     # warm pool at t = 0 decides the worst chunk. Coarse pools are 1, 4 (max/4) and 8 (max/2).

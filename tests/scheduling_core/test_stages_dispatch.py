@@ -15,7 +15,7 @@ from scheduling.core.stages.dispatch import (
     completion_reward,
     solve_dispatch,
 )
-from scheduling.core.stages.profiles import DEGREES
+from scheduling.core.stages.stage_profiles import DEGREES
 
 
 def _random_instance(rng: np.random.Generator):

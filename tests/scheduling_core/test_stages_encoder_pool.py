@@ -8,8 +8,8 @@ from io import StringIO
 
 from django.core.management import call_command
 
-from scheduling.core.stages.encoder_pool import encoder_pool_gain, sessions_per_gpu, stream_model
-from scheduling.core.stages.profiles import GB, H100, L20, WAN_13B_STREAM, Shape
+from scheduling.core.stages.stage_profiles import GB, H100, L20, WAN_13B_STREAM, Shape
+from scheduling.sim.stages.encoder_pool import encoder_pool_gain, sessions_per_gpu, stream_model
 from workers.runtime.stages.memory import ENCODERS, stream_figures
 
 MODEL = stream_model(**stream_figures("wan-1.3b", encoder="umt5-xxl"))

@@ -7,9 +7,10 @@ from collections import Counter
 
 import pytest
 
-from scheduling.core.stages.cli import StagesCliError, run_bench_replan
+from scheduling.benchmarks.stages import run_bench_replan
 from scheduling.core.stages.placement import PlacementError, ReplacementTrigger, plan_placement, role_changes
-from scheduling.core.stages.profiles import H100, WAN_13B_STREAM, Shape
+from scheduling.core.stages.stage_profiles import H100, WAN_13B_STREAM, Shape
+from scheduling.sim.stages.cli import StagesCliError
 
 
 def test_role_changes_keep_what_fits_and_give_the_encoder_to_an_idle_worker():

@@ -19,8 +19,8 @@ from scheduling.core.stages.placement import (
     role_weight_bytes,
     split_type,
 )
-from scheduling.core.stages.profiles import EFFICIENCY_THRESHOLD, GB, L20, SD3_IMAGE, WAN_T2V, Shape
-from scheduling.core.stages.workloads import MIXES
+from scheduling.core.stages.stage_profiles import EFFICIENCY_THRESHOLD, GB, L20, SD3_IMAGE, WAN_T2V, Shape
+from scheduling.sim.stages.workloads import MIXES
 
 # A 40 GB card: the Wan-like pipeline no longer fits whole on one GPU, so placements must split stages.
 TIGHT = replace(L20, name="tight", memory_bytes=40 * GB)

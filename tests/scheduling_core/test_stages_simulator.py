@@ -1,4 +1,4 @@
-"""The stage-level simulator over mixed traces (scheduling.core.traces): policies' invariants (no OOM by construction, lazy stage
+"""The stage-level simulator over mixed traces (scheduling.sim.traces): policies' invariants (no OOM by construction, lazy stage
 loads on re-placement), the baselines' documented behaviour, and the commands' flags."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from scheduling.core.stages.cli import RESULT_KEYS
-from scheduling.core.stages.profiles import GB, L20, WAN_T2V, Shape
-from scheduling.core.stages.simulator import Cluster, StageSimConfig, simulate_stages, static_degree
-from scheduling.core.traces import JobEvent, TraceEvent, read_mixed_trace, write_mixed_trace
+from scheduling.core.stages.stage_profiles import GB, L20, WAN_T2V, Shape
+from scheduling.sim.stages.cli import RESULT_KEYS
+from scheduling.sim.stages.simulator import Cluster, StageSimConfig, simulate_stages, static_degree
+from scheduling.sim.traces import JobEvent, TraceEvent, read_mixed_trace, write_mixed_trace
 
 CONFIG = StageSimConfig(gpus=16, gpu=L20, window_s=30.0)
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from scheduling.core.traces import (
+from scheduling.sim.traces import (
     TraceError,
     TraceEvent,
     activation_volatility,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduling.core.profiles import profile_from_json
+from scheduling.core.gpu_profiles import profile_from_json
 from workers.benchmarks import runtime
 from workers.runtime.models.causal_dit import PRESETS
 

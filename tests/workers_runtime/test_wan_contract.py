@@ -134,7 +134,7 @@ def test_migrated_wan_session_continues_bit_identically_on_the_target(wan_dir, w
 
 
 def test_profile_and_bench_run_on_the_registered_preset(wan_preset, tiny_model):
-    from scheduling.core.profiles import profile_from_json
+    from scheduling.core.gpu_profiles import profile_from_json
     from workers.benchmarks import runtime
 
     profile, _ = runtime.profile_model(wan_preset, max_batch=2, steps=1)

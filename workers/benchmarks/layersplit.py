@@ -29,7 +29,7 @@ Then the load timeline: the weights arrive at the paced link rate (``LinkPacer``
 usable once everything up to it has arrived. Stepping through the load window chunk by chunk gives
 the chunk steps that fall inside it and the latency saved by splitting versus waiting. The same
 quantities are projected for ``wan-1.3b`` shapes from tensor sizes and the GPU profiles' links
-(``scheduling.core.profiles``), with the chunk step time taken from the profile's latency curve;
+(``scheduling.core.gpu_profiles``), with the chunk step time taken from the profile's latency curve;
 those figures are labelled projections. See docs/scaleout.md.
 """
 
@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from contracts import bench
-from scheduling.core.profiles import BUILTIN_PROFILES
+from scheduling.core.gpu_profiles import BUILTIN_PROFILES
 from workers.runtime.models.causal_dit import (
     PRESETS,
     CausalDiTModel,

@@ -411,7 +411,7 @@ def profile_model(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Measure per-chunk latency at batch 1..K and the state size; return (profile, raw figures).
 
-    `profile` is the GPU profile the scheduler's simulator loads (scheduling/core/profiles.py):
+    `profile` is the GPU profile the scheduler's simulator loads (scheduling/core/gpu_profiles.py):
     latency points are made non-decreasing (a running maximum over batch sizes, since a noisy
     measurement must not claim that more load is faster); `raw` keeps the medians as measured.
     `provisioning_delay_s` is the measured model build/load time (boot time is not included).

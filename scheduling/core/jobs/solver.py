@@ -134,8 +134,10 @@ def _image_scores(batches: Sequence[ImageBatch], gpus: int) -> list[Score]:
 
 
 @dataclass(frozen=True)
-class JobPolicy:
-    """One job-scheduling policy: the GenServe solver or a baseline/ablation of it."""
+class RoundSolver:
+    """One round solver: GenServe's (Alg. 1) or a baseline/ablation of it, by name in ``ROUND_SOLVERS``
+    (the simulator's ``--job-policy``). Not the live dispatcher's ``JobPolicy``
+    (``scheduling.core.jobs.policy``): its ``genserve`` policy calls this solver every round."""
 
     name: str
     dp: bool = True
@@ -275,23 +277,23 @@ class JobPolicy:
         return RoundPlan(degrees, tuple(chosen), score)
 
 
-JOB_POLICIES: dict[str, JobPolicy] = {
+ROUND_SOLVERS: dict[str, RoundSolver] = {
     p.name: p
     for p in (
-        JobPolicy("genserve"),
-        JobPolicy("genserve-no-preempt", preempt=False),
-        JobPolicy("genserve-no-dp", dp=False),
-        JobPolicy("genserve-no-sp", sp=False),
+        RoundSolver("genserve"),
+        RoundSolver("genserve-no-preempt", preempt=False),
+        RoundSolver("genserve-no-dp", dp=False),
+        RoundSolver("genserve-no-sp", sp=False),
         # The second rung of the paper's ablation ladder (Fig. 14): FCFS plus preemption only.
-        JobPolicy("fcfs-preempt", dp=False, sp=False, batching=False, order="fcfs"),
-        JobPolicy("fcfs", dp=False, preempt=False, sp=False, batching=False, order="fcfs"),
-        JobPolicy("edf", dp=False, preempt=False, sp=False, batching=False, order="edf"),
+        RoundSolver("fcfs-preempt", dp=False, sp=False, batching=False, order="fcfs"),
+        RoundSolver("fcfs", dp=False, preempt=False, sp=False, batching=False, order="fcfs"),
+        RoundSolver("edf", dp=False, preempt=False, sp=False, batching=False, order="edf"),
     )
 }
 
 
-def job_policy(name: str) -> JobPolicy:
+def round_solver(name: str) -> RoundSolver:
     try:
-        return JOB_POLICIES[name]
+        return ROUND_SOLVERS[name]
     except KeyError:
-        raise ValueError(f"unknown job policy {name!r} (known: {', '.join(JOB_POLICIES)})") from None
+        raise ValueError(f"unknown job policy {name!r} (known: {', '.join(ROUND_SOLVERS)})") from None

@@ -1,5 +1,7 @@
-"""Multi-region serving (TORTA, ``docs/regions.md``): topologies, an optimal-transport router,
-per-region demand forecasts with a predictive autoscaling floor, and a multi-region simulator.
+"""Multi-region serving (TORTA, ``docs/regions.md``): the optimal-transport router (``transport``),
+per-region demand forecasts and the predictive autoscaling floor (``forecast``), when a session
+moves region (``moves``) and the split of one snapshot by region (``partition``).
 
-Pure Python (numpy, networkx, POT, statsmodels); no Django — the ``scheduling.core`` purity contract.
+Pure Python (numpy, POT, statsmodels); no Django — the ``scheduling.core`` purity contract. The
+topologies, generated demand and the multi-region simulator are the lab's (``scheduling.sim.regions``).
 """

@@ -1,7 +1,8 @@
-"""Stage-level serving (TridentServe, issue 15): profiles, placement, dispatch and the simulator.
+"""Stage-level serving (TridentServe, issue 15): stage profiles, placement and dispatch.
 
 Pure Python (numpy/scipy): no Django, no workers imports (import-linter contract ``core-pure``).
-``profiles`` gives time and memory per stage; ``placement`` chooses each GPU's role (Alg. 2) and
-when to re-place; ``dispatch`` solves the per-tick integer program; ``simulator`` runs TridentServe
-and the paper's baselines over a mixed trace; ``encoder_pool`` is the streams' memory model.
+``stage_profiles`` gives time and memory per stage; ``placement`` chooses each GPU's role (Alg. 2)
+and when to re-place; ``dispatch`` solves the per-tick integer program. The live loop runs them
+(``scheduling.live.stages``, ``scheduling.core.jobs.tridentserve``); the simulator, its workloads and
+the encoder pool's memory model are the lab's (``scheduling.sim.stages``).
 """

@@ -47,7 +47,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
-from .profiles import DEGREES
+from .stage_profiles import DEGREES
 
 ON_TIME_REWARD = 1000.0
 LATE_BASE = 100.0

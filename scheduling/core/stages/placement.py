@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .profiles import DEGREES, GpuSpec, PipelineProfile, Shape
+from .stage_profiles import DEGREES, GpuSpec, PipelineProfile, Shape
 
 VR_TYPES = ("V0", "V1", "V2", "V3")
 PRIMARY_ROLE = {"V0": "EDC", "V1": "ED", "V2": "DC", "V3": "D"}

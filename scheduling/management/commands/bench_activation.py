@@ -11,7 +11,9 @@ from workers.benchmarks.live import BenchmarkFailed, ServiceUnavailable
 
 
 class Command(BaseCommand):
-    help = "Benchmark activation → first chunk with the control plane's share (real platform processes)."
+    help = (
+        "Benchmark (lab): activation → first chunk with the control plane's share (real platform processes)."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--sessions", type=int, default=20, help="measured activations (default 20)")

@@ -6,18 +6,18 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.core.jobs.bench import bench_round
-from scheduling.core.jobs.solver import JOB_POLICIES
+from scheduling.benchmarks.jobs_round import bench_round
+from scheduling.core.jobs.solver import ROUND_SOLVERS
 
 
 class Command(BaseCommand):
-    help = "Time one job-scheduling round (GenServe Alg. 1) for up to 12 groups; target < 2 ms p99."
+    help = "Benchmark (lab): time one job-scheduling round (GenServe Alg. 1) for up to 12 groups; target < 2 ms p99."
 
     def add_arguments(self, parser):
         parser.add_argument("--max-groups", type=int, default=12, help="rounds with 1..N video groups")
         parser.add_argument("--gpus", type=int, default=8)
         parser.add_argument("--repeats", type=int, default=300, help="random rounds per group count")
-        parser.add_argument("--policy", default="genserve", help=f"one of {', '.join(JOB_POLICIES)}")
+        parser.add_argument("--policy", default="genserve", help=f"one of {', '.join(ROUND_SOLVERS)}")
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument("--json", action="store_true")
 
@@ -25,8 +25,8 @@ class Command(BaseCommand):
         for flag in ("max_groups", "gpus", "repeats"):
             if opts[flag] < 1:
                 raise CommandError(f"--{flag.replace('_', '-')} must be >= 1")
-        if opts["policy"] not in JOB_POLICIES:
-            raise CommandError(f"--policy must be one of {', '.join(JOB_POLICIES)}")
+        if opts["policy"] not in ROUND_SOLVERS:
+            raise CommandError(f"--policy must be one of {', '.join(ROUND_SOLVERS)}")
         result = bench_round(
             groups=tuple(range(1, opts["max_groups"] + 1)),
             gpus=opts["gpus"],

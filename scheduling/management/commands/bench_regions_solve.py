@@ -6,11 +6,12 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.core.regions.cli import RegionsCliError, run_bench_solve
+from scheduling.benchmarks.regions import run_bench_solve
+from scheduling.sim.regions.cli import RegionsCliError
 
 
 class Command(BaseCommand):
-    help = "Time one macro routing step (OT solve, row-normalise, smoothing); target < 20 ms at 32 regions."
+    help = "Benchmark (lab): time one macro routing step (OT solve, row-normalise, smoothing); target < 20 ms at 32 regions."
 
     def add_arguments(self, parser):
         parser.add_argument("--regions", type=int, default=32)

@@ -6,11 +6,11 @@ from django.core.management.base import BaseCommand, CommandError
 
 from contracts import bench
 from scheduling.benchmarks.scaleplan import format_bench, run_bench
-from scheduling.core.cli import CliError
+from scheduling.sim.cli import CliError
 
 
 class Command(BaseCommand):
-    help = "Scale-plan decision time (p50/p99/max) for the largest scale-out at several cluster sizes."
+    help = "Benchmark (lab): scale-plan decision time (p50/p99/max) for the largest scale-out at several cluster sizes."
 
     def add_arguments(self, parser):
         parser.add_argument("--gpus", default="8,64,256,1024", help="comma list of cluster sizes")

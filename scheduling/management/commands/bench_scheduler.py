@@ -6,11 +6,11 @@ from django.core.management.base import BaseCommand, CommandError
 
 from contracts import bench
 from scheduling.benchmarks.scheduler import format_bench, run_bench
-from scheduling.core.cli import CliError
+from scheduling.sim.cli import CliError
 
 
 class Command(BaseCommand):
-    help = "Decision time per event (mean/p99/max) with K sessions per GPU and a realistic event mix."
+    help = "Benchmark (lab): decision time per event (mean/p99/max) with K sessions per GPU and a realistic event mix."
 
     def add_arguments(self, parser):
         parser.add_argument("--gpus", default="4,16,64,256,1024", help="comma list of cluster sizes")

@@ -6,11 +6,14 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.core.stages.cli import StagesCliError, run_bench_dispatch
+from scheduling.benchmarks.stages import run_bench_dispatch
+from scheduling.sim.stages.cli import StagesCliError
 
 
 class Command(BaseCommand):
-    help = "Time the stage dispatcher's integer program per tick; target <= 50 ms at 128 GPUs."
+    help = (
+        "Benchmark (lab): time the stage dispatcher's integer program per tick; target <= 50 ms at 128 GPUs."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--gpus", type=int, default=128)

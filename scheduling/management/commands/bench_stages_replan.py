@@ -6,11 +6,12 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.core.stages.cli import StagesCliError, run_bench_replan
+from scheduling.benchmarks.stages import run_bench_replan
+from scheduling.sim.stages.cli import StagesCliError
 
 
 class Command(BaseCommand):
-    help = "Time one live stage re-placement plan (plan_placement + role_changes) per pool size."
+    help = "Benchmark (lab): time one live stage re-placement plan (plan_placement + role_changes) per pool size."
 
     def add_arguments(self, parser):
         parser.add_argument("--workers", type=int, nargs="+", default=[8, 64])

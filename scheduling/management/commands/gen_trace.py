@@ -10,9 +10,9 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.core import generators
-from scheduling.core.jobs.workload import RESOLUTION_WEIGHTS, genserve_jobs
-from scheduling.core.traces import trace_stats, write_mixed_trace, write_trace
+from scheduling.sim import generators
+from scheduling.sim.jobs.workload import RESOLUTION_WEIGHTS, genserve_jobs
+from scheduling.sim.traces import trace_stats, write_mixed_trace, write_trace
 
 SHAPES = (*generators.TABLE12, "table11", "table7", "poisson", "diurnal", "segment", "genserve")
 JOB_FLAGS = ("job_rate_per_min", "job_image_fraction", "job_sigma", "job_resolutions", "job_duration_s")
@@ -36,7 +36,7 @@ def parse_load_mix(text: str) -> list[tuple[float, float]]:
 
 class Command(BaseCommand):
     help = (
-        "Generate a seeded session trace: TurboServe-shaped (T1..T6 = Table 12, table11, table7, "
+        "Research tool (lab): generate a seeded session trace: TurboServe-shaped (T1..T6 = Table 12, table11, table7, "
         "segment = Table 5 volatility level) or open-ended (poisson, diurnal). Deterministic per seed."
     )
 
@@ -128,7 +128,7 @@ class Command(BaseCommand):
             stream.write(json.dumps(stats, indent=2))
 
     def _jobs(self, meta, opts):
-        """GenServe-shaped job submits (scheduling.core.jobs.workload); records them in ``meta``."""
+        """GenServe-shaped job submits (scheduling.sim.jobs.workload); records them in ``meta``."""
         duration = opts["job_duration_s"] or (meta.get("duration_s") if meta else None) or 600.0
         try:
             jobs_meta, jobs = genserve_jobs(

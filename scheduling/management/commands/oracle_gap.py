@@ -7,14 +7,14 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.core.oracles.gap import load_heuristic, placement_gap
+from scheduling.sim.oracles.gap import load_heuristic, placement_gap
 
-DEFAULT_HEURISTIC = "scheduling.core.oracles.gap:turboserve_heuristic"
+DEFAULT_HEURISTIC = "scheduling.sim.oracles.gap:turboserve_heuristic"
 
 
 class Command(BaseCommand):
     help = (
-        "Mean and max gap of a placement heuristic (default: the scheduling core's placement controller) "
+        "Research tool (lab): mean and max gap of a placement heuristic (default: the scheduling core's placement controller) "
         "to the exact min-max placement (MILP, HiGHS) on random heterogeneous instances."
     )
 

@@ -6,12 +6,12 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.core.cli import CliError, run_profile_volatility
 from scheduling.core.detector import DEFAULT_TABLE_PATH
+from scheduling.sim.cli import CliError, run_profile_volatility
 
 
 class Command(BaseCommand):
-    help = "Grid-search (λ, ρ̂) per volatility level by replaying trace segments; write the table JSON."
+    help = "Research tool (lab): grid-search (λ, ρ̂) per volatility level by replaying trace segments; write the table JSON."
 
     def add_arguments(self, parser):
         parser.add_argument("--out", default=str(DEFAULT_TABLE_PATH), help="where to write the table")

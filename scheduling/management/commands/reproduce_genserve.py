@@ -6,7 +6,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.core.jobs.reproduce import run_reproduction, write_outputs
+from scheduling.reproduce.genserve import run_reproduction, write_outputs
 
 
 def _floats(flag: str, text: str) -> tuple[float, ...]:
@@ -20,7 +20,7 @@ def _floats(flag: str, text: str) -> tuple[float, ...]:
 
 
 class Command(BaseCommand):
-    help = "Reproduce GenServe's ablation ladder and σ sweep, with and without streams (issue 14)."
+    help = "Research tool (lab): reproduce GenServe's ablation ladder and σ sweep, with and without streams (issue 14)."
 
     def add_arguments(self, parser):
         parser.add_argument("--rates", default="24,48,72", help="job arrivals per minute, comma-separated")

@@ -12,7 +12,7 @@ from scheduling.reproduce.runner import export_summary
 
 class Command(BaseCommand):
     help = (
-        "Run the TurboServe paper's experiments (Fig. 4, 7, 8, 9, Tables 2, 6, 8–10 and a dependency sweep) "
+        "Research tool (lab): run the TurboServe paper's experiments (Fig. 4, 7, 8, 9, Tables 2, 6, 8–10 and a dependency sweep) "
         "through the scheduling core and write Markdown, PNG charts and results.json with the paper's figures "
         "beside ours."
     )

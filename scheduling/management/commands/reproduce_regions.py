@@ -9,43 +9,14 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.core.regions.cli import (
-    REPORT_POLICIES,
-    RegionsCliError,
-    run_bench_solve,
-    run_regions_report,
-    write_report,
-)
-from scheduling.core.regions.topology import BUILTIN_SHAPES
-
-# (label, TORTA options) run on one topology next to the default.
-ABLATIONS = (
-    ("default", ()),
-    ("no forecast: OT routing, reactive scaling only", ("forecast=none",)),
-    ("last-value forecast", ("forecast=last-value",)),
-    ("seasonal-naive forecast", ("forecast=seasonal-naive",)),
-    ("σ = 0 (Eq. 6 without the √F buffer)", ("sigma=0",)),
-    ("σ = 1", ("sigma=1",)),
-    ("floor on top of the reactive 0.85 target", ("reactive_utilisation=0.85",)),
-    ("no smoothing (β = 1)", ("beta=1",)),
-    ("unbalanced Sinkhorn instead of emd", ("method=sinkhorn",)),
-    ("price-blind plan (w_price = 0)", ("w_price=0",)),
-    ("never move a live session", ("switch_penalty=1e12",)),
-    # TORTA Fig. 12: prediction accuracy against gain, with a forecast that knows the future and is
-    # blurred by multiplicative lognormal noise of the given σ.
-    *(
-        (f"oracle forecast, noise {noise}", ("forecast=oracle", f"oracle_noise={noise}"))
-        for noise in (0.0, 0.1, 0.25, 0.5, 1.0, 2.0)
-    ),
-)
-
-
-# TORTA variants shown on every topology (not baselines): the OT plan alone, without the floor.
-VARIANTS = (("torta, no forecast floor", ("forecast=none",)),)
+from scheduling.benchmarks.regions import run_bench_solve
+from scheduling.reproduce.torta import ABLATIONS, REPORT_POLICIES, VARIANTS, run_regions_report, write_report
+from scheduling.sim.regions.cli import RegionsCliError
+from scheduling.sim.regions.topology import BUILTIN_SHAPES
 
 
 class Command(BaseCommand):
-    help = "Run every built-in topology × region policy (+ TORTA ablations, + the macro-solve benchmark)."
+    help = "Research tool (lab): reproduce TORTA over every built-in topology × region policy (+ TORTA ablations, + the macro-solve benchmark)."
 
     def add_arguments(self, parser):
         parser.add_argument("--out", default="docs/results")

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.core.stages.cli import StagesCliError, run_reproduce
-from scheduling.core.stages.encoder_pool import stream_model
+from scheduling.reproduce.tridentserve import run_reproduce
+from scheduling.sim.stages.cli import StagesCliError
+from scheduling.sim.stages.encoder_pool import stream_model
 from workers.runtime.stages.memory import stream_figures
 
 
 class Command(BaseCommand):
-    help = "Reproduce TridentServe's comparisons in simulation; writes stages.md and stages.json."
+    help = "Research tool (lab): reproduce TridentServe's comparisons in simulation; writes stages.md and stages.json."
 
     def add_arguments(self, parser):
         parser.add_argument("--out", default="docs/results", help="output directory")

@@ -6,7 +6,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.core.cli import (
+from scheduling.sim.cli import (
     CliError,
     add_forecast_arguments,
     forecast_options,
@@ -16,7 +16,7 @@ from scheduling.core.cli import (
 
 
 class Command(BaseCommand):
-    help = "Simulate a scheduling policy on a session trace; --json prints exactly one JSON object."
+    help = "Research tool (lab): simulate a scheduling policy on a session trace; --json prints exactly one JSON object."
 
     def add_arguments(self, parser):
         parser.add_argument("--trace", required=True, help="JSON Lines trace (docs/traces.md)")

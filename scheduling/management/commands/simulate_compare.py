@@ -6,18 +6,18 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.core.cli import (
+from scheduling.sim.cli import (
     CliError,
     add_forecast_arguments,
     forecast_options,
     format_compare,
     run_compare,
 )
-from scheduling.core.compare import DEFAULT_POLICIES
+from scheduling.sim.compare import DEFAULT_POLICIES
 
 
 class Command(BaseCommand):
-    help = "Cost at matched latency and worst latency at matched cost for every policy on one trace."
+    help = "Research tool (lab): cost at matched latency and worst latency at matched cost for every policy on one trace."
 
     def add_arguments(self, parser):
         parser.add_argument("--trace", required=True)

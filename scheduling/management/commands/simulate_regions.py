@@ -6,12 +6,12 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.core.regions.cli import RegionsCliError, format_result, run_simulate_regions
-from scheduling.core.regions.policies import POLICIES
+from scheduling.sim.regions.cli import RegionsCliError, format_result, run_simulate_regions
+from scheduling.sim.regions.policies import POLICIES
 
 
 class Command(BaseCommand):
-    help = "Simulate routing across GPU regions (TORTA and baselines); --json prints exactly one JSON object."
+    help = "Research tool (lab): simulate routing across GPU regions (TORTA and baselines); --json prints exactly one JSON object."
 
     def add_arguments(self, parser):
         parser.add_argument(

@@ -6,12 +6,12 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.core.stages.cli import WORKLOADS, StagesCliError, format_result, run_simulate_stages
-from scheduling.core.stages.simulator import ABLATIONS, POLICIES
+from scheduling.sim.stages.cli import WORKLOADS, StagesCliError, format_result, run_simulate_stages
+from scheduling.sim.stages.simulator import ABLATIONS, POLICIES
 
 
 class Command(BaseCommand):
-    help = "Simulate TridentServe stage-level serving or a baseline; --json prints exactly one JSON object."
+    help = "Research tool (lab): simulate TridentServe stage-level serving or a baseline; --json prints exactly one JSON object."
 
     def add_arguments(self, parser):
         parser.add_argument(

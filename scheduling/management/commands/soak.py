@@ -12,7 +12,7 @@ from workers.benchmarks.live import BenchmarkFailed, ServiceUnavailable
 
 class Command(BaseCommand):
     help = (
-        "Soak the real platform: N sessions stream for M minutes with random idle periods; report process "
+        "Benchmark (lab): soak the real platform: N sessions stream for M minutes with random idle periods; report process "
         "memory over time, chunks delivered, duplicates, skips and lost chunk records."
     )
 

@@ -19,7 +19,7 @@ from gpu.models import GpuWorker
 from gpu.services import TransitionError, worker_fail, worker_register, worker_release
 from scheduling.live.enqueue import scheduler_trigger
 from scheduling.live.liveness import sessions_recover
-from scheduling.live.profiles import default_gpu_type, gpu_profiles
+from scheduling.live.worker_profiles import default_gpu_type, gpu_profiles
 from workers.adapters.pool import DjangoPoolLink
 from workers.adapters.reporting import DjangoReporter, phase_report
 from workers.daemon import WorkerDaemon

@@ -1,6 +1,6 @@
 """``manage.py stage_memory``: sessions per GPU, monolithic vs a shared text-encoder pool (memory model).
 
-The model is ``scheduling.core.stages.encoder_pool`` (the one ``reproduce_stages`` prints too); the
+The model is ``scheduling.sim.stages.encoder_pool`` (the one ``reproduce_stages`` prints too); the
 preset's figures come from the runtime (``workers.runtime.stages.memory.stream_figures``). This
 command joins them: neither pure layer may import the other.
 """
@@ -12,13 +12,13 @@ from dataclasses import replace
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.core.stages.encoder_pool import (
+from scheduling.core.stages.stage_profiles import GB, GPUS
+from scheduling.sim.stages.encoder_pool import (
     ACTIVE_SESSIONS,
     SWITCHES_PER_SESSION_S,
     encoder_pool_gain,
     stream_model,
 )
-from scheduling.core.stages.profiles import GB, GPUS
 from workers.runtime.models import UnknownPresetError
 from workers.runtime.stages.memory import ENCODERS, stream_figures
 

@@ -1,7 +1,7 @@
 """The streaming preset's figures for the shared text-encoder pool's memory model (issue 15).
 
 The model itself (sessions per GPU with and without the encoder on the diffusion workers, the pool's
-own GPUs) is ``scheduling.core.stages.encoder_pool``, the one copy both ``manage.py stage_memory``
+own GPUs) is ``scheduling.sim.stages.encoder_pool``, the one copy both ``manage.py stage_memory``
 and ``manage.py reproduce_stages`` print. This module supplies what only the runtime knows, exactly
 and without allocating anything: a session's state region (``CausalDiTConfig.state_bytes``, checked
 against real allocations in the model tests), the diffusion worker's weights (diffuse + decode,
