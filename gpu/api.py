@@ -8,15 +8,16 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import permissions, serializers, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from contracts.http.api import (
     AUDIT_PARAMETERS,
+    Conflict,
     StrictFloatField,
     audit_format,
     audit_responses,
+    conflict_response,
     csv_cell,
     csv_response,
 )
@@ -124,15 +125,22 @@ class GpuWorkerViewSet(viewsets.ReadOnlyModelViewSet):
             resident_sessions=Count("sessions", filter=Q(sessions__status__in=["executing", "migrating"]))
         )
 
-    @extend_schema(request=None, responses=GpuWorkerSerializer)
+    @extend_schema(
+        request=None,
+        responses={
+            200: GpuWorkerSerializer,
+            409: conflict_response("the worker is not ready (still provisioning, released or failed)"),
+        },
+    )
     @action(detail=True, methods=["post"])
     def drain(self, request, pk=None):
-        """Stop placing sessions on this worker; the scheduler moves its residents and releases it."""
+        """Stop placing sessions on this worker; the scheduler moves its residents and releases it.
+        Idempotent on a draining worker."""
         worker = self.get_object()
         try:
             services.worker_drain(worker=worker)
         except services.TransitionError as exc:
-            raise ValidationError({"status": str(exc)}) from exc
+            raise Conflict(str(exc)) from exc
         return Response(GpuWorkerSerializer(self.get_queryset().get(pk=worker.pk)).data)
 
 

@@ -17,14 +17,17 @@ from rest_framework.views import APIView
 from contracts.http.api import (
     AUDIT_PARAMETERS,
     NO_NUL,
+    Conflict,
     StrictCharField,
     StrictFloatField,
     audit_format,
     audit_responses,
+    conflict_response,
     csv_cell,
     csv_response,
 )
 from contracts.http.timerange import UtcIsoDateTimeFilter, parse_time_range
+from gpu.models import GpuWorker
 from scheduling import selectors
 from scheduling.core.policy import PolicyError, resolve_policy_class
 from scheduling.live.operator import MigrationRefused, migration_request
@@ -227,6 +230,13 @@ class SchedulerConfigView(generics.RetrieveUpdateAPIView):
 class MigrateSerializer(serializers.Serializer):
     target = StrictCharField(help_text="name of a ready worker", max_length=100)
 
+    def validate_target(self, value):
+        # A name no worker has is bad input (400 on the field); an existing worker that cannot take
+        # the session now is a state conflict (409, from ``migration_request``).
+        if not GpuWorker.objects.filter(name=value).exists():
+            raise serializers.ValidationError(f"no worker is named {value!r}")
+        return value
+
 
 class SessionMigrateView(generics.GenericAPIView):
     """Staff: move an executing session to another worker now (at its next chunk boundary)."""
@@ -235,7 +245,17 @@ class SessionMigrateView(generics.GenericAPIView):
     serializer_class = MigrateSerializer
     queryset = GenerationSession.objects.all()
 
-    @extend_schema(request=MigrateSerializer, responses={202: OpenApiTypes.OBJECT}, tags=["sessions"])
+    @extend_schema(
+        request=MigrateSerializer,
+        responses={
+            202: OpenApiTypes.OBJECT,
+            409: conflict_response(
+                "the session is not executing, or the target is not a ready worker of the session's "
+                "model other than its own"
+            ),
+        },
+        tags=["sessions"],
+    )
     def post(self, request, pk):
         session = get_object_or_404(GenerationSession, pk=pk)
         data = MigrateSerializer(data=request.data)
@@ -245,7 +265,7 @@ class SessionMigrateView(generics.GenericAPIView):
                 session_id=str(session.pk), target_name=data.validated_data["target"]
             )
         except MigrationRefused as exc:
-            raise ValidationError({"target": str(exc)}) from exc
+            raise Conflict(str(exc)) from exc
         return Response(
             {"migration": migration.pk, "epoch": migration.epoch}, status=status.HTTP_202_ACCEPTED
         )

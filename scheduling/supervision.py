@@ -55,7 +55,11 @@ def web_argv(*, host: str = "127.0.0.1", port: int, python: str | None = None) -
     return (
         python or sys.executable,
         "-m", "uvicorn", "controlplane.asgi:application",
-        "--host", host, "--port", str(port), "--ws", "websockets", "--no-access-log",
+        "--host", host, "--port", str(port),
+        # websockets' sans-I/O implementation: the same library, max size and keepalive pings as
+        # the legacy one, which uvicorn deprecates. Django's ASGI application has no lifespan
+        # protocol: off, rather than probed at each start and reported as unsupported.
+        "--ws", "websockets-sansio", "--lifespan", "off", "--no-access-log",
     )  # fmt: skip
 
 
@@ -115,22 +119,24 @@ def supervisord_config(
     *,
     run_dir: Path,
     identifier: str = "streamserve",
-    logfile: str = "/dev/stdout",
 ) -> str:
     """A complete supervisord.conf: foreground, control socket in ``run_dir``, the programs.
 
-    Program output goes to supervisord's stdout (the terminal of ``make run``); the control
-    socket serves ``supervisorctl -c run_dir/supervisord.conf status`` and the XML-RPC API.
+    supervisord's own log and the programs' output go to its stdout (the terminal of ``make
+    run``), each line once; the control socket serves ``supervisorctl -c
+    run_dir/supervisord.conf status`` and the XML-RPC API.
     """
     sock = run_dir / "supervisor.sock"
-    log_to_stdout = logfile == "/dev/stdout"
     lines = [
         "[supervisord]",
         "nodaemon=true",
+        # In the foreground supervisord also echoes its log to stdout unless silent: with the log
+        # file being /dev/stdout too, every line of its own would print twice.
+        "silent=true",
         f"identifier={identifier}",
-        f"logfile={logfile}",
-        # A rotated /dev/stdout cannot be seeked: rotation is off for it.
-        f"logfile_maxbytes={0 if log_to_stdout else '50MB'}",
+        "logfile=/dev/stdout",
+        # /dev/stdout cannot be rotated (seeked).
+        "logfile_maxbytes=0",
         f"pidfile={run_dir / 'supervisord.pid'}",
         f"childlogdir={run_dir}",
         "loglevel=info",

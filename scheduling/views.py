@@ -93,8 +93,8 @@ def console_worker_drain(request: HttpRequest, worker_id: int):
     worker = get_object_or_404(GpuWorker, pk=worker_id)
     try:
         worker = console.console_worker_drain(user=request.user, worker=worker)
-    except TransitionError as exc:
-        return JsonResponse({"status": [str(exc)]}, status=400)
+    except TransitionError as exc:  # not ready: a state conflict, in the API's error shape
+        return JsonResponse({"detail": str(exc)}, status=409)
     return JsonResponse({"id": worker.pk, "name": worker.name, "status": worker.status})
 
 

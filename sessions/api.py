@@ -18,8 +18,10 @@ from contracts.catalog import PRESETS
 from contracts.http.api import (
     AUDIT_PARAMETERS,
     NO_NUL,
+    Conflict,
     audit_format,
     audit_responses,
+    conflict_response,
     csv_cell,
     csv_response,
     filterset_check,
@@ -44,6 +46,10 @@ from sessions.serializers import (
 RESULT_CONTENT_TYPES = ("image/png", "video/mp4")
 # The latency audit's SLO threshold, as bounded as the scheduler's (scheduling.models.SchedulerConfig).
 MAX_SLO_MS = 600_000.0
+
+
+# The 409 of an action on a session that has ended (``services.SessionTerminated``).
+SESSION_TERMINATED = conflict_response("the session is terminated")
 
 
 class TooManyLiveSessions(APIException):
@@ -99,7 +105,11 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(methods=["GET"], filters=False, responses=PromptSerializer(many=True))
-    @extend_schema(methods=["POST"], request=PromptCreateSerializer, responses={201: PromptSerializer})
+    @extend_schema(
+        methods=["POST"],
+        request=PromptCreateSerializer,
+        responses={201: PromptSerializer, 409: SESSION_TERMINATED},
+    )
     # The prompt history is short and read whole: not paginated.
     @action(detail=True, methods=["get", "post"], pagination_class=None)
     def prompts(self, request, pk=None):
@@ -109,20 +119,31 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
             return Response(PromptSerializer(session.prompts.all(), many=True).data)
         data = PromptCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        prompt = services.session_prompt_add(session=session, text=data.validated_data["text"])
+        try:
+            prompt = services.session_prompt_add(session=session, text=data.validated_data["text"])
+        except services.SessionTerminated as exc:
+            raise Conflict(str(exc)) from exc
         return Response(PromptSerializer(prompt).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=None, responses=SessionSerializer)
+    @extend_schema(request=None, responses={200: SessionSerializer, 409: SESSION_TERMINATED})
     @action(detail=True, methods=["post"])
     def pause(self, request, pk=None):
         """The user goes idle: the session may be suspended to host memory."""
-        return Response(SessionSerializer(services.session_pause(session=self.get_object())).data)
+        try:
+            session = services.session_pause(session=self.get_object())
+        except services.SessionTerminated as exc:
+            raise Conflict(str(exc)) from exc
+        return Response(SessionSerializer(session).data)
 
-    @extend_schema(request=None, responses=SessionSerializer)
+    @extend_schema(request=None, responses={200: SessionSerializer, 409: SESSION_TERMINATED})
     @action(detail=True, methods=["post"])
     def resume(self, request, pk=None):
         """The user is back: the session must execute."""
-        return Response(SessionSerializer(services.session_resume(session=self.get_object())).data)
+        try:
+            session = services.session_resume(session=self.get_object())
+        except services.SessionTerminated as exc:
+            raise Conflict(str(exc)) from exc
+        return Response(SessionSerializer(session).data)
 
     @extend_schema(request=None, responses=SessionSerializer)
     @action(detail=True, methods=["post"])

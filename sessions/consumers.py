@@ -161,6 +161,9 @@ class SessionConsumer(AsyncWebsocketConsumer):
             detail = "; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())
             await self._error("rejected", detail)
             return
+        except services.SessionTerminated as exc:
+            await self._error("rejected", str(exc))
+            return
         if kind == "prompt":
             await self._enqueue_text({"type": "prompt", "text": result.text, "from_chunk": result.from_chunk})
 

@@ -131,6 +131,10 @@ def session_spec_build(
     )
 
 
+class SessionTerminated(Exception):
+    """The session has ended: it takes no more prompts, pauses or resumes (start a new session)."""
+
+
 class LiveSessionLimit(Exception):
     """The owner already holds ``MAX_LIVE_SESSIONS_PER_USER`` sessions that are not terminated."""
 
@@ -210,11 +214,12 @@ def _locked(session: GenerationSession) -> GenerationSession:
 
 @transaction.atomic
 def session_prompt_add(*, session: GenerationSession, text: str) -> Prompt:
-    """Add a prompt; it applies from the next chunk the session generates."""
+    """Add a prompt; it applies from the next chunk the session generates. ``SessionTerminated`` once
+    the session has ended."""
     text = validate_prompt(text, field="text")
     session = _locked(session)
     if session.is_terminated:
-        raise ValidationError({"text": "the session is terminated; start a new session"})
+        raise SessionTerminated("the session is terminated; start a new session")
     prompt = Prompt.objects.create(session=session, text=text, from_chunk=session.chunks_generated)
     event_record(session, SessionEvent.Kind.PROMPT, prompt_id=prompt.pk, from_chunk=prompt.from_chunk)
     return prompt
@@ -222,10 +227,11 @@ def session_prompt_add(*, session: GenerationSession, text: str) -> Prompt:
 
 @transaction.atomic
 def session_pause(*, session: GenerationSession) -> GenerationSession:
-    """The user went idle (α=0): the scheduler may suspend the session. Idempotent."""
+    """The user went idle (α=0): the scheduler may suspend the session. Idempotent;
+    ``SessionTerminated`` once the session has ended."""
     session = _locked(session)
     if session.is_terminated:
-        raise ValidationError({"status": "the session is terminated"})
+        raise SessionTerminated("the session is terminated; start a new session")
     if session.activity != Activity.IDLE:
         session.activity = Activity.IDLE
         session.save(update_fields=["activity"])
@@ -235,10 +241,11 @@ def session_pause(*, session: GenerationSession) -> GenerationSession:
 
 @transaction.atomic
 def session_resume(*, session: GenerationSession) -> GenerationSession:
-    """The user is back (α=1): the scheduler must execute the session. Idempotent."""
+    """The user is back (α=1): the scheduler must execute the session. Idempotent;
+    ``SessionTerminated`` once the session has ended."""
     session = _locked(session)
     if session.is_terminated:
-        raise ValidationError({"status": "the session is terminated"})
+        raise SessionTerminated("the session is terminated; start a new session")
     if session.activity != Activity.ACTIVE:
         session.activity = Activity.ACTIVE
         session.last_active_at = timezone.now()

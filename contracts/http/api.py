@@ -1,5 +1,5 @@
-"""API-wide wiring: the error shape every endpoint returns and documents, bounded pagination, and the
-audit endpoints' shared shape.
+"""API-wide wiring: the error shape every endpoint returns and documents, the 409 of a state conflict,
+bounded pagination, and the audit endpoints' shared shape.
 
 The audit endpoints of several apps (``/api/audit/latency/`` in sessions, ``/api/audit/cost/`` in
 gpu) take the same query parameters (parsed by ``contracts.http.timerange``) and answer CSV the same way.
@@ -17,8 +17,8 @@ from django.views import defaults
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.contrib.django_filters import DjangoFilterExtension
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter
-from rest_framework import exceptions, serializers
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
+from rest_framework import exceptions, serializers, status
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -36,6 +36,25 @@ def exception_handler(exc: Exception, context: dict[str, Any]):
         detail = exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
         exc = exceptions.ValidationError(detail=detail)
     return drf_exception_handler(exc, context)
+
+
+class Conflict(exceptions.APIException):
+    """409: the object's current state refuses the action (a terminated session is not paused, a
+    released worker is not drained).
+
+    Not a 400: the request is well formed and names no invalid field; the same request succeeds only
+    once the state is different. The body is the API's error shape, ``{"detail": reason}``.
+    """
+
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = "The object's current state does not allow this action."
+    default_code = "conflict"
+
+
+def conflict_response(when: str) -> OpenApiResponse:
+    """The schema of an operation's 409 (``Conflict``), saying ``when`` it is answered; the body is
+    the shared ``Error`` schema (``document_error_responses`` adds it)."""
+    return OpenApiResponse(description=f"State conflict: {when}")
 
 
 class StrictCharField(serializers.CharField):
@@ -163,12 +182,16 @@ def document_error_responses(result: dict, generator, request, public) -> dict:
     """drf-spectacular post-processing hook: every operation documents the errors it can answer.
 
     401/403 (every endpoint needs a user, most of them staff), 429 (throttling), 400 where the
-    operation takes a query string or a body, 404 where its path names an object.
+    operation takes a query string or a body, 404 where its path names an object; an error an
+    operation declares itself (a 409: ``conflict_response``) gets the same ``Error`` body.
     """
     result.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
     error = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
     for operations in result["paths"].values():
         for operation in operations.values():
+            for code, response in operation["responses"].items():
+                if code.startswith("4") and "content" not in response:
+                    response["content"] = error
             located = {parameter["in"] for parameter in operation.get("parameters", [])}
             codes = {
                 "401": "Not authenticated",

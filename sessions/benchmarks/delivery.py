@@ -99,7 +99,7 @@ def run_delivery(
                 "--port",
                 str(port),
                 "--ws",
-                "websockets",
+                "websockets-sansio",
                 "--no-access-log",
                 "--log-level",
                 "warning",

@@ -1,7 +1,7 @@
 // The audit page: cost, latency and one-shot jobs over a chosen time range, from the audit endpoints,
 // with CSV export.
 
-import { ApiError, api, el, fieldErrors, formatMs, formatTime, showMessage } from "./common.js";
+import { ApiError, api, el, fieldErrors, formatMs, formatTime, formatUsd, showMessage } from "./common.js";
 import { color, timeChart } from "./charts.js";
 
 const $ = (id) => document.getElementById(id);
@@ -94,11 +94,6 @@ async function load() {
   }
 }
 
-function money(value) {
-  return `$${Number(value).toFixed(2)}`;
-}
-
-
 // One row per group (GPU type or region): its GPU-hours, cost and share of the range's cost.
 function shareRows(groups, totalCost) {
   const names = Object.keys(groups).sort();
@@ -110,7 +105,7 @@ function shareRows(groups, totalCost) {
       {},
       el("th", { scope: "row", text: name }),
       el("td", { class: "num", text: (Number(f.gpu_seconds) / 3600).toFixed(3) }),
-      el("td", { class: "num", text: money(f.cost_usd) }),
+      el("td", { class: "num", text: formatUsd(f.cost_usd) }),
       el("td", { class: "num", text: totalCost ? `${((Number(f.cost_usd) / totalCost) * 100).toFixed(1)} %` : "–" }),
     );
   });
@@ -139,7 +134,7 @@ function render() {
   $("totals-range").textContent = `${formatTime(cost.start)} – ${formatTime(cost.end)}, per ${cost.bucket}`;
   $("total-gpu-hours").textContent = (gpuSeconds / 3600).toFixed(3);
   $("total-gpu-hours").dataset.gpuSeconds = String(gpuSeconds);
-  $("total-cost").textContent = money(cost.totals.cost_usd);
+  $("total-cost").textContent = formatUsd(cost.totals.cost_usd);
   $("total-cost").dataset.costUsd = String(cost.totals.cost_usd);
   $("total-chunks").textContent = String(latency.totals.count);
   $("total-slo").textContent =
@@ -234,7 +229,7 @@ function renderCharts(types) {
     xs.map(() => latency.slo_ms),
   ];
   for (const chart of Object.values(state.charts)) chart.destroy();
-  const dollars = (u, v) => (v === null || v === undefined ? "–" : money(v));
+  const dollars = (u, v) => formatUsd(v);
   state.charts.cost = timeChart($("chart-cost"), {
     data: costData,
     xRange,

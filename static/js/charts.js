@@ -13,6 +13,23 @@ function widthOf(container) {
   return Math.max(240, container.clientWidth - 34);
 }
 
+// The decimals that write every multiple of a tick step exactly (0.25 → 2, 0.0005 → 4, 50 → 0).
+export function stepDecimals(step) {
+  for (let decimals = 0; decimals < 20; decimals += 1) {
+    const scaled = Math.abs(step) * 10 ** decimals;
+    if (Math.abs(scaled - Math.round(scaled)) <= 1e-9 * Math.max(1, scaled)) return decimals;
+  }
+  return 20;
+}
+
+// Axis tick labels with the decimals their step needs: uPlot's default rounds to three decimals,
+// so ticks 0.0005 apart read "0.001", "0.001", "0.002".
+export function tickLabels(splits, step) {
+  const decimals = stepDecimals(step);
+  const format = new Intl.NumberFormat("en-US", { minimumFractionDigits: decimals, maximumFractionDigits: decimals });
+  return splits.map((value) => (value === null || value === undefined ? "" : format.format(value)));
+}
+
 // series: [{label, color, dash, stepped, value: fn}], data: [xs, ...ys]
 // xRange: [min, max] in seconds pins the time axis (an audit range), instead of fitting the data.
 export function timeChart(container, { series, data, height = 200, yLabel = "", yRange = null, xRange = null }) {
@@ -24,7 +41,7 @@ export function timeChart(container, { series, data, height = 200, yLabel = "", 
       x: xRange ? { time: true, range: () => xRange } : { time: true },
       y: yRange ? { range: yRange } : { auto: true },
     },
-    axes: [{}, { label: yLabel, size: 56 }],
+    axes: [{}, { label: yLabel, size: 56, values: (u, splits, axisIdx, space, step) => tickLabels(splits, step) }],
     legend: { live: true },
     series: [
       {},

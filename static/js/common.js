@@ -126,6 +126,25 @@ export function formatMs(ms) {
   return ms >= 1000 ? `${(ms / 1000).toFixed(2)} s` : `${Math.round(ms)} ms`;
 }
 
+// Money with the precision its size needs: three significant digits below a dollar ($0.002,
+// $0.0123: a GPU-minute can cost a tenth of a cent, which toFixed(2) shows as $0.00), cents up to
+// $1,000 ($12.34), whole dollars above ($1,234). At least two decimals below $1,000, as for cents.
+export function formatUsd(value) {
+  if (value === null || value === undefined || value === "") return "–";
+  const amount = Number(value);
+  if (!Number.isFinite(amount)) return "–";
+  const size = Math.abs(amount);
+  let decimals = 2;
+  if (size >= 1000) decimals = 0;
+  else if (size > 0 && size < 1) decimals = Math.min(20, 2 - Math.floor(Math.log10(size)));
+  return new Intl.NumberFormat("en-US", {
+    style: "currency",
+    currency: "USD",
+    minimumFractionDigits: Math.min(decimals, 2),
+    maximumFractionDigits: decimals,
+  }).format(amount);
+}
+
 export function formatBytes(bytes) {
   if (bytes === null || bytes === undefined) return "–";
   const units = ["B", "KiB", "MiB", "GiB", "TiB"];

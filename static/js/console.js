@@ -1,7 +1,7 @@
 // The operator console: cluster snapshot over /ws/console/, worker cards, live charts, timeline,
 // and audited actions (drain, terminate, autoscaler bounds) through the console's JSON endpoints.
 
-import { ApiError, api, el, fieldErrors, formatBytes, formatMs, formatTime, showMessage, wsUrl } from "./common.js";
+import { ApiError, api, el, fieldErrors, formatBytes, formatMs, formatTime, formatUsd, showMessage, wsUrl } from "./common.js";
 import { timeChart } from "./charts.js";
 
 const $ = (id) => document.getElementById(id);
@@ -24,7 +24,7 @@ function message(text, kind = "error") {
 }
 
 function fmtMoney(value) {
-  return value === null || value === undefined ? "–" : `$${Number(value).toFixed(2)}/h`;
+  return value === null || value === undefined ? "–" : `${formatUsd(value)}/h`;
 }
 
 // --- History and charts -------------------------------------------------------------------------

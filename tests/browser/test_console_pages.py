@@ -298,3 +298,37 @@ def test_audit_page_totals_and_csv_exports_match_the_api(browser_context, asgi_s
     page.get_by_role("button", name="Show").click()
     expect(page.locator("#range-end-error")).to_have_text("must be after the start")
     page_problems.assert_clean()
+
+
+def test_audit_page_shows_fractions_of_a_cent_and_distinct_cost_ticks(
+    browser_context, asgi_server, page_problems
+):
+    # given one released L4 minute at $0.12/h: $0.002 of GPU cost, in one minute bucket
+    staff = StaffFactory(username="penny")
+    now = timezone.now().replace(second=0, microsecond=0)
+    GpuWorkerFactory(
+        name="gpu-cheap",
+        gpu_type="l4",
+        price_per_hour=Decimal("0.12"),
+        status=GpuWorker.Status.RELEASED,
+        requested_at=now - timedelta(minutes=10),
+        ready_at=now - timedelta(minutes=10),
+        released_at=now - timedelta(minutes=9),
+    )
+    log_in(browser_context, asgi_server, staff)
+    page = browser_context.new_page()
+    page_problems.watch(page)
+
+    # when the audit page shows the last hour
+    page.goto("/console/audit/")
+    page.get_by_role("button", name="Last hour").click()
+
+    # then the cost reads $0.002 (not $0.00) in the totals and the GPU-type row
+    expect(page.locator("#total-cost")).to_have_text("$0.002")
+    expect(page.locator("#bytype-rows td").nth(1)).to_have_text("$0.002")
+    # and the cost axis labels (uPlot's drawn labels) are all different, in steps of a fraction of a cent
+    ticks = page.evaluate("() => window.streamserveAudit.charts.cost.axes[1]._values")
+    assert len(ticks) >= 3
+    assert len(set(ticks)) == len(ticks)
+    assert all(len(tick.split(".")[1]) >= 3 for tick in ticks), ticks
+    page_problems.assert_clean()

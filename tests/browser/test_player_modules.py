@@ -1,4 +1,5 @@
-"""The player's pure parts, run in Chromium: the wire format against the server's encoder, rate matching."""
+"""The pages' pure parts, run in Chromium: the player's wire format against the server's encoder, rate
+matching; money and chart-axis formatting."""
 
 from __future__ import annotations
 
@@ -88,3 +89,46 @@ def test_rate_matching_slows_down_only_for_a_slow_producer(module_page):
     assert rates["verySlow"] == 1.5  # never slower than 1/1.5 of real time
     assert rates["smoothed"] == pytest.approx(530)
     assert rates["pauseIgnored"] == 500 and rates["first"] == 450
+
+
+def test_money_keeps_the_digits_its_size_needs(module_page):
+    shown = module_page.evaluate(
+        """async () => {
+            const { formatUsd } = await import('/static/js/common.js');
+            return [0.002, "0.002000", 0.0123, 0.0199999, 0.5, 0.12345, 0, 12.345, 999.5, 1234.4, -0.002, null]
+                .map(formatUsd);
+        }"""
+    )
+
+    assert shown == [
+        "$0.002",  # a tenth of a cent is not $0.00
+        "$0.002",  # the API's decimal strings
+        "$0.0123",
+        "$0.02",
+        "$0.50",
+        "$0.123",
+        "$0.00",
+        "$12.35",
+        "$999.50",
+        "$1,234",
+        "-$0.002",
+        "–",
+    ]
+
+
+def test_axis_ticks_take_their_decimals_from_the_step(module_page):
+    ticks = module_page.evaluate(
+        """async () => {
+            const { tickLabels } = await import('/static/js/charts.js');
+            return {
+                tiny: tickLabels([0, 0.0005, 0.001, 0.0015, 0.002], 0.0005),
+                quarter: tickLabels([0, 0.25, 0.5, 0.75], 0.25),
+                large: tickLabels([0, 500, 1000, 1500], 500),
+            };
+        }"""
+    )
+
+    assert ticks["tiny"] == ["0.0000", "0.0005", "0.0010", "0.0015", "0.0020"]
+    assert len(set(ticks["tiny"])) == len(ticks["tiny"])
+    assert ticks["quarter"] == ["0.00", "0.25", "0.50", "0.75"]
+    assert ticks["large"] == ["0", "500", "1,000", "1,500"]

@@ -241,12 +241,12 @@ def test_drain_from_the_console_is_recorded(staff_client, staff):
     assert cluster_snapshot()["timeline"][0]["kind"] == "operator"
 
 
-def test_drain_of_a_worker_that_is_not_ready_is_a_400_without_an_audit_entry(staff_client):
+def test_drain_of_a_worker_that_is_not_ready_is_a_409_without_an_audit_entry(staff_client):
     worker = GpuWorkerFactory(status=GpuWorker.Status.PROVISIONING, ready_at=None)
 
     response = staff_client.post(f"/console/workers/{worker.pk}/drain/")
 
-    assert response.status_code == 400 and "provisioning" in response.json()["status"][0]
+    assert response.status_code == 409 and "provisioning" in response.json()["detail"]
     assert not LogEntry.objects.exists()
 
 

@@ -22,7 +22,7 @@ def test_workers_list_filter_and_drain(staff_api):
     assert staff_api.post(f"/api/workers/{ready.pk}/drain/").json()["status"] == "draining"  # idempotent
     released = GpuWorkerFactory(status="released", released_at=timezone.now())
     refused = staff_api.post(f"/api/workers/{released.pk}/drain/")
-    assert refused.status_code == 400 and "status" in refused.json()
+    assert refused.status_code == 409 and "released" in refused.json()["detail"]
 
 
 def test_history_endpoints_filter_by_time_and_outcome(staff_api):
@@ -112,7 +112,7 @@ def test_session_migrate_endpoint(staff_api, user_api):
     url = f"/api/sessions/{session.pk}/migrate/"
     assert user_api.post(url, {"target": target.name}, format="json").status_code == 403
     refused = staff_api.post(url, {"target": "nobody"}, format="json")
-    assert refused.status_code == 400 and "not a ready worker" in str(refused.json()["target"])
+    assert refused.status_code == 400 and "no worker is named" in str(refused.json()["target"])
     assert staff_api.post(url, {}, format="json").json()["target"]  # the field is required
     missing = staff_api.post(
         "/api/sessions/00000000-0000-0000-0000-000000000000/migrate/", {"target": target.name}, format="json"

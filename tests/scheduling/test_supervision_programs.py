@@ -5,19 +5,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
+from django.conf import settings
+from supervisor.options import ServerOptions
+
 from scheduling.supervision import beat_argv, platform_programs, scheduler_argv, supervisord_config, web_argv
 
 
 def test_the_supervised_programs_are_the_shared_command_lines():
     programs = {p.name: p for p in platform_programs(host="0.0.0.0", port=8100, python="py")}
     assert programs["web"].argv == web_argv(host="0.0.0.0", port=8100, python="py")
-    assert programs["web"].argv[-7:] == (
+    assert programs["web"].argv[-9:] == (
         "--host",
         "0.0.0.0",
         "--port",
         "8100",
         "--ws",
-        "websockets",
+        "websockets-sansio",
+        "--lifespan",
+        "off",
         "--no-access-log",
     )
     assert programs["scheduler"].argv == scheduler_argv(python="py")
@@ -53,3 +59,32 @@ def test_a_host_cache_is_supervised_only_when_models_are_named():
         "--model",
         "tiny",
     )
+
+
+def test_the_kubernetes_web_container_runs_the_same_server_command_line():
+    manifest = next(
+        doc
+        for doc in yaml.safe_load_all((Path(settings.BASE_DIR) / "deploy" / "web.yaml").read_text())
+        if doc["kind"] == "Deployment"
+    )
+    (web,) = manifest["spec"]["template"]["spec"]["containers"]
+    assert tuple(web["command"]) == web_argv(host="0.0.0.0", port=8000, python="python")
+
+
+def test_supervisord_writes_each_line_of_its_own_log_once(tmp_path):
+    # given the generated config (its log file is /dev/stdout, and it runs in the foreground)
+    config = tmp_path / "supervisord.conf"
+    config.write_text(supervisord_config(platform_programs(host="127.0.0.1", port=8100), run_dir=tmp_path))
+    options = ServerOptions()
+    options.realize(args=["--configuration", str(config)])
+    # when supervisord sets up its logger
+    options.make_logger()
+    try:
+        # then one handler writes it: no foreground echo to stdout beside the /dev/stdout log file
+        assert options.nodaemon
+        (handler,) = options.logger.handlers
+        assert handler.baseFilename == "/dev/stdout"
+    finally:
+        for handler in options.logger.handlers:
+            if hasattr(handler, "baseFilename"):  # an echo handler's stream is this process's stdout
+                handler.close()

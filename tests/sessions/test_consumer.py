@@ -13,7 +13,7 @@ from django.conf import settings
 
 from contracts.wire.frames import chunk_message, decode_chunk_frame, group_name
 from contracts.wire.records import INGEST_LOCK, STREAM
-from sessions import consumers
+from sessions import consumers, services
 from sessions.ingest import chunk_records_drain
 from sessions.models import ChunkRecord
 from tests.factories import SessionFactory, UserFactory
@@ -110,6 +110,23 @@ async def test_input_the_database_cannot_store_is_an_error_frame_and_the_socket_
     assert accepted == {"type": "prompt", "text": "now snowing", "from_chunk": 0}
     texts = await sync_to_async(lambda: list(session.prompts.values_list("text", flat=True)))()
     assert "now snowing" in texts and not any("\x00" in t for t in texts)
+    await communicator.disconnect()
+
+
+async def test_commands_for_a_terminated_session_are_rejected_with_the_reason():
+    user = await sync_to_async(UserFactory)()
+    session = await sync_to_async(SessionFactory)(owner=user)
+    await sync_to_async(services.session_terminate)(session=session)
+    communicator = await connect(session, user)
+    assert json.loads(await communicator.receive_from())["status"] == "terminated"
+    for command in ({"type": "pause"}, {"type": "resume"}, {"type": "prompt", "text": "too late"}):
+        await communicator.send_to(text_data=json.dumps(command))
+        error = json.loads(await communicator.receive_from())
+        assert error == {
+            "type": "error",
+            "code": "rejected",
+            "detail": "the session is terminated; start a new session",
+        }, command
     await communicator.disconnect()
 
 

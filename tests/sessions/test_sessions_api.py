@@ -132,12 +132,12 @@ def test_prompt_applies_from_the_next_chunk(user_api, user):
     assert session.events.filter(kind=SessionEvent.Kind.PROMPT).count() == 1
 
 
-def test_prompt_on_terminated_session_is_400(user_api, user):
+def test_prompt_on_terminated_session_is_409(user_api, user):
     session = SessionFactory(owner=user)
     user_api.post(f"/api/sessions/{session.pk}/terminate/")
     response = user_api.post(f"/api/sessions/{session.pk}/prompts/", {"text": "too late"}, format="json")
-    assert response.status_code == 400
-    assert "terminated" in response.json()["text"][0]
+    assert response.status_code == 409
+    assert "terminated" in response.json()["detail"]
     assert session.prompts.count() == 1
 
 
@@ -160,7 +160,7 @@ def test_terminate_is_idempotent_and_frees_the_worker(user_api, user):
     assert second.json()["terminated_at"] == first.json()["terminated_at"]
     depart = session.events.get(kind="depart")
     assert depart.detail["held_by"] == [worker.name]
-    assert user_api.post(f"/api/sessions/{session.pk}/pause/").status_code == 400
+    assert user_api.post(f"/api/sessions/{session.pk}/pause/").status_code == 409
 
 
 def test_chunk_records_are_listed_in_order_and_filterable(user_api, user):

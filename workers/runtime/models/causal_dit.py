@@ -54,6 +54,7 @@ from workers.runtime.models.base import (
     region_offsets,
     splitmix64,
 )
+from workers.runtime.models.kv_cache import KvCacheBatch, attention_over_cache
 from workers.runtime.models.partial import load_subset, load_subset_from_file, partial_network
 
 TEXT_VOCAB = 259  # 256 bytes + pad/bos/eos
@@ -214,19 +215,7 @@ class DiTBlock(nn.Module):
         b, n, d = x.shape
         mod = self.modulations(e, b)
         q, k, v = self.self_attention_inputs(x, mod, rope)
-        if cache_k is not None:
-            h, hd = self.heads, d // self.heads
-            keys = torch.cat([cache_k.view(b, -1, h, hd), k], dim=1)
-            values = torch.cat([cache_v.view(b, -1, h, hd), v], dim=1)
-        else:
-            keys, values = k, v
-        mask = None
-        if cache_mask is not None:
-            chunk_ok = torch.ones(b, n, dtype=torch.bool, device=x.device)
-            mask = torch.cat([cache_mask, chunk_ok], dim=1)[:, None, None, :]
-        attn = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask
-        )
+        attn = attention_over_cache(q, k, v, cache_k, cache_v, cache_mask)
         x = self.after_attention(x, attn, mod, context)
         return x, k.reshape(b, n, d), v.reshape(b, n, d)
 
@@ -746,22 +735,13 @@ class CausalDiTModel(StagewiseModel):
         e = dit.time_proj(temb)
         x = dit.patch_embed(tokens)
         read, mask = cache
-        tpf = cfg.tokens_per_frame
+        kv_cache = KvCacheBatch(states, read=read, write_slots=write_slots)
         for index, block in enumerate(dit.blocks):
             if job_step:
                 self.check_abandon()  # a job step's block boundary (`abandon_on`)
-            cache_k = cache_v = None
-            if read:
-                if b == 1:
-                    region = states[0].tensors["kv_cache"][index, :, :read].unsqueeze(1)
-                else:
-                    region = torch.stack([s.tensors["kv_cache"][index, :, :read] for s in states], dim=1)
-                cache_k, cache_v = region[0], region[1]  # [B, read, T, D]
+            cache_k, cache_v = kv_cache.cached(index)
             x, k, v = block(x, e, context, rope, cache_k, cache_v, mask)
-            if write_slots is not None:
-                kv = torch.stack([k, v], dim=1).view(b, 2, f, tpf, cfg.dim)
-                for i, state in enumerate(states):
-                    state.tensors["kv_cache"][index].index_copy_(1, write_slots[i], kv[i])
+            kv_cache.write(index, k, v)
         if write_slots is not None:
             return latents  # the cache pass needs no prediction
         shift, scale = (dit.head_modulation + temb.unsqueeze(1)).chunk(2, dim=1)

@@ -46,7 +46,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from contracts.catalog.local_paths import (
@@ -69,6 +68,7 @@ from workers.runtime.models.base import (
     region_offsets,
 )
 from workers.runtime.models.causal_dit import apply_rope, rope_tables, splitmix64
+from workers.runtime.models.kv_cache import KvCacheBatch, attention_over_cache
 
 # Prefixes the training code of the causal projects puts in front of the Wan DiT parameter names:
 # the diffusion wrapper's `.model`, FSDP and DDP wrappers, torch.compile.
@@ -887,22 +887,13 @@ class WanCausalModel(StagewiseModel):
         temb = cond.time_embedder(cond.timesteps_proj(t).float()).type_as(x)
         modulation = cond.time_proj(cond.act_fn(temb)).unflatten(1, (6, -1))  # [B, 6, D]
         read, mask = cache
-        tpf = self.arch.tokens_per_frame
+        kv_cache = KvCacheBatch(states, read=read, write_slots=write_slots)
         for index, block in enumerate(dit.blocks):
             if job_step:
                 self.check_abandon()  # a job step's block boundary (`abandon_on`)
-            cache_k = cache_v = None
-            if read:
-                if b == 1:
-                    region = states[0].tensors["kv_cache"][index, :, :read].unsqueeze(1)
-                else:
-                    region = torch.stack([s.tensors["kv_cache"][index, :, :read] for s in states], dim=1)
-                cache_k, cache_v = region[0].flatten(1, 2), region[1].flatten(1, 2)  # [B, read*T, D]
+            cache_k, cache_v = kv_cache.cached(index)
             x, k, v = self._block(block, x, modulation, context, rope, cache_k, cache_v, mask)
-            if write_slots is not None:
-                kv = torch.stack([k, v], dim=1).view(b, 2, f, tpf, self.dim)
-                for i, state in enumerate(states):
-                    state.tensors["kv_cache"][index].index_copy_(1, write_slots[i], kv[i])
+            kv_cache.write(index, k, v)
         if write_slots is not None:
             return latents
         shift, scale = (dit.scale_shift_table + temb.float().unsqueeze(1)).chunk(2, dim=1)
@@ -924,7 +915,6 @@ class WanCausalModel(StagewiseModel):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A diffusers `WanTransformerBlock` with causal self-attention over cache + chunk. Returns
         (x, k, v) with this chunk's RoPE'd keys and values [B, N, D] for the cache pass."""
-        b, n, _ = x.shape
         heads = self.heads
         shift, scale, gate, c_shift, c_scale, c_gate = (block.scale_shift_table + modulation.float()).chunk(
             6, dim=1
@@ -934,17 +924,7 @@ class WanCausalModel(StagewiseModel):
         q = apply_rope(attn.norm_q(attn.to_q(y)).unflatten(2, (heads, -1)), rope)
         k = apply_rope(attn.norm_k(attn.to_k(y)).unflatten(2, (heads, -1)), rope)
         v = attn.to_v(y).unflatten(2, (heads, -1))
-        keys, values = k, v
-        if cache_k is not None:
-            keys = torch.cat([cache_k.unflatten(2, (heads, -1)), k], dim=1)
-            values = torch.cat([cache_v.unflatten(2, (heads, -1)), v], dim=1)
-        mask = None
-        if cache_mask is not None:
-            own = torch.ones(b, n, dtype=torch.bool, device=x.device)
-            mask = torch.cat([cache_mask, own], dim=1)[:, None, None, :]
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask
-        )
+        out = attention_over_cache(q, k, v, cache_k, cache_v, cache_mask)
         out = attn.to_out[0](out.transpose(1, 2).flatten(2))
         x = (x.float() + out * gate).type_as(x)
         x = x + block.attn2(block.norm2(x.float()).type_as(x), context)
