@@ -13,7 +13,6 @@ import io
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -25,6 +24,7 @@ from django.conf import settings
 from playwright.sync_api import expect
 
 from contracts.wire.frames import chunk_message, group_name
+from scheduling.supervision import web_argv
 
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -110,19 +110,7 @@ def asgi_server(django_db_setup, django_db_blocker):
     log_path = ARTIFACTS / "browser-server.log"
     log = open(log_path, "wb")  # noqa: SIM115  (closed at teardown)
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "controlplane.asgi:application",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--ws",
-            "websockets",
-            "--no-access-log",
-        ],
+        list(web_argv(port=port)),  # the platform's own web command line
         cwd=settings.BASE_DIR,
         env=env,
         stdout=log,
