@@ -170,3 +170,41 @@ def test_nvml_telemetry_reads_memory_utilisation_and_power():
     assert device["memory_used_bytes"] is not None
     assert device["utilization_pct"] is not None
     assert device["power_w"] is not None and device["power_w"] > 0
+
+
+GPU_PATHS = [
+    pytest.param(GpuPaths(cuda_graphs=True), id="cuda-graphs"),
+    pytest.param(GpuPaths(flash_attention=True), id="flash-attention"),
+]
+
+
+@pytest.mark.parametrize("paths", GPU_PATHS)
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_gpu_path_gives_the_chunks_of_the_default_path(device, paths):
+    from workers.runtime.accel import Accelerator
+
+    # given one session twice on a half-precision model (flash attention takes fp16/bf16 only),
+    # one copy stepped with the path on, the other with the defaults
+    model = tiny(device, "bfloat16")
+    default, chosen = Accelerator(device, GpuPaths()), Accelerator(device, paths)
+    with engines(model, 2) as (plain, accelerated):
+        for e in (plain, accelerated):
+            e.add_session("s", PROMPTS[2], seed=5)
+        try:
+            # when both run past the point where the KV window is full (the fixed-shape steady state)
+            for _ in range(7):
+                model.accel = default
+                (a,) = plain.step(due=["s"])
+                model.accel = chosen
+                (b,) = accelerated.step(due=["s"])
+                # then every chunk agrees up to bf16 rounding of another kernel's summation order
+                diff = (a.rgb.int() - b.rgb.int()).abs().max().item()
+                assert diff <= 4, f"chunk {a.chunk_index}: frames differ by {diff}"
+        finally:
+            model.accel = Accelerator(device)
+        if device == "cuda" and paths.cuda_graphs:
+            # the steady-state blocks were captured once and replayed since
+            assert chosen.graphs is not None and chosen.graphs.captures > 0
+            assert chosen.graphs.replays > chosen.graphs.captures
+        if device == "cpu":
+            assert chosen.active == dict.fromkeys(paths.as_dict(), False)

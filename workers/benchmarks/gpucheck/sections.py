@@ -16,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -804,14 +805,28 @@ def gpu_paths(ctx: CheckContext, figures: dict[str, Any]) -> None:
     figures["rows"] = rows
     figures["graphs_captured"] = graphs.captures if graphs is not None else 0
     figures["attention_kernels"] = _attention_kernels(ctx)
+    figures["flash_eligible_at_model_shapes"] = flash_eligible(
+        types.SimpleNamespace(is_cuda=ctx.cuda, dtype=model.dtype, shape=(1, 1, 1, _head_dim(model))), None
+    )
+
+    def state(name: str) -> str:
+        return "" if variants[name].active[name] else " (inactive here)"
+
     figures["summary"] = [
         f"B={row['batch']}: off {row['off']['step_ms']['p50']:.1f} ms; "
-        + ", ".join(f"{name} ×{row[name]['vs_off']:.3f}" for name in variants if name != "off")
+        + ", ".join(f"{name} ×{row[name]['vs_off']:.3f}{state(name)}" for name in variants if name != "off")
         for row in rows
     ] + [
-        f"attention B={k['batch']} {k['backend']}: {k.get('ms', k.get('error'))}"
+        f"SDPA alone, B={k['batch']}, {k['backend']}: "
+        + (f"{k['ms']:.3f} ms ({k['tflops']:.1f} TFLOP/s)" if "ms" in k else k.get("error", ""))
         for k in figures["attention_kernels"]
     ]
+
+
+def _head_dim(model: Any) -> int:
+    heads = getattr(model, "heads", None) or model.cfg.heads
+    dim = getattr(model, "dim", None) or model.cfg.dim
+    return dim // heads
 
 
 def _attention_kernels(ctx: CheckContext) -> list[dict[str, Any]]:
@@ -848,8 +863,6 @@ def _attention_kernels(ctx: CheckContext) -> list[dict[str, Any]]:
             except RuntimeError as exc:
                 row["error"] = str(exc).splitlines()[0][:160]
             rows.append(row)
-        row_flash = {"batch": batch, "flash_eligible": flash_eligible(q, None)}
-        rows.append({**row_flash, "backend": "eligibility"})
     return rows
 
 
@@ -868,7 +881,8 @@ def compile_blocks(ctx: CheckContext, figures: dict[str, Any]) -> None:
     row = _paired(ctx, 1, variants, plan.compile_steps)
     figures["row"] = row
     figures["summary"] = [
-        f"B=1: off {row['off']['step_ms']['p50']:.1f} ms, compiled ×{row['compile_blocks']['vs_off']:.3f} "
+        f"B=1: off {row['off']['step_ms']['p50']:.1f} ms, compiled ×{row['compile_blocks']['vs_off']:.3f}"
+        f"{'' if variants['compile_blocks'].active['compile_blocks'] else ' (inactive here)'} "
         f"(first step with compilation {row['first_step_ms']['compile_blocks'] / 1000.0:.1f} s)"
     ]
 

@@ -33,7 +33,7 @@ import contextlib
 import copy
 import math
 import zlib
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -43,6 +43,7 @@ from torch import nn
 
 from contracts.catalog.presets import PRESETS as MODEL_PRESETS
 from contracts.catalog.presets import CausalDiTArchitecture
+from workers.runtime.accel import Accelerator
 from workers.runtime.models import UnknownPresetError
 from workers.runtime.models.base import (
     DTYPES_BY_NAME,
@@ -208,9 +209,11 @@ class DiTBlock(nn.Module):
         cache_k: torch.Tensor | None,
         cache_v: torch.Tensor | None,
         cache_mask: torch.Tensor | None,
+        attention: Callable[..., torch.Tensor] = F.scaled_dot_product_attention,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One block over x [B, N, D]; returns (x, k, v) where k, v [B, N, D] are this chunk's
-        RoPE'd keys/values (what the cache pass writes into the ring)."""
+        RoPE'd keys/values (what the cache pass writes into the ring). ``attention(q, k, v, mask)``
+        is the self-attention kernel (the model's `Accelerator.attention`)."""
         b, n, d = x.shape
         mod = self.modulations(e, b)
         q, k, v = self.self_attention_inputs(x, mod, rope)
@@ -224,9 +227,7 @@ class DiTBlock(nn.Module):
         if cache_mask is not None:
             chunk_ok = torch.ones(b, n, dtype=torch.bool, device=x.device)
             mask = torch.cat([cache_mask, chunk_ok], dim=1)[:, None, None, :]
-        attn = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask
-        )
+        attn = attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), mask)
         x = self.after_attention(x, attn, mod, context)
         return x, k.reshape(b, n, d), v.reshape(b, n, d)
 
@@ -266,6 +267,22 @@ class DiTBlock(nn.Module):
         cross = F.scaled_dot_product_attention(cq.transpose(1, 2), ck.transpose(1, 2), cv.transpose(1, 2))
         x = x + self.co(cross.transpose(1, 2).reshape(b, n, d))
         return x + gate2 * self.ffn(self.norm2(x) * (1 + scale2) + shift2)
+
+
+def run_block(
+    block: DiTBlock,
+    accel: Accelerator,
+    x: torch.Tensor,
+    e: torch.Tensor,
+    context: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    cache_k: torch.Tensor | None,
+    cache_v: torch.Tensor | None,
+    cache_mask: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One block call as `Accelerator.block` takes it: a plain function with the block module among
+    its arguments, so every block shares one compiled function and one graph slot per shape."""
+    return block(x, e, context, rope, cache_k, cache_v, cache_mask, attention=accel.attention)
 
 
 def rope_axis_dims(head_dim: int) -> tuple[int, int, int]:
@@ -411,6 +428,8 @@ class CausalDiTModel(StagewiseModel):
         else:
             seeded_init(net, weights_seed)
         self.net = net.to(self.dtype).eval().requires_grad_(False)
+        # GPU paths (flash attention, CUDA graphs, compiled blocks): settings from the environment.
+        self.accel = Accelerator(self.device)
         # Sequence parallelism (`sequence_parallel`): the devices of the current job step, and the
         # DiT's copies on devices other than the model's own.
         self._sp_devices: list[torch.device] = [self.device]
@@ -757,7 +776,10 @@ class CausalDiTModel(StagewiseModel):
                 else:
                     region = torch.stack([s.tensors["kv_cache"][index, :, :read] for s in states], dim=1)
                 cache_k, cache_v = region[0], region[1]  # [B, read, T, D]
-            x, k, v = block(x, e, context, rope, cache_k, cache_v, mask)
+            # The steady state (window full, no mask) has one shape per batch size: CUDA graphs.
+            fixed = read == cfg.window_frames and mask is None and not job_step
+            args = (block, self.accel, x, e, context, rope, cache_k, cache_v, mask)
+            x, k, v = self.accel.block(index, run_block, args, fixed_shape=fixed)
             if write_slots is not None:
                 kv = torch.stack([k, v], dim=1).view(b, 2, f, tpf, cfg.dim)
                 for i, state in enumerate(states):

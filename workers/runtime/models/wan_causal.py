@@ -46,7 +46,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from contracts.catalog.local_paths import (
@@ -57,6 +56,7 @@ from contracts.catalog.local_paths import (
     read_wan_architecture,
 )
 from contracts.catalog.presets import PRESETS
+from workers.runtime.accel import Accelerator
 from workers.runtime.models import UnknownPresetError
 from workers.runtime.models.base import (
     DTYPES_BY_NAME,
@@ -609,6 +609,8 @@ class WanCausalModel(StagewiseModel):
             # the decoder cache has one fixed shape between chunks.
             raise ModelLayoutError(f"{arch.path}: frames_per_chunk must be >= 2 for the Wan VAE cache")
         self.net = WanCausalNetwork(arch, self.device, self.dtype, components)
+        # GPU paths (flash attention, CUDA graphs, compiled blocks): settings from the environment.
+        self.accel = Accelerator(self.device)
         tcfg = self.net.transformer.config
         self.dim = tcfg.num_attention_heads * tcfg.attention_head_dim
         self.heads = tcfg.num_attention_heads
@@ -898,7 +900,10 @@ class WanCausalModel(StagewiseModel):
                 else:
                     region = torch.stack([s.tensors["kv_cache"][index, :, :read] for s in states], dim=1)
                 cache_k, cache_v = region[0].flatten(1, 2), region[1].flatten(1, 2)  # [B, read*T, D]
-            x, k, v = self._block(block, x, modulation, context, rope, cache_k, cache_v, mask)
+            # The steady state (window full, no mask) has one shape per batch size: CUDA graphs.
+            fixed = read == self.arch.window_frames and mask is None and not job_step
+            args = (self, block, x, modulation, context, rope, cache_k, cache_v, mask)
+            x, k, v = self.accel.block(index, WanCausalModel._block, args, fixed_shape=fixed)
             if write_slots is not None:
                 kv = torch.stack([k, v], dim=1).view(b, 2, f, tpf, self.dim)
                 for i, state in enumerate(states):
@@ -942,9 +947,7 @@ class WanCausalModel(StagewiseModel):
         if cache_mask is not None:
             own = torch.ones(b, n, dtype=torch.bool, device=x.device)
             mask = torch.cat([cache_mask, own], dim=1)[:, None, None, :]
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask
-        )
+        out = self.accel.attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), mask)
         out = attn.to_out[0](out.transpose(1, 2).flatten(2))
         x = (x.float() + out * gate).type_as(x)
         x = x + block.attn2(block.norm2(x.float()).type_as(x), context)
