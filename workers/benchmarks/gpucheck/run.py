@@ -102,7 +102,7 @@ def main(argv: list[str], *, started: float | None = None, repo_root: Path | Non
         wheel_dir = Path(args.wheels) if Path(args.wheels).is_absolute() else root / args.wheels
         site_dir = workdir / "site-packages"
         report.environment["carried_wheels"] = {
-            "folder": str(wheel_dir),
+            "folder": args.wheels,
             "wheels": use_carried_wheels(wheel_dir, site_dir),
         }
         if args.dry:

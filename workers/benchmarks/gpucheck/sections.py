@@ -54,6 +54,15 @@ TARGET_ENGINE_OVERHEAD_PCT = 5.0
 TARGET_OFFLOAD_VS_PLAIN = 0.70
 TARGET_WALL_S = 480.0
 
+
+def size(nbytes: float) -> str:
+    """Bytes in the unit that reads best (decimal, as the docs' tables)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{int(nbytes)} B"
+
+
 PROMPTS = (
     "a red fox running through snow at dusk",
     "a robot walking through a quiet city street at night in the rain",
@@ -340,7 +349,7 @@ def build_model(ctx: CheckContext, figures: dict[str, Any]) -> None:
         )
     figures["summary"] = [
         f"{name}: {model.width}x{model.height}, {model.frames_per_chunk} frames/chunk @ {model.fps:g} fps, "
-        f"{figures['dtype']}, weights {figures['weights_bytes_total'] / GB:.2f} GB, built in {build_s:.1f} s"
+        f"{figures['dtype']}, weights {size(figures['weights_bytes_total'])}, built in {build_s:.1f} s"
     ]
 
 
@@ -419,14 +428,11 @@ def memory(ctx: CheckContext, figures: dict[str, Any]) -> None:
     del state
     if ctx.free_after_build is not None:
         figures["sessions_fitting_after_weights"] = int(ctx.free_after_build // max(measured, 1))
+    kv, vae = groups.get("kv_cache", 0), groups.get("vae_cache", 0)
+    docs = DOCS_MODELS_MD_STATE["total"]
     figures["summary"] = [
-        f"per session: measured {measured / GB:.3f} GB vs estimate {total / GB:.3f} GB "
-        f"(KV {groups.get('kv_cache', 0) / GB:.3f}, VAE cache {groups.get('vae_cache', 0) / GB:.3f} GB)"
-        + (
-            f"; docs/models.md says ≈ {DOCS_MODELS_MD_STATE['total'] / GB:.2f} GB"
-            if "docs_models_md_bytes" in figures
-            else ""
-        )
+        f"per session: measured {size(measured)} vs estimate {size(total)} (KV {size(kv)}, VAE cache {size(vae)})"
+        + (f"; docs/models.md says ≈ {size(docs)}" if "docs_models_md_bytes" in figures else "")
     ]
 
 
