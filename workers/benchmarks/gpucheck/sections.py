@@ -304,19 +304,21 @@ def build_model(ctx: CheckContext, figures: dict[str, Any]) -> None:
     if ctx.cuda:
         torch.cuda.reset_peak_memory_stats(ctx.device)
     started = time.perf_counter()
-    try:
+    unavailable = wan.libraries_unavailable()
+    if unavailable is None:
         model = wan.build_random_wan(shape, device=ctx.device, workdir=ctx.workdir)
         name, kind = (
             shape.name,
             "wan adapter (diffusers WanTransformer3DModel + AutoencoderKLWan, transformers UMT5), random weights",
         )
         weights = wan.weights_bytes(model)
-    except ImportError as exc:
+    else:
         from workers.runtime.models import build_model as build_preset
 
         preset = "tiny" if ctx.dry else "wan-1.3b"
         figures["fallback"] = (
-            f"the Wan adapter could not be built ({exc}); measuring the causal DiT preset {preset!r} instead"
+            f"the Wan adapter's libraries do not import here ({unavailable}); "
+            f"measuring the causal DiT preset {preset!r} instead"
         )
         model = build_preset(preset, device=str(ctx.device))
         name, kind = preset, "causal_dit reference model (Wan2.1-1.3B tensor shapes, its own decoder; no VAE)"

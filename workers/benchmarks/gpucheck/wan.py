@@ -117,6 +117,18 @@ WAN_TINY = WanShape(
 )
 
 
+def libraries_unavailable() -> str | None:
+    """None when the parts the adapter is built from import here, else why not (a machine may lack
+    diffusers, or carry a diffusers its huggingface-hub is too old for: any import error counts)."""
+    try:
+        from diffusers import AutoencoderKLWan, WanTransformer3DModel  # noqa: F401
+        from tokenizers import Tokenizer  # noqa: F401
+        from transformers import PreTrainedTokenizerFast, UMT5EncoderModel  # noqa: F401
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 def parameter_count(shape: WanShape) -> dict[str, int]:
     """Parameters of each component, from the configs on the meta device (allocates nothing)."""
     transformer, vae, text = _meta_modules(shape)
