@@ -130,3 +130,18 @@ def test_an_engine_on_a_cpu_keeps_host_buffers_unpinned(tmp_path):
         assert engine.gpu_paths == GpuPaths(offload_pinned=True)
     finally:
         engine.close()
+
+
+def test_a_graph_is_captured_with_its_own_block_and_the_slots_static_tensors():
+    # given a slot first made by block 0's call, and block 5's call with other tensors
+    block0, block5 = object(), object()
+    first = (block0, torch.zeros(2, 3), (torch.zeros(2, 1), torch.zeros(2, 1)), None)
+    statics, widths = accel._flatten(first)
+    statics = [torch.empty_like(leaf) if isinstance(leaf, torch.Tensor) else leaf for leaf in statics]
+    call = (block5, torch.ones(2, 3), (torch.ones(2, 1), torch.ones(2, 1)), None)
+    leaves, _ = accel._flatten(call)
+    # when block 5's graph is captured
+    module, x, (cos, sin), mask = accel.capture_args(statics, leaves, widths)
+    # then it runs block 5 (not the slot's first block) on the static tensors replays will read
+    assert module is block5 and mask is None
+    assert x is statics[1] and cos is statics[2] and sin is statics[3]

@@ -135,6 +135,17 @@ def _rebuild(leaves: list[Any], widths: list[int]) -> tuple[Any, ...]:
     return tuple(args)
 
 
+def capture_args(statics: list[Any], leaves: list[Any], widths: list[int]) -> tuple[Any, ...]:
+    """The arguments a graph is captured with: the slot's static tensors (what replays read) and
+    this call's other arguments (the block module, the model: they differ between the graphs that
+    share a slot)."""
+    mixed = [
+        static if isinstance(leaf, torch.Tensor) else leaf
+        for static, leaf in zip(statics, leaves, strict=True)
+    ]
+    return _rebuild(mixed, widths)
+
+
 def graph_keys(
     index: int, fn: Callable[..., Any], args: tuple[Any, ...]
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -159,7 +170,7 @@ class _Slot:
     """Static buffers shared by the graphs of one signature: blocks run one after the other, so
     one set of inputs, outputs and one memory pool serve all of them."""
 
-    inputs: list[Any]  # the leaves, tensors replaced by static copies
+    inputs: list[Any]  # static copies of the tensor leaves (other leaves: as the first call had them)
     widths: list[int]
     pool: Any
     outputs: tuple[torch.Tensor, ...] | None = None
@@ -200,7 +211,9 @@ class BlockGraphs:
         assert slot.graphs is not None
         graph = slot.graphs.get(graph_key)
         if graph is None:
-            graph = slot.graphs[graph_key] = self._capture(slot, fn)
+            graph = slot.graphs[graph_key] = self._capture(
+                slot, fn, capture_args(slot.inputs, leaves, widths)
+            )
         graph.replay()
         self.replays += 1
         assert slot.outputs is not None
@@ -219,8 +232,7 @@ class BlockGraphs:
         self._slots[key] = slot
         return slot
 
-    def _capture(self, slot: _Slot, fn: Callable[..., Any]) -> torch.cuda.CUDAGraph:
-        args = _rebuild(slot.inputs, slot.widths)
+    def _capture(self, slot: _Slot, fn: Callable[..., Any], args: tuple[Any, ...]) -> torch.cuda.CUDAGraph:
         # Warm-up on a side stream (library handles, workspaces, autotuning happen outside capture).
         side = torch.cuda.Stream(device=self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
