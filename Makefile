@@ -51,3 +51,10 @@ format: venv
 
 clean:
 	rm -rf $(VENV) staticfiles .pytest_cache .ruff_cache
+
+# The GPU check (docs/gpu-check.md): `make gpu-check OUT=<dir>` on a GPU machine with its own python3
+# (no venv, no pip, no network; packages it lacks come from wheels carried in var/wheels);
+# `make gpu-check DRY=1 OUT=<dir>` runs the same code on a CPU with tiny shapes.
+.PHONY: gpu-check
+gpu-check:
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) scripts/gpu_check.py --out "$(or $(OUT),var/gpu-check)" $(if $(filter 1 yes true,$(DRY)),--dry)

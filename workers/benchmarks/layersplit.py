@@ -57,6 +57,7 @@ from workers.runtime.models.causal_dit import (
     rope_tables,
     timestep_embedding,
 )
+from workers.runtime.models.kv_cache import KvCacheBatch
 from workers.runtime.transport.gloo import GlooPairGroup
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -108,23 +109,12 @@ def run_blocks(
     model: Any, plan: ChunkPlan, x: torch.Tensor, e: torch.Tensor, lo: int, hi: int, write: bool
 ) -> torch.Tensor:
     """DiT blocks ``lo..hi`` over activations ``x`` (as ``_forward``'s loop, sliced)."""
-    cfg, states = model.cfg, plan.states
-    b = x.shape[0]
     read, mask = plan.cache
+    kv_cache = KvCacheBatch(plan.states, read=read, write_slots=plan.slots if write else None)
     for index in range(lo, hi):
-        block = model.net.dit.blocks[index]
-        ck = cv = None
-        if read:
-            if b == 1:
-                region = states[0].tensors["kv_cache"][index, :, :read].unsqueeze(1)
-            else:
-                region = torch.stack([s.tensors["kv_cache"][index, :, :read] for s in states], dim=1)
-            ck, cv = region[0], region[1]
-        x, k, v = block(x, e, plan.context, plan.rope, ck, cv, mask)
-        if write:
-            kv = torch.stack([k, v], dim=1).view(b, 2, cfg.frames_per_chunk, cfg.tokens_per_frame, cfg.dim)
-            for i, state in enumerate(states):
-                state.tensors["kv_cache"][index].index_copy_(1, plan.slots[i], kv[i])
+        ck, cv = kv_cache.cached(index)
+        x, k, v = model.net.dit.blocks[index](x, e, plan.context, plan.rope, ck, cv, mask)
+        kv_cache.write(index, k, v)
     return x
 
 

@@ -18,6 +18,7 @@ import torch
 from contracts.bench import rounds
 from gpu import telemetry
 from workers.benchmarks.migration import bench_migration
+from workers.benchmarks.profile import scheduler_profile
 from workers.runtime.engine import ChunkEngine
 from workers.runtime.models import build_model
 from workers.runtime.models.base import SessionState, StreamingVideoModel
@@ -446,35 +447,25 @@ def profile_model(
     engine.close()
     offload = bench_offload(model, repeats=5)
     host_link_gbps = min(offload["suspend_call_gbps"], offload["resume_call_gbps"])
-    curve, running = [], 0.0
-    for batch, ms in enumerate(raw_ms, start=1):
-        running = max(running, ms)
-        curve.append([batch, round(running, 3)])
-    capacity = max_batch
-    if slo_ms is not None:
-        within = [b for b, ms in curve if ms <= slo_ms]
-        capacity = max(within) if within else 1
     device_name = str(model.device)
     if model.device.type == "cuda":
         device_name = torch.cuda.get_device_name(model.device)
     if link_gbps is None and model.device.type == "cuda":
         link_gbps = NVLINK_GBPS  # nominal peer link; pass --link-gbps with a measured figure
-    profile: dict[str, Any] = {
-        "name": name or f"{(gpu_type or model.device.type)}-{preset}",
-        "gpu_type": gpu_type or model.device.type,
-        "capacity": float(capacity),
-        "memory_limit_sessions": int(memory_sessions),
-        "price_per_hour": float(price_per_hour),
-        "provisioning_delay_s": round(load_s, 3),
-        "latency_ms": curve,
-        "state_bytes": int(state_bytes),
-        "host_link_gbps": round(host_link_gbps, 3),
-        "source": f"profile_model --preset {preset} on {device_name}, {datetime.now(UTC).isoformat()}",
-    }
-    if link_gbps is not None:
-        profile["link_gbps"] = float(link_gbps)
-    if slo_ms is not None:
-        profile["slo_ms"] = float(slo_ms)
+    profile = scheduler_profile(
+        name=name or f"{(gpu_type or model.device.type)}-{preset}",
+        gpu_type=gpu_type or model.device.type,
+        measured_ms=list(enumerate(raw_ms, start=1)),
+        max_batch=max_batch,
+        memory_limit_sessions=memory_sessions,
+        price_per_hour=price_per_hour,
+        provisioning_delay_s=load_s,
+        state_bytes=state_bytes,
+        host_link_gbps=host_link_gbps,
+        link_gbps=link_gbps,
+        slo_ms=slo_ms,
+        source=f"profile_model --preset {preset} on {device_name}, {datetime.now(UTC).isoformat()}",
+    )
     weights = _weights_bytes(model)
     if weights and load_s > 0:
         profile["scale_out"] = {

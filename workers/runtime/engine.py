@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from workers.runtime.accel import GpuPaths, copy_stream, pin_host_buffers
 from workers.runtime.encoding import EncodedChunk, encode_jpeg_frames
 from workers.runtime.models import build_model
 from workers.runtime.models.base import (
@@ -200,7 +201,10 @@ class ChunkEngine:
         encode_in_processes: bool = False,
         jpeg_quality: int = 85,
         on_chunk: Callable[[ChunkResult, EncodedChunk], None] | None = None,
+        gpu_paths: GpuPaths | None = None,
     ) -> None:
+        """``gpu_paths``: the offload copies' settings (side stream, pinned host buffers; default:
+        the environment's, ``workers.runtime.accel``); they matter on CUDA only."""
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         self.model = model
@@ -222,12 +226,13 @@ class ChunkEngine:
         else:
             self._encoder = ThreadPoolExecutor(max_workers=encode_workers, thread_name_prefix="chunk-encode")
         self._cuda = self.device.type == "cuda"
-        # Host buffers for suspended states (pinned on CUDA). On a CPU worker the "device" copies are
-        # host memory too, so freed state regions are pooled for the next resume; on CUDA the
-        # caching allocator already does that.
-        self._pool = HostBufferPool(pin=self._cuda)
+        self.gpu_paths = gpu_paths if gpu_paths is not None else GpuPaths.from_env()
+        # Host buffers for suspended states (pinned on CUDA unless the setting says otherwise). On a
+        # CPU worker the "device" copies are host memory too, so freed state regions are pooled for
+        # the next resume; on CUDA the caching allocator already does that.
+        self._pool = HostBufferPool(pin=pin_host_buffers(self.device, self.gpu_paths))
         self._device_pool = None if self._cuda else HostBufferPool(pin=False, device=self.device)
-        self._side_stream = torch.cuda.Stream(device=self.device) if self._cuda else None
+        self._side_stream = copy_stream(self.device, self.gpu_paths)
 
     @classmethod
     def from_preset(cls, preset: str, *, device: str = "cpu", **engine_kwargs: Any) -> ChunkEngine:
@@ -483,7 +488,7 @@ class ChunkEngine:
             host_views,
             nbytes,
             copy_ms,
-            pinned=self._cuda,
+            pinned=self._pool.pin,
             region=host_region,
             validated=(self.model, manifest),
         )
@@ -546,6 +551,7 @@ class ChunkEngine:
 
     def _copy_all(self, dst: dict[str, torch.Tensor], src: dict[str, torch.Tensor]) -> None:
         if self._side_stream is None:
+            # A CPU worker, or CUDA with the side stream off: synchronous copies on this stream.
             for name, tensor in src.items():
                 dst[name].copy_(tensor)
             return

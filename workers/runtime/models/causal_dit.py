@@ -33,7 +33,7 @@ import contextlib
 import copy
 import math
 import zlib
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -43,6 +43,7 @@ from torch import nn
 
 from contracts.catalog.presets import PRESETS as MODEL_PRESETS
 from contracts.catalog.presets import CausalDiTArchitecture
+from workers.runtime.accel import Accelerator
 from workers.runtime.models import UnknownPresetError
 from workers.runtime.models.base import (
     DTYPES_BY_NAME,
@@ -209,13 +210,15 @@ class DiTBlock(nn.Module):
         cache_k: torch.Tensor | None,
         cache_v: torch.Tensor | None,
         cache_mask: torch.Tensor | None,
+        attention: Callable[..., torch.Tensor] = F.scaled_dot_product_attention,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One block over x [B, N, D]; returns (x, k, v) where k, v [B, N, D] are this chunk's
-        RoPE'd keys/values (what the cache pass writes into the ring)."""
+        RoPE'd keys/values (what the cache pass writes into the ring). ``attention(q, k, v, mask)``
+        is the self-attention kernel (the model's `Accelerator.attention`)."""
         b, n, d = x.shape
         mod = self.modulations(e, b)
         q, k, v = self.self_attention_inputs(x, mod, rope)
-        attn = attention_over_cache(q, k, v, cache_k, cache_v, cache_mask)
+        attn = attention_over_cache(q, k, v, cache_k, cache_v, cache_mask, attention=attention)
         x = self.after_attention(x, attn, mod, context)
         return x, k.reshape(b, n, d), v.reshape(b, n, d)
 
@@ -255,6 +258,22 @@ class DiTBlock(nn.Module):
         cross = F.scaled_dot_product_attention(cq.transpose(1, 2), ck.transpose(1, 2), cv.transpose(1, 2))
         x = x + self.co(cross.transpose(1, 2).reshape(b, n, d))
         return x + gate2 * self.ffn(self.norm2(x) * (1 + scale2) + shift2)
+
+
+def run_block(
+    block: DiTBlock,
+    accel: Accelerator,
+    x: torch.Tensor,
+    e: torch.Tensor,
+    context: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    cache_k: torch.Tensor | None,
+    cache_v: torch.Tensor | None,
+    cache_mask: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One block call as `Accelerator.block` takes it: a plain function with the block module among
+    its arguments, so every block shares one compiled function and one graph slot per shape."""
+    return block(x, e, context, rope, cache_k, cache_v, cache_mask, attention=accel.attention)
 
 
 def rope_axis_dims(head_dim: int) -> tuple[int, int, int]:
@@ -400,6 +419,8 @@ class CausalDiTModel(StagewiseModel):
         else:
             seeded_init(net, weights_seed)
         self.net = net.to(self.dtype).eval().requires_grad_(False)
+        # GPU paths (flash attention, CUDA graphs, compiled blocks): settings from the environment.
+        self.accel = Accelerator(self.device)
         # Sequence parallelism (`sequence_parallel`): the devices of the current job step, and the
         # DiT's copies on devices other than the model's own.
         self._sp_devices: list[torch.device] = [self.device]
@@ -740,7 +761,10 @@ class CausalDiTModel(StagewiseModel):
             if job_step:
                 self.check_abandon()  # a job step's block boundary (`abandon_on`)
             cache_k, cache_v = kv_cache.cached(index)
-            x, k, v = block(x, e, context, rope, cache_k, cache_v, mask)
+            # The steady state (window full, no mask) has one shape per batch size: CUDA graphs.
+            fixed = read == cfg.window_frames and mask is None and not job_step
+            args = (block, self.accel, x, e, context, rope, cache_k, cache_v, mask)
+            x, k, v = self.accel.block(index, run_block, args, fixed_shape=fixed)
             kv_cache.write(index, k, v)
         if write_slots is not None:
             return latents  # the cache pass needs no prediction

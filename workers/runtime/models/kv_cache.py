@@ -6,13 +6,13 @@ A session's ``kv_cache`` region is ``[blocks, 2 (keys, values), window slots, to
 its slots a ring after the sink frames (the models' ``_ring_slots``). A pass over a batch reads the
 first ``read`` slots of every session (the model's cache plan masks the slots a session has not
 filled) and, in the cache pass that follows a sampled chunk (t = 0), writes the chunk's keys and
-values into each session's own slots. ``workers/benchmarks/layersplit.py`` times a copy of this loop
+values into each session's own slots. ``workers/benchmarks/layersplit.py`` times this loop
 split across devices.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -60,12 +60,15 @@ def attention_over_cache(
     cache_k: torch.Tensor | None,
     cache_v: torch.Tensor | None,
     cache_mask: torch.Tensor | None,
+    attention: Callable[..., torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Self-attention of a chunk's tokens over the cached tokens and their own.
 
     ``q``, ``k`` (RoPE'd), ``v``: the chunk's ``[B, N, H, hd]``; ``cache_k``, ``cache_v``: the cache's
     ``[B, M, H × hd]`` (``KvCacheBatch.cached``; None: nothing cached); ``cache_mask``: which of the M
     cached keys each session may see, ``[B, M]`` (None: all). A chunk's tokens always see each other.
+    ``attention(q, k, v, mask)`` on ``[B, H, tokens, hd]`` is the kernel (the model's
+    ``Accelerator.attention``; default PyTorch's ``scaled_dot_product_attention``).
     Returns ``[B, H, N, hd]``.
     """
     b, n, heads, _ = k.shape
@@ -77,6 +80,7 @@ def attention_over_cache(
     if cache_mask is not None:
         own = torch.ones(b, n, dtype=torch.bool, device=q.device)
         mask = torch.cat([cache_mask, own], dim=1)[:, None, None, :]
-    return F.scaled_dot_product_attention(
-        q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask
-    )
+    q, keys, values = q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2)
+    if attention is None:
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+    return attention(q, keys, values, mask)

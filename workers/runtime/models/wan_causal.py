@@ -56,6 +56,7 @@ from contracts.catalog.local_paths import (
     read_wan_architecture,
 )
 from contracts.catalog.presets import PRESETS
+from workers.runtime.accel import Accelerator
 from workers.runtime.models import UnknownPresetError
 from workers.runtime.models.base import (
     DTYPES_BY_NAME,
@@ -609,6 +610,8 @@ class WanCausalModel(StagewiseModel):
             # the decoder cache has one fixed shape between chunks.
             raise ModelLayoutError(f"{arch.path}: frames_per_chunk must be >= 2 for the Wan VAE cache")
         self.net = WanCausalNetwork(arch, self.device, self.dtype, components)
+        # GPU paths (flash attention, CUDA graphs, compiled blocks): settings from the environment.
+        self.accel = Accelerator(self.device)
         tcfg = self.net.transformer.config
         self.dim = tcfg.num_attention_heads * tcfg.attention_head_dim
         self.heads = tcfg.num_attention_heads
@@ -892,7 +895,10 @@ class WanCausalModel(StagewiseModel):
             if job_step:
                 self.check_abandon()  # a job step's block boundary (`abandon_on`)
             cache_k, cache_v = kv_cache.cached(index)
-            x, k, v = self._block(block, x, modulation, context, rope, cache_k, cache_v, mask)
+            # The steady state (window full, no mask) has one shape per batch size: CUDA graphs.
+            fixed = read == self.arch.window_frames and mask is None and not job_step
+            args = (self, block, x, modulation, context, rope, cache_k, cache_v, mask)
+            x, k, v = self.accel.block(index, WanCausalModel._block, args, fixed_shape=fixed)
             kv_cache.write(index, k, v)
         if write_slots is not None:
             return latents
@@ -924,7 +930,7 @@ class WanCausalModel(StagewiseModel):
         q = apply_rope(attn.norm_q(attn.to_q(y)).unflatten(2, (heads, -1)), rope)
         k = apply_rope(attn.norm_k(attn.to_k(y)).unflatten(2, (heads, -1)), rope)
         v = attn.to_v(y).unflatten(2, (heads, -1))
-        out = attention_over_cache(q, k, v, cache_k, cache_v, cache_mask)
+        out = attention_over_cache(q, k, v, cache_k, cache_v, cache_mask, attention=self.accel.attention)
         out = attn.to_out[0](out.transpose(1, 2).flatten(2))
         x = (x.float() + out * gate).type_as(x)
         x = x + block.attn2(block.norm2(x.float()).type_as(x), context)
