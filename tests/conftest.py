@@ -1,9 +1,10 @@
 from __future__ import annotations
 
 import pytest
+from django.conf import settings
 from rest_framework.test import APIClient
 
-from tests import markers
+from tests import isolation, markers
 from tests.factories import StaffFactory, UserFactory
 
 
@@ -41,11 +42,24 @@ def staff_api(staff):
     return client
 
 
-# --- markers and the spawn guard (tests/markers.py says which test is which) --------------------
+# --- markers, xdist workers, the spawn guard (tests/markers.py says which test is which) ---------
 
 
 def pytest_collection_modifyitems(config, items):
     markers.apply(items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_setupnodes(config, specs):
+    """Give each worker its own Redis database before it starts (tests/isolation.py): the settings
+    read REDIS_URL when pytest-django imports them, before this conftest runs in the worker."""
+    base_url = settings.REDIS_URL
+    problem = isolation.layout_problem(isolation.redis_db(base_url), len(specs))
+    if problem:
+        raise pytest.UsageError(problem)
+    for slot, spec in enumerate(specs):
+        spec.env[isolation.SLOT_ENV] = str(slot)
+        spec.env["REDIS_URL"] = isolation.worker_redis_url(base_url, slot)
 
 
 spawn_guard = markers.SpawnGuard()

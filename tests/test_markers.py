@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests import markers
+from tests import isolation, markers
 
 
 def collected(request) -> list[pytest.Item]:
@@ -95,3 +95,17 @@ def test_the_guard_accepts_a_test_with_the_markers_its_processes_need():
     assert guard.problem(Marked("e2e", "browser")) is None
     problem = guard.problem(Marked("e2e"))
     assert problem is not None and "needs browser" in problem and "needs e2e" not in problem
+
+
+def test_each_xdist_worker_gets_redis_databases_no_other_worker_or_benchmark_uses():
+    assert isolation.redis_db("redis://127.0.0.1:6379/8") == 8
+    assert isolation.redis_db("redis://127.0.0.1:6379") == 0
+    assert isolation.redis_db("unix:///run/redis.sock?db=3") == 3
+    for base, workers in ((0, 1), (0, 4), (8, 2)):
+        assert isolation.layout_problem(base, workers) is None
+        dbs = [isolation.own_db(base, s) for s in range(workers)]
+        dbs += [isolation.e2e_broker_db(s) for s in range(workers)]
+        dbs += [isolation.browser_server_db(s) for s in range(workers)]
+        assert len(set(dbs)) == len(dbs) and not set(dbs) & isolation.BENCH_DATABASES
+    assert "fewer workers" in isolation.layout_problem(8, 3)
+    assert isolation.worker_redis_url("redis://:pw@10.0.0.1:6380/8", 1) == "redis://:pw@10.0.0.1:6380/9"
