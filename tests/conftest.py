@@ -47,6 +47,8 @@ def staff_api(staff):
 
 def pytest_collection_modifyitems(config, items):
     markers.apply(items)
+    # The whole collection, before -m or -k deselect any (tests/test_markers.py reads it).
+    config.stash[markers.COLLECTED] = list(items)
 
 
 @pytest.hookimpl(optionalhook=True)

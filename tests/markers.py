@@ -47,6 +47,7 @@ PROCESS_FIXTURES = frozenset(
         "tests/workers/test_stage_roles.py::encoder_worker",
         "tests/workers/test_stage_split_jobs.py::encoders",
         "tests/workers/test_wan_jobs_daemon.py::workers",
+        "tests/workers_runtime/test_migration.py::workers",
         "tests/workers_runtime/test_weights_transfer.py::spawn",
     }
 )
@@ -70,7 +71,6 @@ PROCESS_TESTS = frozenset(
         "tests/workers_runtime/test_engine.py::test_process_pool_encoder_produces_the_same_jpeg",
         "tests/workers_runtime/test_layersplit_bench.py::test_layersplit_command_reports_equal_split_chunks",
         "tests/workers_runtime/test_migration.py::test_eight_concurrent_migrations_into_one_worker_each_land_byte_exact",
-        "tests/workers_runtime/test_migration.py::test_mixed_dtype_region_with_empty_and_large_tensors_arrives_byte_exact",
         "tests/workers_runtime/test_migration.py::test_source_killed_half_way_gives_target_a_clear_error_and_installs_nothing",
         "tests/workers_runtime/test_migration.py::test_target_killed_half_way_gives_source_a_clear_error_and_keeps_state",
         "tests/workers_runtime/test_migration_engine.py",
@@ -131,6 +131,9 @@ SLOW_REPORT_S = 5.0  # above ~3 s with room for a loaded machine
 # Programs that a test, a library or the standard library runs in passing (version stamps, the
 # Makefile's variables, ctypes' library search, platform's uname): not the processes ``e2e`` means.
 INCIDENTAL_PROGRAMS = frozenset({"git", "make", "ldconfig", "gcc", "cc", "ld", "objdump", "uname"})
+
+
+COLLECTED = pytest.StashKey[list[pytest.Item]]()  # every collected test, deselected ones included
 
 
 def _names(nodeid: str) -> tuple[str, str]:

@@ -9,7 +9,8 @@ from tests import isolation, markers
 
 
 def collected(request) -> list[pytest.Item]:
-    return list(request.session.items)
+    """Every test this run collected, those that -m or -k deselected included."""
+    return request.config.stash.get(markers.COLLECTED, None) or list(request.session.items)
 
 
 def collected_modules(items: list[pytest.Item]) -> set[str]:
