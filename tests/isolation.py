@@ -14,6 +14,10 @@ and ``s`` a worker's slot (0 without xdist):
 - 14 and 15: the live benchmarks' fixed databases (``workers.benchmarks.live``): the tests that run
   those commands live in one module, tests/bench/test_commands.py, and ``--dist loadfile`` runs a
   module on one worker, so one at a time uses them.
+
+Two suites sharing one Redis server (two checkouts on one machine) share these databases too: give
+each a server of its own (``REDIS_URL=redis://127.0.0.1:6390/0``; ``scripts/ensure_services.sh``
+starts a local one on the port REDIS_URL names when none answers there).
 """
 
 from __future__ import annotations
