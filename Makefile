@@ -1,5 +1,6 @@
 # StreamServe — the two commands: `make run` (the platform + demo) and `make test` (the whole suite).
-# Both create or reuse .venv and install what they need; nothing else is typed first.
+# Both create or reuse .venv and install what they need; nothing else is typed first. `make test-fast`
+# is the edit loop: the suite without the e2e, browser and slow tests (tests/markers.py).
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -9,8 +10,14 @@ STAMP  := $(VENV)/.installed
 # The CPU build of torch lies on this machine's disk; installing it first keeps pip from fetching a
 # multi-GB CUDA build to satisfy the range in pyproject.toml.
 TORCH_PIN ?= torch==2.13.0
+# pytest-xdist workers for the suite (tests/isolation.py gives each its own test database and Redis
+# databases). Much of the suite waits on the processes its e2e tests start, so two workers nearly
+# halve it even on two cores. A test module runs on one worker (loadfile): its module-scoped
+# platform or browser starts once. TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
+XDIST  := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
-.PHONY: run test lint format venv services migrate demo-user bench clean
+.PHONY: run test test-fast lint format venv services migrate demo-user bench clean
 
 # DEBUG is off unless set (controlplane/settings.py); the development runner turns it on, which
 # also lets it run without a SECRET_KEY. `DEBUG=false SECRET_KEY=… make run` runs as in production.
@@ -38,7 +45,11 @@ run: migrate
 test: venv services
 	scripts/ensure_test_tools.sh
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+
+test-fast: venv services
+	$(VENV)/bin/lint-imports
+	$(PY) -m pytest $(XDIST) -m "not e2e and not browser and not slow" $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -17,7 +17,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from urllib.parse import quote, urlparse, urlunparse
+from urllib.parse import quote
 
 import pytest
 from django.conf import settings
@@ -25,6 +25,7 @@ from playwright.sync_api import expect
 
 from contracts.wire.frames import chunk_message, group_name
 from scheduling.supervision import web_argv
+from tests import isolation
 
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -53,15 +54,12 @@ def _free_port() -> int:
 def _server_redis_url() -> str:
     """The Redis the test server uses (channel layer, cache, Celery broker, worker commands).
 
-    A database of its own (14 unless ``BROWSER_TEST_REDIS_URL`` says otherwise): the scheduler
-    tasks its requests enqueue must not be taken by a Celery worker of another platform running on
-    this machine, and nothing of theirs may reach the pages under test.
+    A database of its own (12 without xdist, one per worker with it: tests/isolation.py; or
+    ``BROWSER_TEST_REDIS_URL``): the scheduler tasks its requests enqueue must not be taken by a
+    Celery worker of another platform running on this machine, and nothing of theirs may reach the
+    pages under test.
     """
-    explicit = os.environ.get("BROWSER_TEST_REDIS_URL")
-    if explicit:
-        return explicit
-    parsed = urlparse(settings.REDIS_URL)
-    return urlunparse(parsed._replace(path="/14"))
+    return os.environ.get("BROWSER_TEST_REDIS_URL") or isolation.browser_server_url(settings.REDIS_URL)
 
 
 def _database_url() -> str:
@@ -107,7 +105,7 @@ def asgi_server(django_db_setup, django_db_blocker):
         "DJANGO_SETTINGS_MODULE": "controlplane.settings",
     }
     env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-    log_path = ARTIFACTS / "browser-server.log"
+    log_path = ARTIFACTS / f"browser-server{isolation.suffix()}.log"
     log = open(log_path, "wb")  # noqa: SIM115  (closed at teardown)
     process = subprocess.Popen(
         list(web_argv(port=port)),  # the platform's own web command line

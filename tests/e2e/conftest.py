@@ -2,7 +2,8 @@
 
 Processes share the test database (committed data: these tests run outside the per-test
 transaction) and Redis; Celery gets its own broker database so a developer's running platform
-cannot pick up the tests' tasks. Everything is torn down and the database flushed afterwards.
+cannot pick up the tests' tasks (one per xdist worker: tests/isolation.py). Everything is torn down
+and the database flushed afterwards.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from django.conf import settings
 from django.core.management import call_command
 
 from scheduling.supervision import beat_argv, scheduler_argv, web_argv
+from tests import isolation
 from workers.benchmarks.live import ProcessGroup, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,7 +70,7 @@ class Platform:
             **os.environ,
             "DATABASE_URL": self.default_database_url,
             "REDIS_URL": settings.REDIS_URL,
-            "CELERY_BROKER_URL": "redis://127.0.0.1:6379/13",
+            "CELERY_BROKER_URL": isolation.e2e_broker_url(settings.REDIS_URL),
             "WORKER_PROFILE": str(tmp / "profile.json"),
             "CHECKPOINT_DIR": str(tmp / "checkpoints"),
             "WEIGHTS_DIR": str(tmp / "weights"),
@@ -170,7 +172,7 @@ def platform(django_db_setup, django_db_blocker, tmp_path_factory, request):
             if failed:
                 import shutil
 
-                keep = ROOT / "artifacts" / "e2e-logs"
+                keep = ROOT / "artifacts" / f"e2e-logs{isolation.suffix()}"
                 shutil.rmtree(keep, ignore_errors=True)
                 shutil.copytree(platform.tmp, keep, ignore=shutil.ignore_patterns("checkpoints"))
                 for log in (ROOT / "var" / "log").glob("local-*.log"):
