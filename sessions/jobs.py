@@ -1,6 +1,6 @@
 """One-shot image and video jobs (GenServe): every way a job changes, in one module.
 
-Users submit and cancel (``job_submit``, ``job_cancel``); the scheduler's dispatcher assigns,
+Users submit, cancel and delete (``job_submit``, ``job_cancel``, ``job_delete``); the scheduler's dispatcher assigns,
 pauses, resumes, moves and re-queues (``job_assign``, ``job_pause``, ``job_resume``, ``job_move``,
 ``job_requeue``); workers report through ``workers.reporting.DjangoReporter``, which calls
 ``job_progress``, ``job_completed`` and ``job_failed`` (the contract with the runtime, issue 14).
@@ -290,6 +290,24 @@ def job_cancel(*, job: Job) -> Job:
     job.state, job.finished_at = State.CANCELLED, timezone.now()
     job.save(update_fields=["state", "finished_at"])
     _announce(job, "cancelled", queue=was_queued, held_by=held_by, epoch=job.epoch)
+    return job
+
+
+@transaction.atomic
+def job_delete(*, job: Job) -> Job:
+    """Delete a job for its owner (the OpenAI API's ``DELETE /v1/videos/{id}``): cancelled first if
+    it has not ended (its worker drops its state), its result removed from the storage once this
+    commits, and hidden from every listing (``deleted_at``). The row stays: the audit counts how the
+    job ended, and an owner must not be able to rewrite that."""
+    job = job_cancel(job=job)  # locks the row: a result reported meanwhile is ignored or already saved
+    if job.deleted_at is not None:
+        return job
+    result = job.result.name
+    job.deleted_at, job.result = timezone.now(), ""
+    job.save(update_fields=["deleted_at", "result"])
+    if result:
+        storage = Job._meta.get_field("result").storage
+        transaction.on_commit(lambda: storage.delete(result))
     return job
 
 
