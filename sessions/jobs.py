@@ -107,7 +107,7 @@ def _preset_and_size(
     return preset, width, height
 
 
-def _frames(kind: str, frames: int | None, errors: dict) -> int:
+def _frames(kind: str, frames: int | None, preset: ModelPreset | None, errors: dict) -> int:
     if kind != Kind.VIDEO:
         if frames not in (None, 1):
             errors["frames"] = "an image is one frame: leave frames out (or 1)"
@@ -117,6 +117,10 @@ def _frames(kind: str, frames: int | None, errors: dict) -> int:
         errors["frames"] = f"a video needs frames (an integer {bounds})"
     elif _int_in(frames, 2, settings.STREAMSERVE["JOB_MAX_FRAMES"]) is None:
         errors["frames"] = f"a video has {bounds} frames"
+    elif preset is not None and frames % preset.job_frame_unit:
+        errors["frames"] = f"must be a multiple of {preset.job_frame_unit} for {preset.name}"
+    elif preset is not None and preset.max_job_frames is not None and frames > preset.max_job_frames:
+        errors["frames"] = f"at most {preset.max_job_frames} for {preset.name}"
     return frames or 0
 
 
@@ -157,7 +161,7 @@ def job_spec_build(
     if kind not in Kind.values:
         errors["kind"] = f"must be one of {', '.join(Kind.values)}"
     preset, width, height = _preset_and_size(model_name, resolution, errors)
-    frames = _frames(kind, frames, errors)
+    frames = _frames(kind, frames, preset, errors)
     max_steps = settings.STREAMSERVE["JOB_MAX_STEPS"]
     if steps is not None and _int_in(steps, 1, max_steps) is None:
         errors["steps"] = f"must be an integer between 1 and {max_steps}"

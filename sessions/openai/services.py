@@ -17,7 +17,6 @@ from django.db import transaction
 from django.utils import timezone
 
 from contracts.catalog import PRESETS, ModelPreset
-from contracts.catalog.presets import PRESETS as RUNTIME_PRESETS
 from sessions import jobs
 from sessions.models import Job
 
@@ -44,21 +43,20 @@ class ImageFailed(Exception):
         self.job = job
 
 
-def frame_unit(preset: ModelPreset) -> int:
-    """Video frames per latent frame: a video's length is a multiple of it (the causal DiT decodes
-    each latent frame to ``temporal_upsample`` frames; the demo model draws frame by frame)."""
-    return int(getattr(RUNTIME_PRESETS[preset.name].architecture, "temporal_upsample", 1))
-
-
 def frames_bounds(preset: ModelPreset) -> tuple[int, int]:
-    unit = frame_unit(preset)
-    return max(2, unit), settings.STREAMSERVE["JOB_MAX_FRAMES"] // unit * unit
+    """The fewest and most frames of a video of this model: the jobs' bounds (2..``JOB_MAX_FRAMES``)
+    within the model's own (``max_job_frames``), in whole latent frames."""
+    unit = preset.job_frame_unit
+    most = settings.STREAMSERVE["JOB_MAX_FRAMES"]
+    if preset.max_job_frames is not None:
+        most = min(most, preset.max_job_frames)
+    return max(2, unit), most // unit * unit
 
 
 def seconds_to_frames(preset: ModelPreset, seconds: Decimal) -> int:
     """``seconds`` × the model's fps, rounded half up to a whole number of latent frames; a 400
     naming ``seconds`` (with the accepted range in seconds) outside the jobs' frame bounds."""
-    unit = frame_unit(preset)
+    unit = preset.job_frame_unit
     low, high = frames_bounds(preset)
     latent = (seconds * preset.fps / unit).quantize(Decimal(1), rounding=ROUND_HALF_UP)
     frames = int(latent) * unit

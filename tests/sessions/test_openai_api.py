@@ -15,6 +15,7 @@ import openai
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.cache import cache
+from django.core.exceptions import ValidationError
 from django.core.files.base import ContentFile
 from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
@@ -128,7 +129,7 @@ def assert_openai_error(response, status: int, *, param=None, code=None) -> dict
     [
         ("tiny", "4", 32),  # 8 fps
         ("tiny", "4.1", 32),  # 32.8 frames: 16.4 latent frames of 2 → 16
-        ("tiny", "4.2", 34),  # 33.6 frames: 16.8 → 17 latent frames
+        ("tiny", "3.9", 32),  # 31.2 frames: 15.6 → 16 latent frames
         ("tiny", "0.25", 2),
         ("demo", "1.5", 12),  # 8 fps, frame by frame
         ("small", "2", 32),  # 16 fps, latent frames of 4
@@ -138,13 +139,31 @@ def test_seconds_are_frames_at_the_models_fps_in_whole_latent_frames(model, seco
     assert services.seconds_to_frames(PRESETS[model], Decimal(seconds)) == frames
 
 
-@pytest.mark.parametrize("seconds", ["0.1", "17", "100"])
+@pytest.mark.parametrize("seconds", ["0.1", "4.2", "8", "100"])
 def test_seconds_beyond_the_frame_bounds_name_the_range_in_seconds(seconds):
-    with pytest.raises(Exception) as caught:
+    with pytest.raises(ValidationError) as caught:
         services.seconds_to_frames(PRESETS["tiny"], Decimal(seconds))
     assert caught.value.message_dict == {
-        "seconds": [f"tiny makes videos of 0.25 to 16 seconds (8 fps, in steps of 0.25 s); got {seconds}"]
+        "seconds": [f"tiny makes videos of 0.25 to 4 seconds (8 fps, in steps of 0.25 s); got {seconds}"]
     }
+
+
+@pytest.mark.parametrize("name", ["tiny", "small", "demo"])
+def test_the_catalogues_video_bounds_are_the_runtimes(name):
+    # What the control plane refuses is what a worker would refuse (it would refuse at every dispatch).
+    from workers.runtime.models import build_model
+    from workers.runtime.models.base import JobSpecError
+
+    preset = PRESETS[name]
+    width, height = map(int, preset.default_resolution.split("x"))
+    model = build_model(name)
+    low, high = services.frames_bounds(preset)
+    for frames in (low, high):
+        model.check_job(kind="video", width=width, height=height, frames=frames, steps=4)
+    for frames in (high + preset.job_frame_unit, low + 1 if preset.job_frame_unit > 1 else None):
+        if frames is not None:
+            with pytest.raises(JobSpecError):
+                model.check_job(kind="video", width=width, height=height, frames=frames, steps=4)
 
 
 def test_every_model_class_of_the_catalogue_has_a_one_shot_mode():
@@ -168,7 +187,7 @@ def test_models_lists_the_served_presets_with_what_they_make(sdk, settings):
     extra = tiny.model_extra
     assert extra["capabilities"] == {"streaming": True, "image": True, "video": True}
     assert (extra["sizes"], extra["default_size"], extra["fps"]) == (["64x64"], "64x64", 8)
-    assert extra["video_seconds"] == [0.25, 16]
+    assert extra["video_seconds"] == [0.25, 4]
     assert sdk().models.retrieve("demo").id == "demo"
     with pytest.raises(openai.NotFoundError) as missing:
         sdk().models.retrieve("small")  # in the catalogue, not served here
@@ -216,7 +235,7 @@ def test_an_unsupported_size_is_a_bad_request_naming_size_and_the_accepted_ones(
         ({"prompt": "a fox", "model": "sora-2"}, "model", "invalid_value", "not a valid choice"),
         ({"prompt": "a fox", "seconds": "forever"}, "seconds", "invalid_value", "positive number"),
         ({"prompt": "a fox", "seconds": "-4"}, "seconds", "invalid_value", "positive number"),
-        ({"prompt": "a fox", "seconds": "60"}, "seconds", "invalid_value", "0.25 to 16 seconds"),
+        ({"prompt": "a fox", "seconds": "8"}, "seconds", "invalid_value", "0.25 to 4 seconds"),
         ({"prompt": "a fox", "seconds": True}, "seconds", "invalid_value", "a number of seconds"),
         ({"prompt": "a fox", "size": "wide"}, "size", "invalid_value", "WIDTHxHEIGHT"),
         (
