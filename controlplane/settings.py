@@ -278,6 +278,8 @@ API_SCHEMA_ACCESS = _choice("API_SCHEMA_ACCESS", "authenticated", ("public", "au
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.TokenAuthentication",
+        # The same tokens as `Authorization: Bearer <key>`, as OpenAI's SDKs send them.
+        "contracts.http.auth.BearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -317,7 +319,17 @@ SPECTACULAR_SETTINGS = {
     ],
     "COMPONENT_SPLIT_REQUEST": True,
     # Sessions' events and jobs both have a ``kind``: name the jobs' enum instead of a hash.
-    "ENUM_NAME_OVERRIDES": {"JobKindEnum": "sessions.models.Job.Kind"},
+    "ENUM_NAME_OVERRIDES": {
+        "JobKindEnum": "sessions.models.Job.Kind",
+        # The OpenAI API's (sessions/openai/): sizes are the served resolutions (images: or auto),
+        # and each object names its type in a one-value `object` field.
+        "ResolutionEnum": "sessions.serializers.SERVED_RESOLUTIONS",
+        "ImageSizeEnum": "sessions.openai.serializers.IMAGE_SIZES",
+        "VideoObjectEnum": ["video"],
+        "VideoDeletedObjectEnum": ["video.deleted"],
+        "ModelObjectEnum": ["model"],
+        "ListObjectEnum": ["list"],
+    },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "contracts.http.api.document_error_responses",
@@ -374,6 +386,11 @@ STREAMSERVE = {
     "JOB_MAX_STEPS": _typed("JOB_MAX_STEPS", env.int, 100),
     "JOB_MAX_FRAMES": _typed("JOB_MAX_FRAMES", env.int, 129),
     "JOB_DEFAULT_SLO_S": _typed("JOB_DEFAULT_SLO_S", env.float, 300.0),
+    # The OpenAI-compatible API (/v1/, docs/openai.md): how long POST /v1/images/generations waits
+    # for its images (also their jobs' SLO), and whether a request without a valid API token acts
+    # as the local `demo` user (a single-user machine only: anyone who reaches the port is that user).
+    "OPENAI_IMAGES_TIMEOUT_S": _typed("OPENAI_IMAGES_TIMEOUT_S", env.float, 120.0),
+    "OPENAI_API_ANONYMOUS": _strict_bool("OPENAI_API_ANONYMOUS", False),
     # The job dispatcher's policy (scheduling.core.jobs.policy): `edf`, `genserve` or
     # package.module:ClassName.
     "JOB_POLICY": env.str("JOB_POLICY", default="edf"),
@@ -485,6 +502,7 @@ for _name in (
     "MIGRATION_TIMEOUT_S",
     "CONSOLE_PUSH_INTERVAL_S",
     "JOB_DEFAULT_SLO_S",
+    "OPENAI_IMAGES_TIMEOUT_S",
     "REGION_RTT_BUDGET_MS",
     "REGION_FORECAST_SEASON_SLOTS",
     "STAGE_WINDOW_S",
@@ -493,6 +511,9 @@ for _name in (
 ):
     if STREAMSERVE[_name] <= 0:
         raise ImproperlyConfigured(f"Environment variable {_name} must be positive")
+if STREAMSERVE["OPENAI_IMAGES_TIMEOUT_S"] > 3600:
+    # The request holds a server thread for as long: an hour is already a batch job, not a call.
+    raise ImproperlyConfigured("Environment variable OPENAI_IMAGES_TIMEOUT_S must be at most 3600")
 if STREAMSERVE["REGION_FORECAST"] not in ("ets", "seasonal-naive", "last-value"):
     raise ImproperlyConfigured(
         "Environment variable REGION_FORECAST must be ets, seasonal-naive or last-value"

@@ -24,6 +24,8 @@ urlpatterns = [
     path("accounts/", include("django.contrib.auth.urls")),
     *schema_urls,
     path("api/", include("controlplane.api_urls")),
+    # OpenAI's Images and Videos API over the one-shot jobs (docs/openai.md).
+    path("v1/", include("sessions.openai.urls")),
     path("", include("sessions.urls")),
     path("", include("scheduling.urls")),  # the operator console and /metrics
 ]

@@ -2,7 +2,8 @@
 
 A cookie is an ambient credential, so cookie-authenticated sockets must come from an allowed
 origin (cross-site WebSocket hijacking); a token is presented explicitly, so token-authenticated
-sockets (``Authorization: Token <key>`` header or ``?token=<key>``) need no Origin header.
+sockets (``Authorization: Token <key>`` or ``Bearer <key>`` header, or ``?token=<key>``) need no
+Origin header.
 
 The origin check compares scheme, host and port, as Django's CSRF check does for forms: the origin
 must be the socket's own (``http(s)://`` + its ``Host`` header, which must be in ``ALLOWED_HOSTS``) or
@@ -49,7 +50,7 @@ def _token_from(scope) -> str | None:
     authorization = _header(scope, b"authorization")
     if authorization is not None:
         scheme, _, key = authorization.partition(" ")
-        if scheme.lower() == "token" and key:
+        if scheme.lower() in ("token", "bearer") and key:
             return key.strip()
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
     return (query.get("token") or [None])[0]

@@ -1,6 +1,6 @@
 """One-shot image and video jobs (GenServe): every way a job changes, in one module.
 
-Users submit and cancel (``job_submit``, ``job_cancel``); the scheduler's dispatcher assigns,
+Users submit, cancel and delete (``job_submit``, ``job_cancel``, ``job_delete``); the scheduler's dispatcher assigns,
 pauses, resumes, moves and re-queues (``job_assign``, ``job_pause``, ``job_resume``, ``job_move``,
 ``job_requeue``); workers report through ``workers.adapters.reporting.DjangoReporter``, which calls
 ``job_progress``, ``job_completed`` and ``job_failed`` (the contract with the runtime, issue 14).
@@ -107,7 +107,7 @@ def _preset_and_size(
     return preset, width, height
 
 
-def _frames(kind: str, frames: int | None, errors: dict) -> int:
+def _frames(kind: str, frames: int | None, preset: ModelPreset | None, errors: dict) -> int:
     if kind != Kind.VIDEO:
         if frames not in (None, 1):
             errors["frames"] = "an image is one frame: leave frames out (or 1)"
@@ -117,6 +117,10 @@ def _frames(kind: str, frames: int | None, errors: dict) -> int:
         errors["frames"] = f"a video needs frames (an integer {bounds})"
     elif _int_in(frames, 2, settings.STREAMSERVE["JOB_MAX_FRAMES"]) is None:
         errors["frames"] = f"a video has {bounds} frames"
+    elif preset is not None and frames % preset.job_frame_unit:
+        errors["frames"] = f"must be a multiple of {preset.job_frame_unit} for {preset.name}"
+    elif preset is not None and preset.max_job_frames is not None and frames > preset.max_job_frames:
+        errors["frames"] = f"at most {preset.max_job_frames} for {preset.name}"
     return frames or 0
 
 
@@ -157,7 +161,7 @@ def job_spec_build(
     if kind not in Kind.values:
         errors["kind"] = f"must be one of {', '.join(Kind.values)}"
     preset, width, height = _preset_and_size(model_name, resolution, errors)
-    frames = _frames(kind, frames, errors)
+    frames = _frames(kind, frames, preset, errors)
     max_steps = settings.STREAMSERVE["JOB_MAX_STEPS"]
     if steps is not None and _int_in(steps, 1, max_steps) is None:
         errors["steps"] = f"must be an integer between 1 and {max_steps}"
@@ -290,6 +294,24 @@ def job_cancel(*, job: Job) -> Job:
     job.state, job.finished_at = State.CANCELLED, timezone.now()
     job.save(update_fields=["state", "finished_at"])
     _announce(job, "cancelled", queue=was_queued, held_by=held_by, epoch=job.epoch)
+    return job
+
+
+@transaction.atomic
+def job_delete(*, job: Job) -> Job:
+    """Delete a job for its owner (the OpenAI API's ``DELETE /v1/videos/{id}``): cancelled first if
+    it has not ended (its worker drops its state), its result removed from the storage once this
+    commits, and hidden from every listing (``deleted_at``). The row stays: the audit counts how the
+    job ended, and an owner must not be able to rewrite that."""
+    job = job_cancel(job=job)  # locks the row: a result reported meanwhile is ignored or already saved
+    if job.deleted_at is not None:
+        return job
+    result = job.result.name
+    job.deleted_at, job.result = timezone.now(), ""
+    job.save(update_fields=["deleted_at", "result"])
+    if result:
+        storage = Job._meta.get_field("result").storage
+        transaction.on_commit(lambda: storage.delete(result))
     return job
 
 

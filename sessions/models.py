@@ -318,6 +318,9 @@ class Job(models.Model):
     error = models.TextField(blank=True, default="")
     result = models.FileField(upload_to=job_result_path, blank=True, max_length=200)
     result_content_type = models.CharField(max_length=64, blank=True, default="")
+    # When its owner deleted it (``sessions.jobs.job_delete``): hidden from every listing, its result
+    # removed from the storage; the row stays, so the audit still counts how the job ended.
+    deleted_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-submitted_at"]
@@ -351,7 +354,10 @@ class Job(models.Model):
                 name="job_ended_has_time",
                 condition=~Q(state__in=["done", "failed", "cancelled"]) | Q(finished_at__isnull=False),
             ),
-            models.CheckConstraint(name="job_done_has_result", condition=~Q(state="done") | ~Q(result="")),
+            models.CheckConstraint(
+                name="job_done_has_result",
+                condition=~Q(state="done") | ~Q(result="") | Q(deleted_at__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:

@@ -24,6 +24,10 @@ class ModelPreset:
     # "WxH" → relative per-chunk cost.
     resolutions: dict[str, float] = field(default_factory=dict)
     default_resolution: str = ""
+    # A one-shot video's frames: a multiple of the unit, at most the maximum (None: the runtime's
+    # `check_job` alone decides, e.g. for a MODEL_PATHS checkpoint).
+    job_frame_unit: int = 1
+    max_job_frames: int | None = None
 
     @classmethod
     def of(cls, preset: Preset) -> ModelPreset:
@@ -37,6 +41,8 @@ class ModelPreset:
             frames_per_chunk=shape.video_frames_per_chunk,
             resolutions={resolution: 1.0},
             default_resolution=resolution,
+            job_frame_unit=getattr(shape, "job_frame_unit", 1),
+            max_job_frames=getattr(shape, "max_job_frames", None),
         )
 
     def load_for(self, resolution: str) -> float:

@@ -13,6 +13,12 @@ from dataclasses import dataclass
 
 DEFAULT_PRESET = "demo"
 
+# The longest video each model family denoises as one one-shot job (issue 14): the runtime's
+# `check_job` refuses longer ones, and the control plane (`sessions.jobs`) refuses them before they
+# reach a worker, which would refuse the job again at every dispatch.
+CAUSAL_DIT_MAX_JOB_LATENT_FRAMES = 16
+DEMO_MAX_JOB_FRAMES = 64
+
 
 @dataclass(frozen=True)
 class CausalDiTArchitecture:
@@ -70,6 +76,15 @@ class CausalDiTArchitecture:
     def video_frames_per_chunk(self) -> int:
         return self.frames_per_chunk * self.temporal_upsample
 
+    @property
+    def job_frame_unit(self) -> int:
+        """A one-shot video is whole latent frames, each decoded to this many frames."""
+        return self.temporal_upsample
+
+    @property
+    def max_job_frames(self) -> int:
+        return CAUSAL_DIT_MAX_JOB_LATENT_FRAMES * self.temporal_upsample
+
 
 @dataclass(frozen=True)
 class DemoArchitecture:
@@ -89,6 +104,14 @@ class DemoArchitecture:
     @property
     def video_frames_per_chunk(self) -> int:
         return self.frames_per_chunk
+
+    @property
+    def job_frame_unit(self) -> int:
+        return 1
+
+    @property
+    def max_job_frames(self) -> int:
+        return DEMO_MAX_JOB_FRAMES
 
 
 @dataclass(frozen=True)

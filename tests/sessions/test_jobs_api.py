@@ -60,6 +60,9 @@ def test_priority_puts_a_job_ahead_in_the_queue(user_api):
         ({"kind": "video"}, "frames", "a video needs frames"),
         ({"kind": "video", "frames": 1}, "frames", "between 2 and"),
         ({"kind": "video", "frames": 10_000}, "frames", "less than or equal to"),
+        # The model's own bounds (the catalogue's): a worker would refuse the job at every dispatch.
+        ({"kind": "video", "frames": 7}, "frames", "a multiple of 2 for tiny"),
+        ({"kind": "video", "frames": 64}, "frames", "at most 32 for tiny"),
         ({"frames": 4}, "frames", "an image is one frame"),
         ({"steps": 0}, "steps", "greater than or equal to 1"),
         ({"steps": 101}, "steps", "less than or equal to 100"),

@@ -24,7 +24,9 @@ import numpy as np
 
 from contracts import bench
 from workers.runtime.encoding import encode_jpeg_frames
+from workers.runtime.generate import generate_frames
 from workers.runtime.media import FragmentEncoder, H264Options, decode_fragments
+from workers.runtime.models import build_model
 
 CONTENTS = ("photo", "demo")
 
@@ -55,9 +57,6 @@ def demo_frames(width: int, height: int, count: int, frames_per_chunk: int, *, s
     """The demo model's frames for a prompt, upscaled to the requested size."""
     import torch
     from PIL import Image
-
-    from workers.runtime.generate import generate_frames
-    from workers.runtime.models import build_model
 
     torch.manual_seed(seed)
     model = build_model("demo", device="cpu")

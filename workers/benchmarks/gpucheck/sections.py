@@ -278,6 +278,7 @@ def _junit_results(path: Path) -> list[dict[str, Any]]:
 
 
 def telemetry(ctx: CheckContext, figures: dict[str, Any]) -> None:
+    # Only this section reads NVML: a machine without nvidia-ml-py still runs the others.
     from gpu import telemetry as gpu_telemetry
 
     sample = gpu_telemetry.sample()
@@ -298,6 +299,8 @@ def telemetry(ctx: CheckContext, figures: dict[str, Any]) -> None:
 def build_model(ctx: CheckContext, figures: dict[str, Any]) -> None:
     """The Wan2.1-T2V-1.3B generator with random weights (dry: the same code at tiny sizes); the
     reference causal DiT's ``wan-1.3b`` preset when diffusers is not importable, saying so."""
+    # The Wan builders import diffusers and transformers, which the carried wheels may only provide
+    # once the check has put them on sys.path (gpucheck.wheels).
     from workers.benchmarks.gpucheck import wan
 
     shape = wan.WAN_TINY if ctx.dry else wan.WAN_1_3B
@@ -313,6 +316,7 @@ def build_model(ctx: CheckContext, figures: dict[str, Any]) -> None:
         )
         weights = wan.weights_bytes(model)
     else:
+        # The fallback when the Wan libraries are missing: built only then.
         from workers.runtime.models import build_model as build_preset
 
         preset = "tiny" if ctx.dry else "wan-1.3b"
@@ -921,6 +925,7 @@ def encode(ctx: CheckContext, figures: dict[str, Any]) -> None:
             f"PyAV is not installed here ({exc}) and was not carried (docs/gpu-check.md: a ~40 MB binary "
             "wheel, and the H100 has no NVENC to measure)"
         ) from None
+    # PyAV may be absent on the GPU machine (checked just above): imported only once it is there.
     from workers.runtime.media import FragmentEncoder, select_h264_encoder
 
     model = ctx.model

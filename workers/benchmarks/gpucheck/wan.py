@@ -190,6 +190,7 @@ def _materialise(
     keep_fp32: list[str] | tuple[str, ...],
     seed: int,
 ) -> torch.nn.Module:
+    # The Wan adapter imports diffusers, which a carried wheel may only provide at run time.
     from workers.runtime.models.wan_causal import place
 
     # Dtypes first, on the meta device (free), so the device allocates each tensor once, as loaded.
@@ -212,9 +213,12 @@ def build_random_wan(
 ) -> Any:
     """A `WanCausalModel` of ``shape`` with seeded random weights on ``device`` (see the module
     docstring); ``dtype`` None is the adapter's "auto" (bfloat16 on CUDA, float32 on CPU)."""
+    # diffusers and transformers (the Wan adapter's too) may come from the carried wheels, on sys.path
+    # only at run time.
     from diffusers import WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
+    # The adapter imports them too: after them, at run time.
     from contracts.catalog.local_paths import WanCausalArchitecture
     from workers.runtime.models.wan_causal import ALL_COMPONENTS, WanCausalModel
 

@@ -41,8 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from contracts.catalog.presets import CAUSAL_DIT_MAX_JOB_LATENT_FRAMES, CausalDiTArchitecture
 from contracts.catalog.presets import PRESETS as MODEL_PRESETS
-from contracts.catalog.presets import CausalDiTArchitecture
 from workers.runtime.accel import Accelerator
 from workers.runtime.models import UnknownPresetError
 from workers.runtime.models.base import (
@@ -567,7 +567,9 @@ class CausalDiTModel(StagewiseModel):
     # A job is denoised as one clip: full attention over all its latent frames (no KV cache), the
     # same DiT at the job's own latent grid (RoPE makes it resolution-agnostic), and decoded once.
 
-    MAX_JOB_LATENT_FRAMES = 16
+    MAX_JOB_LATENT_FRAMES = (
+        CAUSAL_DIT_MAX_JOB_LATENT_FRAMES  # the catalogue's: the control plane checks it too
+    )
 
     def check_job(self, *, kind: str, width: int, height: int, frames: int, steps: int) -> None:
         self.check_job_common(kind=kind, width=width, height=height, frames=frames, steps=steps)

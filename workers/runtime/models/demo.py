@@ -37,8 +37,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from contracts.catalog.presets import DEMO_MAX_JOB_FRAMES, DemoArchitecture
 from contracts.catalog.presets import PRESETS as MODEL_PRESETS
-from contracts.catalog.presets import DemoArchitecture
 from workers.runtime.models import UnknownPresetError
 from workers.runtime.models.base import (
     JobSpecError,
@@ -328,7 +328,7 @@ class DemoModel(StagewiseModel):
 
     MIN_JOB_SIDE = 32  # the object's patch (± CUTOFF) must fit in the frame
     MAX_JOB_SIDE = 512
-    MAX_JOB_FRAMES = 64
+    MAX_JOB_FRAMES = DEMO_MAX_JOB_FRAMES  # the catalogue's: the control plane checks it too
 
     def check_job(self, *, kind: str, width: int, height: int, frames: int, steps: int) -> None:
         self.check_job_common(kind=kind, width=width, height=height, frames=frames, steps=steps)
