@@ -79,8 +79,9 @@ class DecisionInputs:
     region_minimum: Mapping[str, int] = field(default_factory=dict)
 
 
-# The results are slotted, not frozen: a frozen dataclass's __init__ costs several µs a run, which
-# the simulator pays at every decision (bench_scheduler measures it). Treat them as read-only.
+# The results are slotted, not frozen: a frozen dataclass's __init__ sets each field through
+# object.__setattr__, four times slower, and the simulator builds them at every decision
+# (bench_scheduler times it). Treat them as read-only.
 @dataclass(slots=True)
 class RegionDecision:
     """One region's part of a run: the snapshot its policy saw (its jobs and floor included), the
@@ -126,9 +127,7 @@ def decision_run(inputs: DecisionInputs, policies: PolicyProvider) -> DecisionRu
                 snapshot=part,
                 event=events[region],
                 decision=decisions[region],
-                rerouted_in=tuple(sorted(s for s, to in rerouted.items() if to == region))
-                if rerouted
-                else (),
+                rerouted_in=_rerouted_into(rerouted, region),
                 released_to_zero=released.get(region, ()),
             )
             for region, part in snapshots.items()
@@ -136,6 +135,10 @@ def decision_run(inputs: DecisionInputs, policies: PolicyProvider) -> DecisionRu
         rerouted=rerouted,
         event_region=event_region,
     )
+
+
+def _rerouted_into(rerouted: Mapping[str, str], region: str) -> tuple[str, ...]:
+    return tuple(sorted(sid for sid, to in rerouted.items() if to == region)) if rerouted else ()
 
 
 def partition(
