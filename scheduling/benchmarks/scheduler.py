@@ -3,7 +3,8 @@
 For each cluster size M: M ready GPUs of one profile, about 1.4·K·M live sessions of which ~0.7·K·M
 are active (so GPUs sit near K·ρ̂), then a stream of realistic events — activations and idles
 (the bulk), arrivals and departures, periodic ticks — through the simulator's incremental snapshot,
-timing only ``policy.decide``. The budget is pinned (M_min = M_max = M) so every decision runs the
+timing only the decision run (``scheduling.core.pipeline.decision_run``, the policy's ``decide`` in
+the composition the live loop runs). The budget is pinned (M_min = M_max = M) so every decision runs the
 full placement + rebalance + autoscaling-signal path on exactly M GPUs.
 
 Wall time (``mean_ms``/``p99_ms``/``max_ms``) and process CPU time (``cpu_*``) are both reported: on

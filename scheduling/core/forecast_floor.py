@@ -12,11 +12,16 @@ over the next ``h = ⌈(delay + slot) / slot⌉`` slots (a GPU requested now is 
 it must cover every slot until the next observation could request one). Deterministic: no wall
 clock or randomness enters a decision (ETS fits with L-BFGS-B from fixed starts); the fit time is
 measured only for the report. Simulator use: the forecaster's history is not in ``state_dict``.
+
+The forecast reaches TurboServe as the snapshot's ``floor_load``, the input the live pipeline sets from
+the region forecast slot (``scheduling.core.pipeline``); once this policy's own forecaster has one, its
+forecast is the input, else the snapshot's own (live: a fresh object each run, so always the slot's).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -65,6 +70,10 @@ class ForecastTurboServe(TurboServePolicy):
         self._last_t = 0.0
         self._last_load = 0.0
         self._acc = 0.0
+        # F: the largest forecast over the floor's horizon, refreshed at each slot end (None: no slot
+        # has ended yet).
+        self.forecast_load: float | None = None
+        self.last_floor_gpus = 0
         self.actual: list[float] = []  # mean active load per slot
         self.predicted: list[float] = []  # one-slot-ahead forecast made at the end of the slot before
         self.floor_timeline: list[tuple[float, int]] = []  # (slot end, floor GPUs) when it changes
@@ -85,7 +94,7 @@ class ForecastTurboServe(TurboServePolicy):
             horizon = max(1, math.ceil((delay + self.slot_s) / self.slot_s - 1e-9))
             ahead = self.forecaster.forecast(horizon)[0]
             self.predicted.append(float(ahead[0]))
-            self.floor_load = float(max(0.0, ahead.max()))
+            self.forecast_load = float(max(0.0, ahead.max()))
             self._last_t = self._slot_start = self._slot_end
             self._acc = 0.0
             self._slot_end += self.slot_s
@@ -95,8 +104,12 @@ class ForecastTurboServe(TurboServePolicy):
     def decide(self, snapshot: Snapshot, event: Event) -> Decision:
         now = snapshot.time
         self._advance(now, snapshot)
+        if self.forecast_load is not None:
+            snapshot = replace(snapshot, floor_load=self.forecast_load)
         decision = super().decide(snapshot, event)
-        if self.floor_load is not None and (
+        if decision.signals.floor_gpus is not None:
+            self.last_floor_gpus = decision.signals.floor_gpus
+        if snapshot.floor_load is not None and (
             not self.floor_timeline or self.floor_timeline[-1][1] != self.last_floor_gpus
         ):
             self.floor_timeline.append((round(now, 6), self.last_floor_gpus))

@@ -31,15 +31,28 @@ demand (``job_demand_gpus``, their backlog against deadlines), the empty GPUs ru
 unless an active session finds no other room or a stream GPU is above K (streams first: kept GPUs
 are given back one at a time, those without a job first) — and max(demand, GPUs kept), in capacity
 units, is added to N_req/ρ̂ for scaling.
+
+Predictive floor (TORTA Eq. 6, issue 16): when the snapshot carries a forecast load F
+(``floor_load``, the decision pipeline's input: ``scheduling.core.pipeline``), the need is at least
+the capacity of ⌈(F + σ·√F) / (K·ρ̂)⌉ GPUs, so scale-out starts before the load shows in ρ and
+scale-in keeps them; the floor's GPUs are reported in ``Signals.floor_gpus``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .detector import VolatilityTable, WorkloadDetector, fixed_table, load_volatility_table
+from .detector import (
+    VolatilityLevel,
+    VolatilityTable,
+    WorkloadDetector,
+    fixed_table,
+    load_volatility_table,
+)
 from .placement import PlacementWork
 from .policy import Policy
 from .regions.forecast import predictive_floor
@@ -120,11 +133,8 @@ class TurboServePolicy(Policy):
         self.drained_at: dict[str, float] = {}
         self.last_scale_out = -math.inf
         self.last_scale_in = -math.inf
-        # Predictive floor input (TORTA Eq. 6): the forecast load F one provisioning delay ahead, set
-        # before each decide by a forecasting subclass (scheduling/core/forecast_floor.py); None = off.
-        self.floor_load: float | None = None
+        # σ of the predictive floor (TORTA Eq. 6), whose input F is the snapshot's ``floor_load``.
         self.floor_sigma = 0.5
-        self.last_floor_gpus = 0
         if name:
             self.name = name
 
@@ -177,18 +187,6 @@ class TurboServePolicy(Policy):
             rows.pop(0)
         return max(needed, rows[0][1]) if rows else needed
 
-    def _floor_capacity(self, snapshot: Snapshot, add_type: str | None, rho_hat: float) -> float:
-        """Capacity (load units at K) the predictive floor asks for: Eq. 6 with Q = 0 and C = K·ρ̂ of
-        the type scale-out would add, so the floor's GPUs run at the same target as the reactive part."""
-        if self.floor_load is None or add_type is None:
-            return 0.0
-        k = snapshot.gpu_types[add_type].capacity
-        gpus = predictive_floor(
-            0.0, self.floor_load, k * rho_hat, sigma=self.floor_sigma, max_gpus=snapshot.max_gpus
-        )
-        self.last_floor_gpus = gpus
-        return gpus * k
-
     # ------------------------------------------------------------------------------------------
     @staticmethod
     def _reserve_for_jobs(snapshot: Snapshot, work: PlacementWork) -> list[str]:
@@ -207,64 +205,17 @@ class TurboServePolicy(Policy):
         return reserved
 
     def decide(self, snapshot: Snapshot, event: Event) -> Decision:
+        """One event (Algorithm 1): observe it, PLACE (suspend, assign, rebalance), then SCALE. Its
+        inputs beyond the sessions and GPUs — the jobs' demand and the predictive floor — are fields
+        of ``snapshot`` (``job_demand_gpus``, ``job_gpus``, ``floor_load``), never attributes."""
         now = snapshot.time
-        if math.isinf(self.last_scale_out):
-            # The pool we start with counts as a scale-out: do not dump a warm pool before the
-            # first cooldown has shown what load arrives.
-            self.last_scale_out = now
-        if event.kind in ("active", "idle", "depart"):
-            self.detector.observe(now, event.kind, event.was_active)
-        sigma, level = self.detector.level(now)
-        rho_hat, lam = level.rho_hat, level.lam
-
+        sigma, level = self._observe(now, event)
+        rho_hat = level.rho_hat
         work = PlacementWork(snapshot, eta=self.eta, min_residency_s=self.min_residency_s)
-        gpus = snapshot.gpus
-
-        # PLACE (Algorithm 1 line 2): suspend idle residents, assign U(t) (Eq. 3), rebalance (Eq. 4).
-        suspend: list[str] = []
-        for sid in snapshot.idle_resident:
-            work.remove(sid, snapshot.sessions[sid].gpu)  # type: ignore[arg-type]
-            suspend.append(sid)
-        reserved = self._reserve_for_jobs(snapshot, work)
-        queue: list[str] = []
-        for sid in snapshot.pending:
-            gid = work.best_gpu(sid)
-            if gid is None:
-                queue.append(sid)
-            else:
-                work.add(sid, gid)
-        while reserved and (queue or work.rho_max() > 1.0 + _EPS):
-            # Streams first: while a session finds no room or a stream GPU is above K, GPUs kept for
-            # jobs are given back one at a time, those without a job step in flight first (the list
-            # ends with them); rebalancing below then moves load onto them.
-            work.make_eligible(reserved.pop())
-            waiting, queue = queue, []
-            for sid in waiting:
-                gid = work.best_gpu(sid)
-                if gid is None:
-                    queue.append(sid)
-                else:
-                    work.add(sid, gid)
-        # One pass over the GPUs for everything the autoscaler needs.
-        draining: list[str] = []
-        live: list[str] = []
-        provisioning: list[str] = []
-        counts: dict[str, int] = {}
-        capacity_now = 0.0
-        for gid, v in gpus.items():
-            status = v.status
-            if status == "ready" or status == "provisioning":
-                live.append(gid)
-                capacity_now += snapshot.gpu_types[v.gpu_type].capacity
-                if status == "provisioning":
-                    provisioning.append(gid)
-            elif status == "draining":
-                draining.append(gid)
-            else:
-                continue
-            counts[v.gpu_type] = counts.get(v.gpu_type, 0) + 1
+        suspend, reserved, queue = self._place(snapshot, work)
+        pool = _PoolCensus.of(snapshot)
         if self.migration:
-            for gid in draining:
+            for gid in pool.draining:
                 work.evacuate(gid)
             work.relieve_overflow()
             work.rebalance()
@@ -273,19 +224,92 @@ class TurboServePolicy(Policy):
         rho_max = work.rho_max()
         if not work.eligible and n_req > 0:
             rho_max = math.inf
+        need = self._need(snapshot, pool, n_req, rho_hat, reserved)
+        plan = _ScalePlan(len(pool.live), dict(pool.counts), {}, [], [], [])
+        if self.autoscale:
+            signal = rho_max
+            if self.headroom and pool.capacity > 0:
+                signal = max(signal, (n_req + need.headroom) / pool.capacity)
+            direction = hysteresis(signal, rho_hat, self.delta)
+            short = direction > 0 or queue or need.floor_short or need.job_capacity > _EPS
+            if short and need.needed > pool.capacity + _EPS:
+                self._scale_out(snapshot, work, pool, need, plan, queue)
+            elif direction < 0 and not queue and now - self.last_scale_out >= self.cooldown_s:
+                self._scale_in(snapshot, work, pool, need, plan, reserved)
+            if plan.budget < snapshot.min_gpus:
+                self._warm_minimum(snapshot, plan)
+        self._release_drained(snapshot, work, pool, plan)
 
-        add: dict[str, int] = {}
-        drain: list[str] = []
-        undrain: list[str] = []
-        release: list[str] = []
-        add_type = cheapest_type(snapshot.gpu_types, counts)
+        migrations, assigns = work.migrations()
+        return Decision(
+            time=now,
+            assign=assigns,
+            migrations=migrations,
+            suspend=tuple(suspend),
+            queue=tuple(queue),
+            target_budget=max(plan.budget, 0),
+            add_gpus=tuple(sorted(plan.add.items())),
+            drain=tuple(plan.drain),
+            undrain=tuple(plan.undrain),
+            release=tuple(plan.release),
+            signals=Signals(
+                rho_max=rho_max if math.isfinite(rho_max) else 1e9,
+                volatility=sigma,
+                volatility_level=level.level,
+                lam=level.lam,
+                rho_hat=rho_hat,
+                n_req=n_req,
+                headroom=need.headroom,
+                bottleneck_ms=work.bottleneck_ms(),
+                floor_gpus=need.floor_gpus,
+            ),
+        )
+
+    def _observe(self, now: float, event: Event) -> tuple[float, VolatilityLevel]:
+        """The workload detector sees the event and gives the volatility level's (λ, ρ̂)."""
+        if math.isinf(self.last_scale_out):
+            # The pool we start with counts as a scale-out: do not dump a warm pool before the
+            # first cooldown has shown what load arrives.
+            self.last_scale_out = now
+        if event.kind in ("active", "idle", "depart"):
+            self.detector.observe(now, event.kind, event.was_active)
+        return self.detector.level(now)
+
+    def _place(self, snapshot: Snapshot, work: PlacementWork) -> tuple[list[str], list[str], list[str]]:
+        """PLACE (Algorithm 1 line 2) before rebalancing: suspend idle residents, keep GPUs for jobs,
+        assign U(t) (Eq. 3). Returns the suspended sessions, the GPUs still kept for jobs and the
+        sessions left waiting."""
+        suspend: list[str] = []
+        for sid in snapshot.idle_resident:
+            work.remove(sid, snapshot.sessions[sid].gpu)  # type: ignore[arg-type]
+            suspend.append(sid)
+        reserved = self._reserve_for_jobs(snapshot, work)
+        queue = _assign(work, snapshot.pending)
+        while reserved and (queue or work.rho_max() > 1.0 + _EPS):
+            # Streams first: while a session finds no room or a stream GPU is above K, GPUs kept for
+            # jobs are given back one at a time, those without a job step in flight first (the list
+            # ends with them); rebalancing below then moves load onto them.
+            work.make_eligible(reserved.pop())
+            queue = _assign(work, queue)
+        return suspend, reserved, queue
+
+    def _need(
+        self, snapshot: Snapshot, pool: _PoolCensus, n_req: float, rho_hat: float, reserved: list[str]
+    ) -> _Need:
+        """The capacity the pool needs (load units at K): N_req (+ headroom) / ρ̂, raised to the
+        predictive floor, plus the jobs' demand; and the most needed within the scale-in window."""
+        now = snapshot.time
+        add_type = cheapest_type(snapshot.gpu_types, pool.counts)
         delay = snapshot.gpu_types[add_type].provisioning_delay_s if add_type else 0.0
         headroom = 0.0
         if self.headroom:
             headroom = self.detector.expected_net_activations(now, delay, self.headroom_z)
         needed = (n_req + headroom) / rho_hat
-        floor_capacity = self._floor_capacity(snapshot, add_type, rho_hat) if self.autoscale else 0.0
-        floor_short = floor_capacity > capacity_now + _EPS
+        floor_gpus = None
+        floor_capacity = 0.0
+        if self.autoscale:
+            floor_gpus, floor_capacity = self._floor(snapshot, add_type, rho_hat)
+        floor_short = floor_capacity > pool.capacity + _EPS
         needed = max(needed, floor_capacity)
         # The jobs need their demand, and at least the GPUs kept for them (out of the streams' reach).
         job_gpus = max(snapshot.job_demand_gpus, float(len(reserved)))
@@ -298,100 +322,133 @@ class TurboServePolicy(Policy):
         if self.autoscale:
             needed_recently = max(needed, self._needed_in_window(now, n_req / rho_hat, window))
             needed_recently = max(needed_recently, floor_capacity)
-        budget = len(live)
+        return _Need(
+            headroom=headroom,
+            needed=needed,
+            needed_recently=needed_recently,
+            floor_gpus=floor_gpus,
+            floor_short=floor_short,
+            job_capacity=job_capacity,
+        )
 
-        if self.autoscale:
-            signal = rho_max
-            if self.headroom and capacity_now > 0:
-                signal = max(signal, (n_req + headroom) / capacity_now)
-            direction = hysteresis(signal, rho_hat, self.delta)
-            total = sum(counts.values())
-            jobs_short = job_capacity > _EPS
-            if (direction > 0 or queue or floor_short or jobs_short) and needed > capacity_now + _EPS:
-                # Scale-out precedes rebalancing (Algorithm 1 lines 7–9): undrain paid-for GPUs first.
-                deficit = needed - capacity_now
-                for gid in sorted(draining, key=lambda g: (-work.load.get(g, 0.0), g)):
-                    if deficit <= _EPS:
-                        break
-                    undrain.append(gid)
-                    work.make_eligible(gid)
-                    deficit -= work.spec[gid].capacity
-                    budget += 1
-                while deficit > _EPS and total < snapshot.max_gpus:
-                    t = cheapest_type(snapshot.gpu_types, counts)
-                    if t is None:
-                        break
-                    add[t] = add.get(t, 0) + 1
-                    counts[t] = counts.get(t, 0) + 1
-                    total += 1
-                    budget += 1
-                    deficit -= snapshot.gpu_types[t].capacity
-                if add or undrain:
-                    self.last_scale_out = now
-                if undrain:
-                    for sid in list(queue):
-                        gid = work.best_gpu(sid)
-                        if gid is not None:
-                            work.add(sid, gid)
-                            queue.remove(sid)
-                    if self.migration:
-                        # The undrained GPUs may give room below K that GPUs above K must use first.
-                        work.relieve_overflow()
-                        work.rebalance()
-            elif direction < 0 and not queue and now - self.last_scale_out >= self.cooldown_s:
-                # Scale-in: consolidate, then drain; release only GPUs left empty (lines 4–6).
-                # Only capacity no decision in the stabilisation window needed is surplus.
-                surplus = capacity_now - needed_recently
-                cancel = sorted(provisioning, key=lambda g: (-gpus[g].requested_at, g))
-                ready = sorted(
-                    (g for g in work.eligible if g not in reserved),
-                    key=lambda g: (
-                        work.rho(g),
-                        -snapshot.gpu_types[gpus[g].gpu_type].price_per_hour
-                        / snapshot.gpu_types[gpus[g].gpu_type].capacity,
-                        g,
-                    ),
-                )
-                for gid in cancel + ready:
-                    k = snapshot.gpu_types[gpus[gid].gpu_type].capacity
-                    if budget <= snapshot.min_gpus or k > surplus + _EPS:
-                        continue
-                    if gpus[gid].status == "provisioning":
-                        release.append(gid)
-                    else:
-                        if len(work.eligible) <= 1:
-                            continue
-                        work.make_ineligible(gid)
-                        drain.append(gid)
-                    surplus -= k
-                    budget -= 1
-                if drain or release:
-                    self.last_scale_in = now
-                if self.migration:
-                    for gid in drain:
-                        work.evacuate(gid)
-                    work.rebalance()
-        if self.autoscale and budget < snapshot.min_gpus:
-            # Warm minimum pool (M_min): keep it provisioned even without load.
-            total = sum(counts.values())
-            while budget < snapshot.min_gpus and total < snapshot.max_gpus:
-                t = cheapest_type(snapshot.gpu_types, counts)
-                if t is None:
-                    break
-                add[t] = add.get(t, 0) + 1
-                counts[t] = counts.get(t, 0) + 1
-                total += 1
-                budget += 1
-        # Forget GPUs that are gone or no longer draining (bounded, JSON-persisted state).
+    def _floor(self, snapshot: Snapshot, add_type: str | None, rho_hat: float) -> tuple[int | None, float]:
+        """The predictive floor (TORTA Eq. 6) on the snapshot's forecast load F (``floor_load``): its
+        GPUs (``None``: no floor this decision) and their capacity in load units at K, with Q = 0 and
+        C = K·ρ̂ of the type scale-out would add, so the floor's GPUs run at the same target as the
+        reactive part."""
+        if snapshot.floor_load is None or add_type is None:
+            return None, 0.0
+        k = snapshot.gpu_types[add_type].capacity
+        gpus = predictive_floor(
+            0.0, snapshot.floor_load, k * rho_hat, sigma=self.floor_sigma, max_gpus=snapshot.max_gpus
+        )
+        return gpus, gpus * k
+
+    def _scale_out(
+        self,
+        snapshot: Snapshot,
+        work: PlacementWork,
+        pool: _PoolCensus,
+        need: _Need,
+        plan: _ScalePlan,
+        queue: list[str],
+    ) -> None:
+        """Scale-out precedes rebalancing (Algorithm 1 lines 7–9): undrain paid-for GPUs first, then
+        add the cheapest types until the need is covered; waiting sessions take undrained GPUs."""
+        deficit = need.needed - pool.capacity
+        for gid in sorted(pool.draining, key=lambda g: (-work.load.get(g, 0.0), g)):
+            if deficit <= _EPS:
+                break
+            plan.undrain.append(gid)
+            work.make_eligible(gid)
+            deficit -= work.spec[gid].capacity
+            plan.budget += 1
+        total = sum(plan.counts.values())
+        while deficit > _EPS and total < snapshot.max_gpus:
+            t = cheapest_type(snapshot.gpu_types, plan.counts)
+            if t is None:
+                break
+            plan.add_one(t)
+            total += 1
+            deficit -= snapshot.gpu_types[t].capacity
+        if plan.add or plan.undrain:
+            self.last_scale_out = snapshot.time
+        if plan.undrain:
+            queue[:] = _assign(work, queue)
+            if self.migration:
+                # The undrained GPUs may give room below K that GPUs above K must use first.
+                work.relieve_overflow()
+                work.rebalance()
+
+    def _scale_in(
+        self,
+        snapshot: Snapshot,
+        work: PlacementWork,
+        pool: _PoolCensus,
+        need: _Need,
+        plan: _ScalePlan,
+        reserved: list[str],
+    ) -> None:
+        """Scale-in (Algorithm 1 lines 4–6): consolidate, then drain; release only GPUs left empty.
+        Only capacity no decision in the stabilisation window needed is surplus: cancel the newest
+        booting GPUs first, then drain the least loaded, dearest per unit of capacity."""
+        gpus, types = snapshot.gpus, snapshot.gpu_types
+        surplus = pool.capacity - need.needed_recently
+        cancel = sorted(pool.provisioning, key=lambda g: (-gpus[g].requested_at, g))
+        ready = sorted(
+            (g for g in work.eligible if g not in reserved),
+            key=lambda g: (
+                work.rho(g),
+                -types[gpus[g].gpu_type].price_per_hour / types[gpus[g].gpu_type].capacity,
+                g,
+            ),
+        )
+        for gid in cancel + ready:
+            k = types[gpus[gid].gpu_type].capacity
+            if plan.budget <= snapshot.min_gpus or k > surplus + _EPS:
+                continue
+            if gpus[gid].status == "provisioning":
+                plan.release.append(gid)
+            else:
+                if len(work.eligible) <= 1:
+                    continue
+                work.make_ineligible(gid)
+                plan.drain.append(gid)
+            surplus -= k
+            plan.budget -= 1
+        if plan.drain or plan.release:
+            self.last_scale_in = snapshot.time
+        if self.migration:
+            for gid in plan.drain:
+                work.evacuate(gid)
+            work.rebalance()
+
+    @staticmethod
+    def _warm_minimum(snapshot: Snapshot, plan: _ScalePlan) -> None:
+        """Warm minimum pool (M_min): keep it provisioned even without load."""
+        total = sum(plan.counts.values())
+        while plan.budget < snapshot.min_gpus and total < snapshot.max_gpus:
+            t = cheapest_type(snapshot.gpu_types, plan.counts)
+            if t is None:
+                break
+            plan.add_one(t)
+            total += 1
+
+    def _release_drained(
+        self, snapshot: Snapshot, work: PlacementWork, pool: _PoolCensus, plan: _ScalePlan
+    ) -> None:
+        """Release drained GPUs left empty once their grace has passed; forget GPUs that are gone or
+        no longer draining (bounded, JSON-persisted state)."""
+        now, gpus = snapshot.time, snapshot.gpus
         self.drained_at = {
             g: t for g, t in self.drained_at.items() if g in gpus and gpus[g].status == "draining"
         }
-        for gid in drain:
+        for gid in plan.drain:
             self.drained_at[gid] = now
-        for gid in undrain:
+        for gid in plan.undrain:
             self.drained_at.pop(gid, None)
-        for gid in draining + drain:
-            if gid in undrain or work.count[gid] != 0:
+        for gid in pool.draining + plan.drain:
+            if gid in plan.undrain or work.count[gid] != 0:
                 continue
             # Keep an emptied GPU (paid, warm) for release_grace_s: a scale-out in that window
             # un-drains it at once instead of booting a new one for a full provisioning delay.
@@ -399,32 +456,84 @@ class TurboServePolicy(Policy):
             if grace is None:
                 grace = 0.5 * snapshot.gpu_types[gpus[gid].gpu_type].provisioning_delay_s
             if now - self.drained_at.get(gid, -math.inf) >= grace:
-                release.append(gid)
+                plan.release.append(gid)
                 self.drained_at.pop(gid, None)
 
-        migrations, assigns = work.migrations()
-        return Decision(
-            time=now,
-            assign=assigns,
-            migrations=migrations,
-            suspend=tuple(suspend),
-            queue=tuple(queue),
-            target_budget=max(budget, 0),
-            add_gpus=tuple(sorted(add.items())),
-            drain=tuple(drain),
-            undrain=tuple(undrain),
-            release=tuple(release),
-            signals=Signals(
-                rho_max=rho_max if math.isfinite(rho_max) else 1e9,
-                volatility=sigma,
-                volatility_level=level.level,
-                lam=lam,
-                rho_hat=rho_hat,
-                n_req=n_req,
-                headroom=headroom,
-                bottleneck_ms=work.bottleneck_ms(),
-            ),
-        )
+
+def _assign(work: PlacementWork, sessions: Iterable[str]) -> list[str]:
+    """Assign each session to its best GPU (Eq. 3: min resulting bottleneck latency, tie-break less
+    loaded), in order; returns those left without room."""
+    waiting: list[str] = []
+    for sid in sessions:
+        gid = work.best_gpu(sid)
+        if gid is None:
+            waiting.append(sid)
+        else:
+            work.add(sid, gid)
+    return waiting
+
+
+@dataclass(slots=True)
+class _PoolCensus:
+    """One pass over the GPUs for everything the autoscaler needs: live (ready or booting) GPUs,
+    their capacity, the booting and draining ones, and GPUs held per type (draining included)."""
+
+    live: list[str] = field(default_factory=list)
+    provisioning: list[str] = field(default_factory=list)
+    draining: list[str] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    capacity: float = 0.0
+
+    @classmethod
+    def of(cls, snapshot: Snapshot) -> _PoolCensus:
+        live: list[str] = []
+        provisioning: list[str] = []
+        draining: list[str] = []
+        counts: dict[str, int] = {}
+        capacity = 0.0
+        for gid, v in snapshot.gpus.items():
+            status = v.status
+            if status == "ready" or status == "provisioning":
+                live.append(gid)
+                capacity += snapshot.gpu_types[v.gpu_type].capacity
+                if status == "provisioning":
+                    provisioning.append(gid)
+            elif status == "draining":
+                draining.append(gid)
+            else:
+                continue
+            counts[v.gpu_type] = counts.get(v.gpu_type, 0) + 1
+        return cls(live, provisioning, draining, counts, capacity)
+
+
+@dataclass(slots=True)
+class _Need:
+    """What the autoscaler scales to (capacity in load units at K)."""
+
+    headroom: float
+    needed: float
+    needed_recently: float
+    floor_gpus: int | None
+    floor_short: bool
+    job_capacity: float
+
+
+@dataclass(slots=True)
+class _ScalePlan:
+    """The SCALE half of a decision as it is built: budget and GPUs per type after it, and its
+    actions."""
+
+    budget: int
+    counts: dict[str, int]
+    add: dict[str, int] = field(default_factory=dict)
+    drain: list[str] = field(default_factory=list)
+    undrain: list[str] = field(default_factory=list)
+    release: list[str] = field(default_factory=list)
+
+    def add_one(self, gpu_type: str) -> None:
+        self.add[gpu_type] = self.add.get(gpu_type, 0) + 1
+        self.counts[gpu_type] = self.counts.get(gpu_type, 0) + 1
+        self.budget += 1
 
 
 class TurboServeNoMigration(TurboServePolicy):

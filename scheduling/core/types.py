@@ -246,6 +246,10 @@ class Snapshot:
     ``pending`` lists active sessions without a GPU (queued or suspended), oldest first;
     ``idle_resident`` lists idle sessions still holding a GPU slot. A policy must not keep a
     reference to a snapshot after ``decide`` returns.
+
+    The inputs other features give the decision are fields too, set by the decision pipeline
+    (``scheduling.core.pipeline``), never attributes of the policy: the one-shot jobs' demand
+    (``job_demand_gpus``, ``job_gpus``) and the predictive floor's forecast load (``floor_load``).
     """
 
     time: float
@@ -264,6 +268,9 @@ class Snapshot:
     job_demand_gpus: float = 0.0
     # GPUs running a job allocation now (sorted ids): placing a session there waits for the job's step.
     job_gpus: tuple[str, ...] = ()
+    # The predictive floor's input (TORTA Eq. 6): the forecast active load F one provisioning delay
+    # ahead that an autoscaler keeps capacity for (issue 16). None: no floor.
+    floor_load: float | None = None
 
     @classmethod
     def build(
@@ -340,6 +347,9 @@ class Signals:
     n_req: float = 0.0
     headroom: float = 0.0
     bottleneck_ms: float = 0.0
+    # GPUs the predictive floor asked for (None: no floor this decision). Left out of ``to_json`` so
+    # recorded outputs keep their shape; the record's inputs carry the floor's F.
+    floor_gpus: int | None = None
 
 
 @dataclass(frozen=True)

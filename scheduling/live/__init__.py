@@ -4,9 +4,9 @@ The algorithms are the pure core's (``scheduling.core``, the same objects the si
 this package reads PostgreSQL and Redis into their inputs and turns their answers into rows and
 worker commands. It never imports the lab (import-linter contract ``service-not-lab``).
 
-- ``run``: one decision — snapshot from PostgreSQL → ``scheduling.core`` policy → recorded decision,
-  per region (``scheduling.core.regions.partition``), with the jobs' backlog as demand
-  (``scheduling.core.jobs.backlog``); ``apply``: how a decision becomes session transitions
+- ``run``: one decision — inputs from PostgreSQL and Redis → the decision pipeline the simulator runs
+  too (``scheduling.core.pipeline``: per region, with the jobs' demand and the predictive floor as
+  inputs) → recorded decisions; ``apply``: how a decision becomes session transitions
   (``sessions.lifecycle``) and worker commands.
 - ``outbox``: commands written as rows inside the transaction and sent to the workers' durable
   streams after it commits.

@@ -1,6 +1,6 @@
 """The live regions (docs/regions.md, "Live platform"): the global router, its forecast slot, the
 slot's moves of parked sessions, and the regions as the scheduler's per-region planning reads them
-(``region_layout``; the planning itself is ``scheduling.core.regions.partition``).
+(``region_layout``; the planning itself is the decision pipeline's, ``scheduling.core.pipeline``).
 
 The algorithms are ``scheduling.core.regions`` (the simulator's): this module only reads the
 platform's state into their arrays and keeps the previous plan, the load history and the forecast in
@@ -31,7 +31,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import astuple, dataclass
+from collections.abc import Mapping
+from dataclasses import astuple, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -40,6 +41,7 @@ from django.db import transaction
 from django.db.models import Sum
 
 from gpu.models import GpuWorker, Region
+from scheduling.core.regions import partition as core_partition
 from scheduling.core.regions.forecast import make_forecaster
 from scheduling.core.regions.transport import (
     CostWeights,
@@ -452,15 +454,12 @@ def parked_sessions_reroute() -> list[ParkedMove]:
 
 
 @dataclass(frozen=True)
-class RegionLayout:
-    """The regions as the scheduling core's per-region planning takes them
-    (``scheduling.core.regions.partition``): plain names and numbers, no rows."""
+class RegionLayout(core_partition.RegionLayout):
+    """The regions as the decision pipeline takes them (``scheduling.core.regions.partition``: plain
+    names and numbers), with the rows a region's decision points new workers and sessions to: by
+    name, the local region's only when an operator added one."""
 
-    rows: dict[str, Region]  # name -> row (the local region has one only when an operator added it)
-    session_region: dict[str, str]  # session id -> region name
-    gpu_region: dict[str, str]  # worker name -> region name
-    gpu_limits: dict[str, dict[str, int]]  # region name -> GPU type -> most GPUs
-    alternatives: dict[str, list[str]]  # waiting session id -> regions within its RTT budget, nearest first
+    rows: Mapping[str, Region] = field(default_factory=dict)
 
     def row(self, name: str) -> Region | None:
         """The row a region's new workers and sessions point to (``None``: the local region)."""
@@ -484,6 +483,7 @@ def region_layout(*, sessions: list[GenerationSession], workers: list[GpuWorker]
             near = sorted((r.rtt_ms[s.origin], n) for n, r in rows.items() if s.origin in r.rtt_ms)
             alternatives[str(s.pk)] = [n for rtt, n in near if rtt <= budget]
     return RegionLayout(
+        default=Region.DEFAULT_NAME,
         rows=rows,
         session_region={str(s.pk): name(s.region_id) for s in sessions},
         gpu_region={w.name: name(w.region_id) for w in workers},

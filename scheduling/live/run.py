@@ -1,17 +1,25 @@
-"""One closed-loop decision on live state: snapshot from PostgreSQL → ``scheduling.core`` → apply.
+"""One closed-loop decision on live state: PostgreSQL and Redis → the decision pipeline → apply.
 
-``scheduler_run`` is what the Celery tasks call, one run at a time cluster-wide (a Redis lock). It
-builds the same ``Snapshot`` the simulator builds, splits it by region
-(``scheduling.core.regions.partition``: one region, the local one, when no regions are configured),
-asks each region's policy object (its internal state persisted between runs), records each region's
-decision with its inputs, applies it (``apply``) in the same transaction, and sends the commands
-after commit (``outbox``).
+``scheduler_run`` is what the Celery tasks call, one run at a time cluster-wide (a Redis lock). Per
+served model pool, in one transaction with the pool's rows locked, ``_run_pool``:
+
+1. reads the pipeline's inputs (``_pipeline_inputs``): the pool's ``Snapshot`` (the one the
+   simulator builds from its own state), the regions' layout, the jobs in flight, the predictive
+   floor from the region forecast slot and, asked only with several regions, the idle regions;
+2. runs the pipeline the simulator runs (``scheduling.core.pipeline.decision_run``: partition by
+   region, job demand, floor, each region's policy — its state loaded from and saved to its
+   ``SchedulerState`` row, ``_RegionPolicies`` —, spill to a near region, regions to zero);
+3. applies its result: re-routed sessions (``regions.sessions_reroute``), encoder failover
+   (``stages.encoders``), each region's decision recorded with its inputs and applied
+   (``_record_and_apply``, ``apply``), then the stage placement (``stages.placement``); the commands
+   go out after commit (``outbox``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -21,13 +29,10 @@ from django.db.models import Max
 from django.utils import timezone
 
 from gpu.models import GpuWorker, Region
-from scheduling.core.jobs.backlog import backlog_gpus
-from scheduling.core.policy import make_policy
-from scheduling.core.regions.partition import decide_by_region, partition_snapshot, regions_to_zero
-from scheduling.core.turboserve import TurboServePolicy
+from scheduling.core.pipeline import DecisionInputs, JobDemand, RegionDecision, decision_run
+from scheduling.core.policy import Policy, make_policy
 from scheduling.core.types import (
     POLICY_EVENT_KINDS,
-    Decision,
     Event,
     EventKind,
     GpuTypeSpec,
@@ -36,7 +41,7 @@ from scheduling.core.types import (
     Snapshot,
 )
 from scheduling.live.apply import Pool, decision_apply
-from scheduling.live.jobs import JobBacklog, jobs_backlog
+from scheduling.live.jobs import jobs_backlog
 from scheduling.live.liveness import sessions_recover
 from scheduling.live.outbox import Outbox, scheduler_lock
 from scheduling.live.regions import (
@@ -202,26 +207,69 @@ def _snapshot(pool: Pool, config: SchedulerConfig, clock: float) -> Snapshot:
     )
 
 
-def _with_jobs(
-    snapshots: dict[str, Snapshot], backlog: JobBacklog, gpu_region: dict[str, str], clock: float
-) -> dict[str, Snapshot]:
-    """Each region's snapshot gains its one-shot jobs, as the simulator's does: ``job_demand_gpus``
-    = the backlog demand (``backlog_gpus``) of the jobs its workers hold — queued ones count in the
-    local region — in GPUs of K slots (a live job takes one slot, not a GPU), and ``job_gpus`` = its
-    workers holding running or paused jobs."""
-    capacity = gpu_profiles()[default_gpu_type()].capacity
-    by_region: dict[str, list[tuple[float, str, float]]] = {}
-    for name, open_jobs in backlog.open_jobs.items():
-        region = gpu_region.get(name, Region.DEFAULT_NAME) if name is not None else Region.DEFAULT_NAME
-        by_region.setdefault(region, []).extend(open_jobs)
-    return {
-        region: replace(
-            snap,
-            job_demand_gpus=backlog_gpus(by_region.get(region, []), clock) / capacity,
-            job_gpus=tuple(sorted(g for g in backlog.holders if g in snap.gpus)),
-        )
-        for region, snap in snapshots.items()
-    }
+def _pipeline_inputs(
+    pool: Pool, config: SchedulerConfig, event: Event, layout: RegionLayout
+) -> DecisionInputs:
+    """What the pool's decision run starts from, read from the rows and Redis."""
+    return DecisionInputs(
+        snapshot=_snapshot(pool, config, event.time),
+        event=event,
+        layout=layout,
+        jobs=_job_demand(pool.preset),
+        floor_load=region_floor_load() if settings.STREAMSERVE["REGION_FORECAST_FLOOR"] else None,
+        idle_forecast=region_idle_forecast,
+        region_minimum=settings.STREAMSERVE["REGION_MIN_GPUS"],
+    )
+
+
+def _layout(pool: Pool, session_id: str | None) -> RegionLayout:
+    """The regions of the pool's workers and sessions; a departed session, no longer in the pool,
+    keeps the region its row names, where its policy observes the departure."""
+    layout = region_layout(sessions=list(pool.sessions.values()), workers=list(pool.workers.values()))
+    if session_id is None or session_id in layout.session_region:
+        return layout
+    name = GenerationSession.objects.filter(pk=session_id).values_list("region__name", flat=True).first()
+    return replace(layout, session_region={**layout.session_region, session_id: name or Region.DEFAULT_NAME})
+
+
+def _job_demand(preset: str) -> JobDemand:
+    """The pool's jobs in flight (``jobs_backlog``); a live job takes one of a GPU's K slots."""
+    backlog = jobs_backlog(preset)
+    return JobDemand(
+        open_jobs=backlog.open_jobs,
+        holders=backlog.holders,
+        slots_per_gpu=gpu_profiles()[default_gpu_type()].capacity,
+    )
+
+
+class _RegionPolicies:
+    """The pipeline's policy provider on live state: each region's policy object, its internal state
+    (detector windows, cooldowns) loaded from and saved to a ``SchedulerState`` row between runs."""
+
+    def __init__(self, config: SchedulerConfig, preset: str):
+        self.config = config
+        self.preset = preset
+        self.rows: dict[str, SchedulerState] = {}
+        self.policies: dict[str, Policy] = {}
+
+    def __call__(self, regions: Sequence[str]) -> dict[str, Policy]:
+        options: dict[str, Any] = {"cooldown_s": self.config.scale_in_cooldown_s}
+        if self.config.target_utilization is not None:
+            options["rho_hat"] = self.config.target_utilization
+        for region in sorted(regions):  # rows locked in one order, like every multi-row locker
+            self.rows[region] = SchedulerState.objects.select_for_update(no_key=True).get_or_create(
+                policy=_state_key(self.config.policy, self.preset, region)
+            )[0]
+        for region, row in self.rows.items():
+            self.policies[region] = make_policy(self.config.policy, **options)
+            if row.state:
+                self.policies[region].load_state_dict(row.state)
+        return self.policies
+
+    def save(self) -> None:
+        for region, row in self.rows.items():
+            row.state = self.policies[region].state_dict()
+            row.save(update_fields=["state", "updated_at"])
 
 
 def _state_key(policy: str, preset: str, region: str) -> str:
@@ -229,96 +277,30 @@ def _state_key(policy: str, preset: str, region: str) -> str:
     return f"{policy}@{preset}" if region == Region.DEFAULT_NAME else f"{policy}@{preset}@{region}"
 
 
-def _event_region(snapshot: Snapshot, layout: RegionLayout, session_id: str | None) -> str | None:
-    """The region whose policy observes the event: the one its session runs in, else its routed one
-    (a departed session is no longer in the pool: its row says)."""
-    if session_id is None:
-        return None
-    view = snapshot.sessions.get(session_id)
-    if view is not None and view.state == "executing" and view.gpu is not None:
-        return layout.gpu_region[view.gpu]
-    if session_id in layout.session_region:
-        return layout.session_region[session_id]
-    name = GenerationSession.objects.filter(pk=session_id).values_list("region__name", flat=True).first()
-    return name or Region.DEFAULT_NAME
-
-
 def _run_pool(*, preset: str, trigger: EventKind, session_id: str | None, was_active: bool) -> list[int]:
-    """One decision per region of the pool (``scheduling.core.regions.partition``): each region's
-    TurboServe places on, rebalances over and scales its own workers; a session its region cannot
-    place goes to the nearest region within its RTT budget that can. Returns the recorded decisions."""
+    """One decision run of the pool (the module docstring's three steps): one decision per region,
+    each region's TurboServe placing on, rebalancing over and scaling its own workers. Returns the
+    recorded decisions."""
     started = time.perf_counter()
     outbox = Outbox()
     recorded: list[int] = []
     with transaction.atomic():
         config = SchedulerConfig.load()
         now = timezone.now()
-        clock = now.timestamp()
         pool = _pool_locked(preset)
         if session_id is not None and session_id not in pool.sessions and trigger != EventKind.DEPART:
             session_id = None
-        snapshot = _snapshot(pool, config, clock)
         kind = trigger if trigger in POLICY_EVENT_KINDS else EventKind.TICK
-        event = Event(time=clock, kind=kind, session=session_id, was_active=was_active)
-        layout = region_layout(sessions=list(pool.sessions.values()), workers=list(pool.workers.values()))
-        floors = region_floor_load() if settings.STREAMSERVE["REGION_FORECAST_FLOOR"] else None
-        snapshots = partition_snapshot(
-            snapshot,
-            session_region=layout.session_region,
-            gpu_region=layout.gpu_region,
-            gpu_limits=layout.gpu_limits,
-            default=Region.DEFAULT_NAME,
-            # A region at zero decides (and its floor asks for GPUs) once its forecast load is coming.
-            include=[r for r, f in (floors or {}).items() if f > 0 and r in layout.gpu_limits],
-        )
-        snapshots = _with_jobs(snapshots, jobs_backlog(preset), layout.gpu_region, clock)
-        state_rows = {
-            region: SchedulerState.objects.select_for_update(no_key=True).get_or_create(
-                policy=_state_key(config.policy, preset, region)
-            )[0]
-            for region in sorted(snapshots)
-        }
-        options: dict[str, Any] = {"cooldown_s": config.scale_in_cooldown_s}
-        if config.target_utilization is not None:
-            options["rho_hat"] = config.target_utilization
-        policies = {}
-        for region, row in state_rows.items():
-            policies[region] = make_policy(config.policy, **options)
-            if row.state:
-                policies[region].load_state_dict(row.state)
-            if floors is not None and isinstance(policies[region], TurboServePolicy):
-                # The predictive floor's input, set before each decision as the simulator's
-                # ``turboserve-forecast`` does (not policy state: the forecast slot refreshes it).
-                policies[region].floor_load = floors.get(region, 0.0)
-        event_region = _event_region(snapshot, layout, session_id)
-        decisions, rerouted = decide_by_region(
-            policies, snapshots, event, event_region=event_region, alternatives=layout.alternatives
-        )
-        to_zero: dict[str, list[str]] = {}
-        if len(snapshots) > 1:
-            # An idle region with a forecast of none scales to zero (TurboServe keeps its last GPU).
-            own = decisions
-            decisions = regions_to_zero(
-                snapshots,
-                own,
-                idle=region_idle_forecast(),
-                minimum=settings.STREAMSERVE["REGION_MIN_GPUS"],
-            )
-            # The releases the to-zero rule added, so their scale-in says why (not "consolidated").
-            to_zero = {
-                r: sorted(set(d.release) - set(own[r].release))
-                for r, d in decisions.items()
-                if d is not own[r]
-            }
-        for region, row in state_rows.items():
-            row.state = policies[region].state_dict()
-            row.save(update_fields=["state", "updated_at"])
-        sessions_reroute(sessions=pool.sessions, rerouted=rerouted, layout=layout)
+        event = Event(time=now.timestamp(), kind=kind, session=session_id, was_active=was_active)
+        layout = _layout(pool, session_id)
+        policies = _RegionPolicies(config, preset)
+        run = decision_run(_pipeline_inputs(pool, config, event, layout), policies)
+        policies.save()
+        sessions_reroute(sessions=pool.sessions, rerouted=dict(run.rerouted), layout=layout)
         # Workers without E whose encoder was lost get another, and prompts they refused for lack of
         # one go again (docs/stages.md, "Encoders"); recorded in the first region's decision.
         encoders = encoder_failover(preset=preset, workers=pool.workers, now=now, outbox=outbox)
-        for region, decision in sorted(decisions.items()):
-            ours = region == event_region
+        for region, part in run.regions.items():
             record_id = _record_and_apply(
                 pool=Pool(
                     preset=preset,
@@ -327,16 +309,11 @@ def _run_pool(*, preset: str, trigger: EventKind, session_id: str | None, was_ac
                     region=layout.row(region),
                 ),
                 region=region,
-                snapshot=snapshots[region],
-                decision=decision,
-                event=event if ours else Event(time=clock, kind=EventKind.TICK),
+                part=part,
                 trigger=trigger,
-                rerouted=sorted(sid for sid, to in rerouted.items() if to == region),
                 config=config,
                 outbox=outbox,
                 started=started,
-                floor_load=getattr(policies[region], "floor_load", None),
-                released_to_zero=to_zero.get(region, []),
                 extra_inputs=encoders,
             )
             encoders = {}
@@ -353,22 +330,20 @@ def _record_and_apply(
     *,
     pool: Pool,
     region: str,
-    snapshot: Snapshot,
-    decision: Decision,
-    event: Event,
+    part: RegionDecision,
     trigger: EventKind,
-    rerouted: list[str],
     config: SchedulerConfig,
     outbox: Outbox,
     started: float,
-    floor_load: float | None,
-    released_to_zero: list[str] | None = None,
     extra_inputs: dict | None = None,
 ) -> int | None:
-    """Record one region's decision with its inputs and apply it; a tick that changed nothing is
-    not kept (returns ``None``). ``floor_load``: the predictive floor's input F (None: off);
-    ``released_to_zero``: the GPUs the idle-region rule releases (``regions_to_zero``);
-    ``extra_inputs``: what the run did besides the decision (encoder failover), kept with it."""
+    """Record one region's part of the run with its inputs — among them the predictive floor's F
+    (``floor_load``, None: off), the sessions re-routed into it and the GPUs the idle-region rule
+    releases (``released_to_zero``) — and apply its decision; a tick that changed nothing is not kept
+    (returns ``None``). ``extra_inputs``: what the run did besides the decision (encoder failover),
+    kept with it."""
+    snapshot, decision, event = part.snapshot, part.decision, part.event
+    rerouted = list(part.rerouted_in)
     now = timezone.now()
     record = SchedulerDecision.objects.create(
         trigger=trigger,
@@ -391,8 +366,8 @@ def _record_and_apply(
             "sessions": len(snapshot.sessions),
             "pending": list(snapshot.pending),
             "rerouted_in": rerouted,
-            "floor_load": floor_load,
-            "released_to_zero": released_to_zero or [],
+            "floor_load": snapshot.floor_load,
+            "released_to_zero": list(part.released_to_zero),
             "gpus": {g: {"status": v.status, "load": snapshot.gpu_load[g]} for g, v in snapshot.gpus.items()},
             **(extra_inputs or {}),
         },

@@ -1,8 +1,10 @@
 """Discrete-event simulator: replays a session trace in virtual time through a policy.
 
 Model (docs/scheduling.md has the full description):
-* every trace event, every ``tick_s`` and every GPU becoming ready calls ``policy.decide`` with a
-  snapshot kept incrementally (O(changed) per event), and the decision is validated and applied;
+* every trace event, every ``tick_s`` and every GPU becoming ready runs the decision pipeline the live
+  loop runs (``scheduling.core.pipeline.decision_run``: the pool is one region, so its policy's
+  ``decide`` on a snapshot kept incrementally, O(changed) per event, with the jobs' demand as an
+  input), and the decision is validated and applied;
 * each ready GPU runs coalesced steps back to back while it has resident sessions; a step's
   duration is the GPU type's ``latency_ms(load)`` at the load co-located when the step starts, and
   each session resident at that moment gets one chunk at its end; a session that joins mid-step
@@ -20,8 +22,8 @@ Model (docs/scheduling.md has the full description):
 * one-shot jobs (issue 14), when the trace has any, run on the GPUs the streams leave through
   ``jobs.cosim.JobSide``: the simulator hands it job events, its timers and every decision, adds
   the wait for the job step in flight (abandoned at its next block boundary, ``JobSide.claim``) to
-  the stall of a session placed on a job's GPU, and shows the policy the
-  jobs' GPU demand (``Snapshot.job_demand_gpus``).
+  the stall of a session placed on a job's GPU, and gives the pipeline the open jobs
+  (``JobSide.demand``), whose job step shows the policy their GPU demand (``Snapshot.job_demand_gpus``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from scheduling.core.pipeline import ONE_REGION, DecisionInputs, decision_run
 from scheduling.core.policy import Policy
 from scheduling.core.provisioning import FIXED, SCALE_OUT_PATHS
 from scheduling.core.scaleplan import ScalePlanError
@@ -362,8 +365,6 @@ class Simulator:
             idle_resident=tuple(self.idle_resident),
             min_gpus=self.cfg.min_gpus,
             max_gpus=self.cfg.max_gpus,
-            job_demand_gpus=self.jobs.demand_gpus() if self.jobs is not None else 0.0,
-            job_gpus=tuple(sorted(self.jobs.gpu_owner)) if self.jobs is not None else (),
         )
 
     # -- placement mechanics ---------------------------------------------------------------------
@@ -430,16 +431,26 @@ class Simulator:
 
     # -- decisions -------------------------------------------------------------------------------
     def _decide(self, event: Event) -> None:
-        snap = self.snapshot()
+        """One decision: the live loop's pipeline (``scheduling.core.pipeline.decision_run``) on the
+        pool in one region, the jobs' demand its input; its one region's decision is applied."""
+        inputs = DecisionInputs(
+            snapshot=self.snapshot(),
+            event=event,
+            jobs=self.jobs.demand() if self.jobs is not None else None,
+        )
         c0 = wallclock.process_time()
         t0 = wallclock.perf_counter()
-        decision = self.policy.decide(snap, event)
+        decision = decision_run(inputs, self._policies).regions[ONE_REGION.default].decision
         self.sched_ms.append((wallclock.perf_counter() - t0) * 1000.0)
         # CPU time as well: on a shared machine wall time includes preemption by other processes.
         self.sched_cpu_ms.append((wallclock.process_time() - c0) * 1000.0)
         self._apply(decision)
         if self.jobs is not None:
             self.jobs.after_decision()
+
+    def _policies(self, regions: Sequence[str]) -> dict[str, Policy]:
+        """The pipeline's policy provider: the simulated pool is one region, with the one policy."""
+        return dict.fromkeys(regions, self.policy)
 
     def _decide_tick(self) -> None:
         self._decide(Event(self.now, "tick"))

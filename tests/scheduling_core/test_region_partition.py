@@ -51,10 +51,8 @@ def plan(snap: Snapshot, session_region: dict, alternatives: dict | None = None,
         snap, session_region=session_region, gpu_region=GPU_REGION, gpu_limits=limits or {}, default="local"
     )
     policies = {r: TurboServePolicy(rho_hat=0.7, cooldown_s=0.0, release_grace_s=0.0) for r in parts}
-    event = Event(time=snap.time, kind="tick")
-    return parts, *decide_by_region(
-        policies, parts, event, event_region=None, alternatives=alternatives or {}
-    )
+    ticks = dict.fromkeys(parts, Event(time=snap.time, kind="tick"))
+    return parts, *decide_by_region(policies, parts, ticks, alternatives=alternatives or {})
 
 
 def test_the_partition_follows_the_gpu_for_placed_sessions_and_the_route_for_waiting_ones():
@@ -176,9 +174,8 @@ def test_no_session_is_placed_outside_its_region_and_no_gpu_over_memory(cluster)
         snap, session_region=routes, gpu_region=gpu_region, gpu_limits={}, default="local"
     )
     policies = {r: TurboServePolicy(rho_hat=0.7) for r in parts}
-    decisions, rerouted = decide_by_region(
-        policies, parts, Event(time=snap.time, kind="tick"), event_region=None, alternatives=alternatives
-    )
+    ticks = dict.fromkeys(parts, Event(time=snap.time, kind="tick"))
+    decisions, rerouted = decide_by_region(policies, parts, ticks, alternatives=alternatives)
     resident = {g: list(snap.residents[g]) for g in gpu_region}
     for region, decision in decisions.items():
         for sid in decision.suspend:

@@ -1,7 +1,8 @@
 """The autoscaler's job demand: the GPUs the open jobs' backlog needs to meet its deadlines.
 
-One rule for the live loop (``scheduling.live.run``: the jobs its workers hold, costed by
-``JobCosts``) and the simulator (``scheduling.sim.jobs.cosim.JobSide.demand_gpus``): the EDF density
+One rule, applied by the decision pipeline's job step (``scheduling.core.pipeline.add_job_demand``)
+for the live loop (the jobs its workers hold, costed by ``JobCosts``) and the simulator
+(``scheduling.sim.jobs.cosim.JobSide.demand``): the EDF density
 of the backlog, max over jobs i in deadline order of (Σ_{j ≤ i} remaining GPU-seconds at SP 1) /
 max(D_i − now, job i's own remaining time) — a job already late counts as one GPU for its remaining
 time.

@@ -1,8 +1,9 @@
 """Per-region TurboServe under a global router: one snapshot, one policy and one decision per region.
 
-The live scheduler (``scheduling.live.run``) hands this module the whole pool's ``Snapshot`` plus the
-regions as plain data — which region each GPU and each session is in, each region's GPU limits —
-and gets back one ``Decision`` per region. Nothing here knows the database.
+The decision pipeline (``scheduling.core.pipeline``, run by the live scheduler and the simulator)
+hands this module the whole pool's ``Snapshot`` plus the regions as plain data (``RegionLayout``:
+which region each GPU and each session is in, each region's GPU limits) and gets back one
+``Decision`` per region. Nothing here knows the database.
 
 - ``partition_snapshot``: a GPU is in its region; a session on a GPU (executing or migrating) is in
   that GPU's region, any other session (queued, suspended) in its own routed region. So placement,
@@ -13,7 +14,7 @@ and gets back one ``Decision`` per region. Nothing here knows the database.
   beyond it); ``max_gpus`` is what the other regions leave of the pool's maximum; the warm minimum
   ``min_gpus`` counts every region's GPUs and any shortfall is kept in the default (local) region.
 - ``decide_by_region``: each region's policy decides on its own snapshot (the event goes to the
-  region of its session; the others decide a tick), then ``spill_queued`` re-routes the sessions a
+  region of its session, ``pipeline.route_event``; the others decide a tick), then ``spill_queued`` re-routes the sessions a
   region had to queue: an active user waiting for memory is placed at once on a GPU with room in the
   nearest other region within its RTT budget (``alternatives``, nearest first, given by the caller),
   rather than waiting one provisioning delay (30–45 s) for its own region to grow. Only when no
@@ -28,13 +29,35 @@ and gets back one ``Decision`` per region. Nothing here knows the database.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from ..policy import Policy
-from ..types import Decision, Event, EventKind, GpuTypeSpec, Snapshot
+from ..types import Decision, Event, GpuTypeSpec, Snapshot
 
 _EPS = 1e-9
 LIVE_GPU = ("provisioning", "ready", "draining")
+
+
+@dataclass(frozen=True)
+class RegionLayout:
+    """The regions as plain names and numbers: the region of each session (its routed one) and of
+    each GPU, each region's GPU limits (type -> most GPUs) and, for each session that may wait for a
+    GPU, the regions within its RTT budget, nearest first. An id the layout does not name is in
+    ``default``, the local region (the live loop passes ``gpu.models.Region.DEFAULT_NAME``); the
+    empty layout is a pool in one region."""
+
+    default: str = "local"
+    session_region: Mapping[str, str] = field(default_factory=dict)
+    gpu_region: Mapping[str, str] = field(default_factory=dict)
+    gpu_limits: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    alternatives: Mapping[str, Sequence[str]] = field(default_factory=dict)
+
+    @cached_property
+    def one_region(self) -> bool:
+        """Every GPU and session is in ``default``, which has no GPU limits: the pool is its own
+        partition (``partition_snapshot``)."""
+        return _one_region(self.session_region, self.gpu_region, self.gpu_limits, self.default, ())
 
 
 def partition_snapshot(
@@ -48,7 +71,11 @@ def partition_snapshot(
 ) -> dict[str, Snapshot]:
     """One snapshot per region (the default region always, others when they hold a GPU or a
     session, or are in ``include``: a region at zero whose predictive floor asks for GPUs); ids
-    missing from ``session_region``/``gpu_region`` are in ``default``."""
+    missing from ``session_region``/``gpu_region`` are in ``default``. A pool wholly in ``default``,
+    which has no limits of its own, is its own partition: ``snapshot`` itself, not a copy (the same
+    snapshot a rebuild would give, without the O(pool) rebuild in the simulator's every decision)."""
+    if _one_region(session_region, gpu_region, gpu_limits, default, include):
+        return {default: snapshot}
     gpus_in: dict[str, list] = {default: []}
     for gid, gpu in snapshot.gpus.items():
         gpus_in.setdefault(gpu_region.get(gid, default), []).append(gpu)
@@ -72,6 +99,21 @@ def partition_snapshot(
             max_gpus=max(0, snapshot.max_gpus - (total_live - live.get(region, 0))),
         )
     return out
+
+
+def _one_region(
+    session_region: Mapping[str, str],
+    gpu_region: Mapping[str, str],
+    gpu_limits: Mapping[str, Mapping[str, int]],
+    default: str,
+    include: Collection[str],
+) -> bool:
+    return (
+        not gpu_limits.get(default)
+        and all(r == default for r in include)
+        and all(r == default for r in gpu_region.values())
+        and all(r == default for r in session_region.values())
+    )
 
 
 def _limited(gpu_types: Mapping[str, GpuTypeSpec], limits: Mapping[str, int]) -> dict[str, GpuTypeSpec]:
@@ -184,22 +226,19 @@ def _best_room(room: Mapping[str, _Room], load: float, state_bytes: int) -> str 
 def decide_by_region(
     policies: Mapping[str, Policy],
     snapshots: Mapping[str, Snapshot],
-    event: Event,
+    events: Mapping[str, Event],
     *,
-    event_region: str | None,
     alternatives: Mapping[str, Sequence[str]],
 ) -> tuple[dict[str, Decision], dict[str, str]]:
-    """Each region's decision (``policies`` and ``snapshots`` by region), with queued sessions
-    re-routed by ``spill_queued``; returns the decisions and session -> new region. A region whose
-    queued sessions went elsewhere decides again without them, from the state its policy had before
-    this event (so the event is observed once)."""
-    tick = Event(time=event.time, kind=EventKind.TICK)
+    """Each region's decision (``policies``, ``snapshots`` and the ``events`` their policies observe,
+    by region), with queued sessions re-routed by ``spill_queued``; returns the decisions and session
+    -> new region. A region whose queued sessions went elsewhere decides again without them, from the
+    state its policy had before this event (so the event is observed once). One region has nowhere to
+    spill to: its decision is its policy's."""
+    if len(snapshots) == 1:
+        return {r: policies[r].decide(s, events[r]) for r, s in snapshots.items()}, {}
     states = {r: policies[r].state_dict() for r in snapshots}
-
-    def decide(region: str, snapshot: Snapshot) -> Decision:
-        return policies[region].decide(snapshot, event if region == event_region else tick)
-
-    decisions = {r: decide(r, s) for r, s in sorted(snapshots.items())}
+    decisions = {r: policies[r].decide(s, events[r]) for r, s in sorted(snapshots.items())}
     spilled, rerouted = spill_queued(snapshots, decisions, alternatives)
     for region, snapshot in sorted(snapshots.items()):
         gone = [sid for sid in decisions[region].queue if sid in rerouted]
@@ -207,12 +246,15 @@ def decide_by_region(
             continue
         policies[region].load_state_dict(states[region])
         # It queued, so it took no spilled session (``spill_queued``): its new decision is whole.
-        spilled[region] = decide(region, _without(snapshot, gone))
+        spilled[region] = policies[region].decide(_without(snapshot, gone), events[region])
     return spilled, rerouted
 
 
 def _without(snapshot: Snapshot, gone: Sequence[str]) -> Snapshot:
-    return Snapshot.build(
+    """The region's snapshot without the sessions that left it, its predictive floor kept. Its jobs'
+    fields are not carried over: so it was before the pipeline, and carrying them changes decisions
+    (a behaviour change for its own issue, not this refactor's)."""
+    rebuilt = Snapshot.build(
         time=snapshot.time,
         sessions=[s for sid, s in snapshot.sessions.items() if sid not in gone],
         gpus=snapshot.gpus.values(),
@@ -220,6 +262,7 @@ def _without(snapshot: Snapshot, gone: Sequence[str]) -> Snapshot:
         min_gpus=snapshot.min_gpus,
         max_gpus=snapshot.max_gpus,
     )
+    return replace(rebuilt, floor_load=snapshot.floor_load)
 
 
 def regions_to_zero(

@@ -1,5 +1,6 @@
-"""The encoders of workers without E: failover when the one a worker uses is lost, and the prompts
-such workers refused for lack of an encoder, re-sent once one is ready."""
+"""The encoders of workers without E: failover when the one a worker uses is lost (the rule:
+``scheduling.core.stages.encoders.encoder_lost``), and the prompts such workers refused for lack of
+an encoder, re-sent once one is ready."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from datetime import datetime
 from django.db.models import F, Q
 
 from gpu.models import GpuWorker
+from scheduling.core.stages.encoders import encoder_lost
 from scheduling.live.outbox import Outbox
 from scheduling.live.stages.peers import EncoderMissing, encoder_for
 from scheduling.models import WorkerCommand
@@ -44,21 +46,6 @@ def current_encoders(workers: Iterable[GpuWorker]) -> dict[str, str]:
     return {ids[pk]: str((payload.get("encoder") or {}).get("worker", "")) for pk, payload in rows}
 
 
-def _encoder_lost(worker: GpuWorker, current: str | None, ready_encoders: set[str]) -> str | None:
-    """Why ``worker`` needs another encoder, or ``None``: the one it uses is no longer ready, or its
-    heartbeat says it waits for a lost (or unknown) one."""
-    if current and current not in ready_encoders:
-        return f"encoder {current} is no longer ready"
-    wait = (worker.telemetry or {}).get("encoder_wait")
-    if isinstance(wait, dict) and wait.get("sessions"):
-        reason = str(wait.get("reason", ""))
-        # "waiting for encoder X's answer" is an encode in flight; anything else (X lost, X's encode
-        # failed, no encoder known) will not end by itself.
-        if not reason.startswith("waiting for encoder"):
-            return f"heartbeat: {reason}"[:500]
-    return None
-
-
 def encoder_failover(*, preset: str, workers: dict[str, GpuWorker], now: datetime, outbox: Outbox) -> dict:
     """Give every ready worker without E whose encoder was lost another one (``set_encoder``, same
     region first), and re-send the prompts such workers refused for lack of an encoder once one is
@@ -84,7 +71,9 @@ def encoder_failover(*, preset: str, workers: dict[str, GpuWorker], now: datetim
     for worker in dependants:
         if worker.name in in_flight:
             continue
-        why = _encoder_lost(worker, current.get(worker.name), ready_encoders)
+        why = encoder_lost(
+            current.get(worker.name), ready_encoders, (worker.telemetry or {}).get("encoder_wait")
+        )
         if why is None:
             continue
         entry = {"from": current.get(worker.name) or None, "reason": why}

@@ -25,11 +25,11 @@ module (:class:`JobSide`) on job events, on its own timers and after every strea
   running video, and after a stream decision that changed the GPUs jobs may use. A plan starts what fits on
   GPUs free now; GPUs a pausing or shrinking video gives back are free at its step end, which
   triggers the next round.
-* **Demand for the autoscaler** (:meth:`JobSide.demand_gpus`): the EDF density of the backlog,
-  max over jobs i in deadline order of (Σ_{j ≤ i} remaining GPU-seconds at SP 1) / max(D_i − now,
-  job i's own remaining time) — the GPUs needed to finish every job by its deadline, a job already
-  late counting as one GPU for its remaining time (``scheduling.core.jobs.backlog``: the rule the
-  live autoscaler runs).
+* **Demand for the autoscaler** (:meth:`JobSide.demand`, the decision pipeline's job step
+  ``scheduling.core.pipeline.add_job_demand``, the one the live loop runs): the EDF density of the
+  backlog, max over jobs i in deadline order of (Σ_{j ≤ i} remaining GPU-seconds at SP 1) /
+  max(D_i − now, job i's own remaining time) — the GPUs needed to finish every job by its deadline, a
+  job already late counting as one GPU for its remaining time (``scheduling.core.jobs.backlog``).
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ from typing import Any
 
 import numpy as np
 
-from scheduling.core.jobs.backlog import backlog_gpus
 from scheduling.core.jobs.job_profiles import JobCatalog, JobProfile, load_job_catalog
 from scheduling.core.jobs.solver import ImageRequest, RoundInput, RoundSolver, VideoRequest, round_solver
+from scheduling.core.pipeline import JobDemand
 
 from ..traces import JobEvent
 
@@ -409,9 +409,15 @@ class JobSide:
                 del free[:take]
 
     # -- autoscaler input and results --------------------------------------------------------------
-    def demand_gpus(self) -> float:
-        open_jobs = [j for j in self.jobs.values() if j.state in ("waiting", "running")]
-        return backlog_gpus(((j.deadline, j.id, j.remaining_s(1)) for j in open_jobs), self.host.now)
+    def demand(self) -> JobDemand:
+        """The open jobs as the decision pipeline's job step takes them (``pipeline.add_job_demand``,
+        the live loop's rule): all in the one region, and a job takes whole GPUs (one job a GPU)."""
+        open_jobs = [
+            (j.deadline, j.id, j.remaining_s(1))
+            for j in self.jobs.values()
+            if j.state in ("waiting", "running")
+        ]
+        return JobDemand(open_jobs={None: open_jobs}, holders=tuple(self.gpu_owner), slots_per_gpu=1.0)
 
     def result(self, end: float) -> dict[str, Any]:
         jobs = [j for j in self.jobs.values() if j.arrival <= end and j.state != "cancelled"]
