@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import os
+
 import pytest
+import redis
 from django.conf import settings
 from rest_framework.test import APIClient
 
@@ -40,6 +43,20 @@ def staff_api(staff):
     client = APIClient()
     client.force_authenticate(staff)
     return client
+
+
+@pytest.fixture(scope="module", autouse=True)
+def own_redis_database_emptied():
+    """Under xdist, each test module starts from an empty Redis database of its own worker.
+
+    A module that kills a process holding a lease (a chaos test's SIGKILL of the scheduler inside
+    its decision run) leaves that lease to expire on its own (60 s for the scheduler lock); the next
+    module on the same worker must not wait on it. Without xdist the database may be a developer's
+    (tests/isolation.py), so nothing is deleted there.
+    """
+    if isolation.SLOT_ENV in os.environ:
+        redis.Redis.from_url(settings.REDIS_URL).flushdb()
+    yield
 
 
 # --- markers, xdist workers, the spawn guard (tests/markers.py says which test is which) ---------

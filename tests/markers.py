@@ -104,6 +104,7 @@ SLOW = frozenset(
         "tests/gpu/test_parameter_pool.py::test_property_host_copies_never_exceed_the_bound",
         "tests/gpu/test_weights_loading.py::test_auto_falls_back_to_disk_when_the_plan_source_is_gone",
         "tests/scheduling/test_job_scaling.py::test_a_job_backlog_due_soon_scales_the_pool_out[True]",
+        "tests/scheduling/test_pipeline_live_sim.py::test_a_trace_gets_the_same_decisions_live_and_in_the_simulator",
         "tests/scheduling/test_stages_failover_e2e.py",
         "tests/workers/test_dc_job_abandon_live.py",
         "tests/workers/test_jobs_daemon.py::test_a_paused_job_moves_to_another_worker_and_finishes_with_the_uninterrupted_mp4",
