@@ -131,8 +131,9 @@ SLOW_FIXTURES = frozenset({"tests/scheduling_core/test_reproduce.py::quick_repor
 SLOW_REPORT_S = 5.0  # above ~3 s with room for a loaded machine
 
 # Programs that a test, a library or the standard library runs in passing (version stamps, the
-# Makefile's variables, ctypes' library search, platform's uname): not the processes ``e2e`` means.
-INCIDENTAL_PROGRAMS = frozenset({"git", "make", "ldconfig", "gcc", "cc", "ld", "objdump", "uname"})
+# Makefile's variables, ctypes' library search, platform's uname, matplotlib's first font-cache
+# build): not the processes ``e2e`` means.
+INCIDENTAL_PROGRAMS = frozenset({"git", "make", "ldconfig", "gcc", "cc", "ld", "objdump", "uname", "fc-list"})
 
 
 COLLECTED = pytest.StashKey[list[pytest.Item]]()  # every collected test, deselected ones included

@@ -108,6 +108,24 @@ def forecast_options(
     }
 
 
+def add_boot_arguments(parser: Any) -> None:
+    """The flags that replace how long a new GPU takes to serve, shared by ``simulate`` and
+    ``simulate_compare`` (the what-if that decides the scheduler's value: docs/results §9)."""
+    parser.add_argument(
+        "--provisioning-delay-s",
+        type=float,
+        default=None,
+        help="replace every GPU type's provisioning delay (request → ready), e.g. 0 for instant attach",
+    )
+    parser.add_argument(
+        "--scale-out",
+        choices=SCALE_OUT_PATHS,
+        default=None,
+        help="where new GPUs load weights from; the delay is boot + the scale plan's load time from the "
+        "pool's state at each scale-out (default: each profile's own path)",
+    )
+
+
 def add_forecast_arguments(parser: Any) -> None:
     """The ``--forecast*`` flags shared by ``simulate`` and ``simulate_compare`` (argparse parser)."""
     parser.add_argument(

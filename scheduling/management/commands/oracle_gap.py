@@ -7,6 +7,7 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
+from contracts.cli import list_option
 from scheduling.sim.oracles.gap import load_heuristic, placement_gap
 
 DEFAULT_HEURISTIC = "scheduling.sim.oracles.gap:turboserve_heuristic"
@@ -29,12 +30,7 @@ class Command(BaseCommand):
         parser.add_argument("--rows", action="store_true", help="with --json, include every instance")
 
     def handle(self, *args, **opts):
-        try:
-            gpu_counts = tuple(int(x) for x in opts["gpus"].split(",") if x.strip())
-        except ValueError:
-            raise CommandError(f"--gpus must be comma-separated integers, got {opts['gpus']!r}") from None
-        if not gpu_counts or any(m < 1 or m > 64 for m in gpu_counts):
-            raise CommandError("--gpus values must be between 1 and 64")
+        gpu_counts = list_option(opts, "gpus", int, minimum=1, maximum=64)
         if opts["instances"] < 1:
             raise CommandError("--instances must be >= 1")
         if not opts["eta"] >= 0:

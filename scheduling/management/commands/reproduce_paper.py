@@ -6,6 +6,7 @@ import time
 
 from django.core.management.base import BaseCommand, CommandError
 
+from contracts.cli import list_option
 from scheduling.reproduce import EXPERIMENTS, run_all
 from scheduling.reproduce.runner import export_summary
 
@@ -42,12 +43,7 @@ class Command(BaseCommand):
     def handle(self, *args, **opts):
         if opts["jobs"] < 1:
             raise CommandError("--jobs: must be >= 1")
-        experiments = [e.strip() for e in opts["experiments"].split(",") if e.strip()]
-        unknown = [e for e in experiments if e not in EXPERIMENTS]
-        if unknown or not experiments:
-            raise CommandError(
-                f"--experiments: unknown {unknown or 'empty list'}; choose from {','.join(EXPERIMENTS)}"
-            )
+        experiments = list(list_option(opts, "experiments", choices=EXPERIMENTS))
         started = time.perf_counter()
         data = run_all(
             opts["out"],

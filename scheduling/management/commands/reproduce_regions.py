@@ -9,6 +9,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from contracts.cli import list_option
 from scheduling.benchmarks.regions import run_bench_solve
 from scheduling.reproduce.torta import ABLATIONS, REPORT_POLICIES, VARIANTS, run_regions_report, write_report
 from scheduling.sim.regions.cli import RegionsCliError
@@ -43,12 +44,8 @@ class Command(BaseCommand):
             self.stdout.write(f"wrote {md_path} and {json_path}")
             return
         started = time.perf_counter()
-        topologies = [t.strip() for t in opts["topologies"].split(",") if t.strip()]
-        policies = [p.strip() for p in opts["policies"].split(",") if p.strip()]
-        if not topologies:
-            raise CommandError("--topologies: give at least one topology")
-        if not policies:
-            raise CommandError("--policies: give at least one policy")
+        topologies = list(list_option(opts, "topologies"))
+        policies = list(list_option(opts, "policies"))
         try:
             report = run_regions_report(
                 topologies=topologies,

@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from scheduling.sim.cli import (
     CliError,
+    add_boot_arguments,
     add_forecast_arguments,
     forecast_options,
     format_simulate,
@@ -38,19 +39,7 @@ class Command(BaseCommand):
             "--slo-ms", type=float, default=None, help="per-chunk latency SLO (default: profile's)"
         )
         parser.add_argument("--tick-s", type=float, default=5.0, help="periodic tick interval")
-        parser.add_argument(
-            "--provisioning-delay-s",
-            type=float,
-            default=None,
-            help="replace every GPU type's provisioning delay (request → ready), e.g. 0 for instant attach",
-        )
-        parser.add_argument(
-            "--scale-out",
-            choices=("disk", "host-cache", "peer"),
-            default=None,
-            help="where new GPUs load weights from; the delay is boot + the scale plan's load time from the "
-            "pool's state at each scale-out (default: each profile's own path)",
-        )
+        add_boot_arguments(parser)
         add_forecast_arguments(parser)
         parser.add_argument("--json", action="store_true", help="print one JSON object")
         parser.add_argument("--plot", default=None, help="write a timeline PNG here")

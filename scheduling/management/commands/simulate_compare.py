@@ -6,8 +6,10 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
+from contracts.cli import list_option
 from scheduling.sim.cli import (
     CliError,
+    add_boot_arguments,
     add_forecast_arguments,
     forecast_options,
     format_compare,
@@ -36,28 +38,14 @@ class Command(BaseCommand):
             help="K per GPU: derived from the SLO (default; the load whose chunk plus one stall meets it) "
             "or the profile's own",
         )
-        parser.add_argument(
-            "--provisioning-delay-s",
-            type=float,
-            default=None,
-            help="replace every GPU type's provisioning delay (request → ready), e.g. 0 for instant attach",
-        )
-        parser.add_argument(
-            "--scale-out",
-            choices=("disk", "host-cache", "peer"),
-            default=None,
-            help="where new GPUs load weights from; the delay is boot + the scale plan's load time from the "
-            "pool's state at each scale-out (default: each profile's own path)",
-        )
+        add_boot_arguments(parser)
         add_forecast_arguments(parser)
         parser.add_argument("--json", action="store_true")
         parser.add_argument("--plot", default=None, help="write a comparison PNG here")
         parser.add_argument("--no-progress", action="store_true")
 
     def handle(self, *args, **opts):
-        policies = [p.strip() for p in opts["policies"].split(",") if p.strip()]
-        if not policies:
-            raise CommandError("--policies: give at least one policy")
+        policies = list(list_option(opts, "policies"))
         try:
             forecast = forecast_options(
                 opts["forecast"], opts["forecast_slot_s"], opts["forecast_sigma"], opts["forecast_season_s"]

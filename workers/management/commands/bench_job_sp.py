@@ -6,6 +6,7 @@ import torch
 from django.core.management.base import BaseCommand, CommandError
 
 from contracts import bench
+from contracts.cli import list_option
 from workers.benchmarks.job_sp import format_job_sp_bench, run_job_sp_bench
 from workers.benchmarks.jobs import parse_video
 from workers.runtime.models import UnknownPresetError
@@ -29,12 +30,7 @@ class Command(BaseCommand):
             width, height, frames = parse_video(options["video"])
         except ValueError as exc:
             raise CommandError(f"--video: {exc}") from exc
-        try:
-            degrees = tuple(int(d) for d in options["degrees"].split(",") if d.strip())
-        except ValueError as exc:
-            raise CommandError(f"--degrees: {exc}") from exc
-        if not degrees or min(degrees) < 1:
-            raise CommandError("--degrees: give positive degrees")
+        degrees = list_option(options, "degrees", int, minimum=1)
         if options["repeats"] < 1:
             raise CommandError("--repeats must be at least 1")
         try:

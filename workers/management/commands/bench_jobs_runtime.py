@@ -6,6 +6,7 @@ import torch
 from django.core.management.base import BaseCommand, CommandError
 
 from contracts import bench
+from contracts.cli import list_option
 from workers.benchmarks.jobs import format_jobs_bench, parse_resolution, parse_video, run_jobs_bench
 from workers.runtime.models import UnknownPresetError
 
@@ -39,12 +40,7 @@ class Command(BaseCommand):
             raise CommandError(f"--image/--video: {exc}") from exc
         if not shapes:
             raise CommandError("--image and --video are both empty: nothing to measure")
-        try:
-            batches = tuple(int(b) for b in options["batches"].split(",") if b.strip())
-        except ValueError as exc:
-            raise CommandError(f"--batches: {exc}") from exc
-        if not batches or min(batches) < 1:
-            raise CommandError("--batches: give positive batch sizes")
+        batches = list_option(options, "batches", int, minimum=1)
         if options["repeats"] < 1:
             raise CommandError("--repeats must be at least 1")
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from contracts import bench
+from contracts.cli import list_option
 from workers.benchmarks.layersplit import format_layersplit, run_layersplit
 
 
@@ -38,12 +39,8 @@ class Command(BaseCommand):
         bench.add_report_arguments(parser)
 
     def handle(self, *args, **options):
-        splits = None
-        if options["splits"]:
-            try:
-                splits = [int(s) for s in options["splits"].split(",") if s.strip()]
-            except ValueError as exc:
-                raise CommandError(f"--splits: {exc}") from exc
+        splits = list_option(options, "splits", int)
+        splits = list(splits) if splits is not None else None
         write = bench.quiet_unless_text(options["json"], self.stdout.write)
         try:
             report = run_layersplit(

@@ -6,6 +6,7 @@ import torch
 from django.core.management.base import BaseCommand, CommandError
 
 from contracts import bench
+from contracts.cli import list_option
 from workers.benchmarks.runtime import format_bench, run_bench
 from workers.runtime.models import UnknownPresetError
 
@@ -30,13 +31,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         torch.set_num_threads(options["threads"])
-        try:
-            batches = tuple(int(b) for b in options["batches"].split(",") if b.strip())
-        except ValueError as exc:
-            raise CommandError(f"--batches: {exc}") from exc
-        offload_presets = None
-        if options["offload_presets"]:
-            offload_presets = tuple(p.strip() for p in options["offload_presets"].split(",") if p.strip())
+        batches = list_option(options, "batches", int, minimum=1)
+        offload_presets = list_option(options, "offload_presets")
         try:
             report = run_bench(
                 options["preset"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from contracts import bench
+from contracts.cli import list_option
 from workers.benchmarks.scaleout import SOURCES, format_scaleout, run_scaleout
 from workers.runtime.models import UnknownPresetError
 
@@ -31,11 +32,8 @@ class Command(BaseCommand):
         bench.add_report_arguments(parser)
 
     def handle(self, *args, **options):
-        try:
-            targets = tuple(int(t) for t in options["targets"].split(",") if t.strip())
-        except ValueError as exc:
-            raise CommandError(f"--targets: {exc}") from exc
-        sources = tuple(s.strip() for s in options["sources"].split(",") if s.strip())
+        targets = list_option(options, "targets", int, minimum=1)
+        sources = list_option(options, "sources", choices=SOURCES)
         write = bench.quiet_unless_text(options["json"], self.stdout.write)
         try:
             report = run_scaleout(

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from django.core.management.base import BaseCommand, CommandError
 
+from contracts.cli import list_option
 from workers.benchmarks.jobs import parse_resolution, profile_one_shot
 from workers.benchmarks.runtime import profile_model
 from workers.runtime.models import UnknownPresetError
@@ -64,22 +65,9 @@ class Command(BaseCommand):
         self.stdout.write(self.style.SUCCESS(f"wrote {options['out']}"))
 
     def _one_shot(self, options: dict) -> None:
-        try:
-            resolutions = [parse_resolution(r) for r in options["resolutions"].split(",") if r.strip()]
-        except ValueError as exc:
-            raise CommandError(f"--resolutions: {exc}") from exc
-        try:
-            frames = [int(f) for f in options["frames"].split(",") if f.strip()]
-            batches = tuple(int(b) for b in options["batches"].split(",") if b.strip())
-        except ValueError as exc:
-            raise CommandError(f"--frames/--batches: {exc}") from exc
-        if (
-            not resolutions
-            or not batches
-            or min(batches) < 1
-            or (options["one_shot"] == "video" and not frames)
-        ):
-            raise CommandError("--resolutions, --batches (positive) and, for video, --frames are needed")
+        resolutions = list(list_option(options, "resolutions", parse_resolution))
+        frames = list(list_option(options, "frames", int, minimum=1))
+        batches = list_option(options, "batches", int, minimum=1)
         if options["steps"] < 1:
             raise CommandError("--steps must be at least 1")
         try:
