@@ -31,6 +31,9 @@ logger = logging.getLogger("workers.daemon")
 # back (the pub/sub channel layer re-subscribes about a second after Redis returns; a session nobody
 # watches waits this long once per outage).
 RESUBSCRIBE_WAIT_S = 5.0
+# How often a session's subscriber count is read while Redis is up: what the first chunk after an
+# outage waits for (one PUBSUB NUMSUB round trip per session per period).
+SUBSCRIBERS_COUNT_EVERY_S = 1.0
 
 
 class ChunkPublisher(threading.Thread):
@@ -52,6 +55,9 @@ class ChunkPublisher(threading.Thread):
         self.published = 0
         self.outage_at = 0.0  # monotonic time the daemon last found Redis unreachable
         self._subscribers_checked: dict[str, float] = {}  # session id → when its viewers were last seen
+        # session id → (subscribers to its group, when counted): the web servers listening before an
+        # outage, all of which must be back before its next chunk goes out.
+        self._subscribers: dict[str, tuple[int, float]] = {}
         self._queued: collections.Counter[str] = collections.Counter()  # session id → chunks not done
         self._queued_lock = threading.Lock()
 
@@ -158,8 +164,14 @@ class ChunkPublisher(threading.Thread):
         # Its audit record is durable before any client can see it (raises: not published). After
         # the fence: a stale owner records nothing the current owner will also record.
         chunk_record_append(self.redis, header)
+        channel = loop.run_until_complete(_group_channel(layer, sid))
         if self._subscribers_checked.get(sid, 0.0) < self.outage_at:
-            self._await_subscribers(loop.run_until_complete(_group_channel(layer, sid)), sid)
+            self._await_subscribers(channel, sid)
+        elif (
+            channel is not None
+            and time.monotonic() - self._subscribers.get(sid, (0, 0.0))[1] >= SUBSCRIBERS_COUNT_EVERY_S
+        ):
+            self._subscribers[sid] = (self.redis.pubsub_numsub(channel)[0][1], time.monotonic())
         loop.run_until_complete(layer.group_send(group_name(sid), chunk_message(header, frames)))
         # Marked only now that the channel layer has it: a takeover resumes after the last chunk
         # actually sent, never after one announced and then lost with a frozen or dead worker.
@@ -176,8 +188,12 @@ class ChunkPublisher(threading.Thread):
         list-based core layer keeps group membership and messages in Redis: nothing to wait for.)
         """
         if channel is not None:
+            # As many subscribers as before the outage (at least one): with several web servers, or a
+            # monitor on the group, the first one back is not everyone (the chaos suite's Redis
+            # restart lost chunks 5–7 of its client that way while its probe had resubscribed).
+            expected = max(1, self._subscribers.get(sid, (1, 0.0))[0])
             deadline = time.monotonic() + RESUBSCRIBE_WAIT_S
-            while not self.redis.pubsub_numsub(channel)[0][1] and time.monotonic() < deadline:
+            while self.redis.pubsub_numsub(channel)[0][1] < expected and time.monotonic() < deadline:
                 time.sleep(0.1)
         self._subscribers_checked[sid] = time.monotonic()
 
