@@ -7,6 +7,14 @@ at most ``MAX_PENDING_CHUNKS`` chunks wait for a slow socket; when a new chunk a
 outbox the *oldest* waiting chunk is dropped and the client is told with a ``skipped`` message.
 Status and error messages are never dropped.
 
+A viewer picks its codec with ``?codec=jpeg|h264`` (default ``jpeg``, the frame format every
+client before the H.264 path reads). An H.264 viewer announces it (``contracts.wire.codecs``) so the
+worker encodes the session's chunks as fragmented MP4 too, and receives each chunk's fragment in
+the same binary framing, its header saying ``"codec": "h264"``; the first one it receives, and any
+whose init segment differs from the last it sent (a migration to a worker with another encoder),
+carries the init segment first (``"init": true``, two payloads). Chunks generated before its codec
+reached the worker are not sent to it: its stream starts at the first chunk that has a fragment.
+
 Each socket shows one stream, in order (``StreamPosition``): a chunk from an epoch older than the
 newest it has seen comes from a previous owner that is still running (fenced out by its publish
 lease, but a chunk may already have been on its way), and an index it has already passed is a
@@ -23,12 +31,16 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from urllib.parse import parse_qs
 
+import redis
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
 from django.core.exceptions import ValidationError
 
+from contracts.wire.codecs import CODEC_REFRESH_S, CODECS, H264, JPEG, codec_leave, codec_want
 from contracts.wire.frames import CHUNK_MESSAGE, STATUS_MESSAGE, encode_chunk_frame, group_name
 from contracts.wire.records import chunk_row
 from sessions import jobs, services
@@ -91,6 +103,10 @@ class StreamPosition:
 
 
 class SessionConsumer(AsyncWebsocketConsumer):
+    codec = JPEG
+    init_sent: bytes | None = None  # the init segment this H.264 viewer last received
+    codec_lease: CodecLease | None = None
+
     async def connect(self) -> None:
         self.session_id = str(self.scope["url_route"]["kwargs"]["session_id"])
         user = self.scope.get("user")
@@ -105,6 +121,14 @@ class SessionConsumer(AsyncWebsocketConsumer):
             await self._refuse(4404, "not_found", "no such session")
             return
         self.group = group_name(self.session_id)
+        query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
+        self.codec = (query.get("codec") or [JPEG])[0]
+        codec_problem = None
+        if self.codec not in CODECS:
+            codec_problem = (
+                f"unknown codec {self.codec!r}; choose one of {', '.join(CODECS)} (sending {JPEG})"
+            )
+            self.codec = JPEG
         self.outbox: collections.deque[tuple[str, object]] = collections.deque()
         self.pending_chunks = 0
         self.position = StreamPosition()
@@ -114,7 +138,12 @@ class SessionConsumer(AsyncWebsocketConsumer):
         await self.accept()
         self.sender = asyncio.create_task(self._drain())
         self.flusher = asyncio.create_task(self._flush_deliveries_periodically())
+        self.codec_lease = (
+            CodecLease(self.session_id, self.codec, self.channel_name) if self.codec == H264 else None
+        )
         await self._enqueue_text({"type": "status", **status})
+        if codec_problem is not None:
+            await self._error("bad_codec", codec_problem)
 
     async def _refuse(self, code: int, error: str, detail: str) -> None:
         """Accept only to say why, then close with an application close code (4401/4404)."""
@@ -129,6 +158,8 @@ class SessionConsumer(AsyncWebsocketConsumer):
             task = getattr(self, task_name, None)
             if task is not None:
                 task.cancel()
+        if self.codec_lease is not None:
+            await self.codec_lease.end()
         if getattr(self, "deliveries", None):
             await self._flush_deliveries()
 
@@ -200,9 +231,19 @@ class SessionConsumer(AsyncWebsocketConsumer):
                 self.position,
             )
             return
+        frames = event["frames"]
+        if self.codec == H264:
+            media = event.get("media")
+            if media is None:
+                if self.init_sent is not None:  # its stream had begun: say what it misses
+                    await self._enqueue_text({"type": "skipped", "index": header["index"]})
+                return
+            header.update(codec=H264, mime=media["mime"], init=media["init"] != self.init_sent)
+            frames = [media["init"], media["fragment"]] if header["init"] else [media["fragment"]]
+            self.init_sent = media["init"]
         if self.pending_chunks >= MAX_PENDING_CHUNKS:
             self._drop_oldest_chunk()
-        self.outbox.append(("chunk", (header, event["frames"])))
+        self.outbox.append(("chunk", (header, frames)))
         self.pending_chunks += 1
         self.wakeup.set()
 
@@ -256,6 +297,44 @@ class SessionConsumer(AsyncWebsocketConsumer):
             await sync_to_async(services.chunk_deliveries_record, thread_sensitive=False)(deliveries=rows)
         except Exception:  # the audit plane must never break a live stream
             logger.exception("recording delivery latencies failed session=%s", self.session_id)
+
+
+class CodecLease:
+    """A viewer's claim on its codec (``contracts.wire.codecs``), renewed every ``CODEC_REFRESH_S``
+    while the viewer is connected; ``end()`` lets it linger briefly for a reconnect."""
+
+    def __init__(self, session_id: str, codec: str, viewer: str) -> None:
+        self.session_id, self.codec, self.viewer = session_id, codec, viewer
+        self.task = asyncio.create_task(self._renew())
+
+    async def _renew(self) -> None:
+        while True:
+            try:
+                await sync_to_async(codec_want, thread_sensitive=False)(
+                    _redis(), self.session_id, self.codec, self.viewer
+                )
+            except redis.RedisError:  # Redis away: the worker keeps the codecs it last read
+                logger.warning("codec lease not renewed session=%s codec=%s", self.session_id, self.codec)
+            await asyncio.sleep(CODEC_REFRESH_S)
+
+    async def end(self) -> None:
+        self.task.cancel()
+        try:
+            await sync_to_async(codec_leave, thread_sensitive=False)(
+                _redis(), self.session_id, self.codec, self.viewer
+            )
+        except redis.RedisError:
+            logger.warning("codec lease not ended session=%s codec=%s", self.session_id, self.codec)
+
+
+_redis_client: redis.Redis | None = None
+
+
+def _redis() -> redis.Redis:
+    global _redis_client
+    if _redis_client is None:
+        _redis_client = redis.Redis.from_url(settings.REDIS_URL)
+    return _redis_client
 
 
 JOB_CLIENT_MESSAGE_TYPES = ("cancel",)

@@ -27,8 +27,13 @@ def group_name(session_id: str) -> str:
     return f"session.{session_id}"
 
 
-def chunk_message(header: dict, frames: list[bytes]) -> dict:
-    return {"type": CHUNK_MESSAGE, "header": header, "frames": frames}
+def chunk_message(header: dict, frames: list[bytes], *, media: dict | None = None) -> dict:
+    """``media``: the chunk's H.264 fragment when a viewer reads H.264 (``init``: the session's
+    init segment, ``fragment``: the chunk's ``moof``+``mdat``, ``mime``, ``encoder``)."""
+    message = {"type": CHUNK_MESSAGE, "header": header, "frames": frames}
+    if media is not None:
+        message["media"] = media
+    return message
 
 
 def status_message(status: dict) -> dict:

@@ -215,3 +215,67 @@ async def test_measured_deliveries_go_to_the_record_stream_and_land_without_a_re
     assert record.delivery_ms == pytest.approx(header["delivery_ms"])
     assert (record.generation_ms, record.batch_size) == (12.5, 1)
     client.delete(STREAM, INGEST_LOCK)
+
+
+# --- the codec a viewer reads (docs/media.md) ------------------------------------------------------
+
+
+def an_h264_chunk(session, index: int, encoder) -> dict:
+    """Chunk ``index`` as the worker publishes it for H.264 viewers: JPEG frames only if asked."""
+    import numpy as np
+
+    frames = np.full((4, 64, 64, 3), 40 * index % 255, np.uint8)
+    fragment = encoder.encode(frames, fps=8, chunk_index=index)
+    message = a_chunk(session, index)
+    message["frames"] = []
+    message["media"] = {
+        "init": fragment.init,
+        "fragment": fragment.data,
+        "mime": fragment.mime,
+        "encoder": "libx264",
+    }
+    return message
+
+
+async def test_an_h264_viewer_gets_the_init_segment_once_then_fragments_that_decode_and_asks_for_the_codec():
+    from contracts.wire.codecs import codecs_wanted_many
+    from workers.runtime.media import FragmentEncoder, decode_fragments
+
+    user = await sync_to_async(UserFactory)()
+    session = await sync_to_async(SessionFactory)(owner=user)
+    communicator = await connect_as(user, f"/ws/sessions/{session.pk}/?codec=h264")
+    await communicator.receive_from()  # status
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    # The worker will read that this session has an H.264 viewer
+    assert codecs_wanted_many(client, [str(session.pk)])[str(session.pk)] == {"h264"}
+    layer, encoder = get_channel_layer(), FragmentEncoder()
+    # A chunk made before the codec reached the worker has no fragment: not sent to this viewer
+    await layer.group_send(group_name(str(session.pk)), a_chunk(session, 0))
+    for index in (1, 2, 3):
+        await layer.group_send(group_name(str(session.pk)), an_h264_chunk(session, index, encoder))
+    received = [decode_chunk_frame(await communicator.receive_from()) for _ in range(3)]
+    headers = [header for header, _ in received]
+    assert [(h["index"], h["codec"], h["init"]) for h in headers] == [
+        (1, "h264", True),
+        (2, "h264", False),
+        (3, "h264", False),
+    ]
+    assert headers[0]["mime"].startswith('video/mp4; codecs="avc1.')
+    init, first = received[0][1]
+    frames, pts = decode_fragments(init, [first, received[1][1][0], received[2][1][0]])
+    assert frames.shape == (12, 64, 64, 3) and pts == list(range(4, 16))
+    await communicator.disconnect()
+    client.delete(f"ss:codecs:{session.pk}")
+
+
+async def test_an_unknown_codec_is_an_error_frame_and_the_viewer_gets_jpeg():
+    user = await sync_to_async(UserFactory)()
+    session = await sync_to_async(SessionFactory)(owner=user)
+    communicator = await connect_as(user, f"/ws/sessions/{session.pk}/?codec=vp9")
+    assert json.loads(await communicator.receive_from())["type"] == "status"
+    error = json.loads(await communicator.receive_from())
+    assert error["code"] == "bad_codec" and "'vp9'" in error["detail"]
+    await get_channel_layer().group_send(group_name(str(session.pk)), a_chunk(session, 0))
+    header, frames = decode_chunk_frame(await communicator.receive_from())
+    assert header["mime"] == "image/jpeg" and frames == [b"\xff\xd8frame-a", b"\xff\xd8frame-b"]
+    await communicator.disconnect()

@@ -20,6 +20,7 @@ from typing import Any
 import redis
 
 from contracts.wire.channel import PublishFence, Verdict
+from contracts.wire.codecs import DEFAULT_CODECS, codecs_wanted_many
 from contracts.wire.frames import chunk_message, group_name
 from contracts.wire.records import chunk_record_append
 from workers.daemon.outage import REDIS_DOWN, retry_delay
@@ -58,8 +59,25 @@ class ChunkPublisher(threading.Thread):
         # session id → (subscribers to its group, when counted): the web servers listening before an
         # outage, all of which must be back before its next chunk goes out.
         self._subscribers: dict[str, tuple[int, float]] = {}
+        self._codecs: dict[str, frozenset[str]] = {}  # session id → the codecs last read for it
         self._queued: collections.Counter[str] = collections.Counter()  # session id → chunks not done
         self._queued_lock = threading.Lock()
+
+    def codecs_of(self, session_ids: list[str]) -> dict[str, frozenset[str]]:
+        """The codecs each session's viewers read now (``contracts.wire.codecs``), one round trip.
+        While Redis is unreachable, the last known ones: generation goes on, publishing waits."""
+        try:
+            wanted = codecs_wanted_many(self.redis, session_ids)
+        except REDIS_DOWN:
+            self.redis_failed()
+            return {sid: self._codecs.get(sid, DEFAULT_CODECS) for sid in session_ids}
+        self._codecs.update(wanted)
+        return wanted
+
+    def forget(self, session_id: str) -> None:
+        """The session left this worker: drop what was kept about it."""
+        for kept in (self._codecs, self._subscribers):
+            kept.pop(session_id, None)
 
     def submit(self, result: ChunkResult, epoch: int) -> None:
         with self._queued_lock:
@@ -130,7 +148,8 @@ class ChunkPublisher(threading.Thread):
         sid, index = result.session_id, result.chunk_index
         if epoch < self.leases_lost.get(sid, -1):
             return  # already fenced out at this epoch: no round trip for the rest of the queue
-        frames = result.frames(timeout=30)
+        encoding = result.encoding(timeout=30)
+        frames = encoding.frames
         header = {
             "session": sid,
             "index": index,
@@ -142,6 +161,9 @@ class ChunkPublisher(threading.Thread):
             "height": result.height,
             "fps": result.fps,
             "mime": "image/jpeg",
+            "frames_per_chunk": result.frame_count,
+            "codecs": sorted(({"jpeg"} if frames else set()) | ({"h264"} if encoding.fragment else set())),
+            "encode_ms": round(encoding.encode_ms, 3),
             "generated_at": time.time(),
         }
         admission = self.fence.admit(sid, epoch, index)
@@ -172,7 +194,16 @@ class ChunkPublisher(threading.Thread):
             and time.monotonic() - self._subscribers.get(sid, (0, 0.0))[1] >= SUBSCRIBERS_COUNT_EVERY_S
         ):
             self._subscribers[sid] = (self.redis.pubsub_numsub(channel)[0][1], time.monotonic())
-        loop.run_until_complete(layer.group_send(group_name(sid), chunk_message(header, frames)))
+        media = None
+        if encoding.fragment is not None:
+            fragment = encoding.fragment
+            media = {
+                "init": fragment.init,
+                "fragment": fragment.data,
+                "mime": fragment.mime,
+                "encoder": fragment.encoder,
+            }
+        loop.run_until_complete(layer.group_send(group_name(sid), chunk_message(header, frames, media=media)))
         # Marked only now that the channel layer has it: a takeover resumes after the last chunk
         # actually sent, never after one announced and then lost with a frozen or dead worker.
         self.fence.mark_delivered(sid, epoch, index)

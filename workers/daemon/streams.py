@@ -110,7 +110,8 @@ class Streams:
 
     def generate(self, due: list[str]) -> list[ChunkResult]:
         """One coalesced batch of the due sessions (fewer when some wait for a prompt's embeddings)."""
-        results = self.engine.step(max_batch=self.capacity, due=due)
+        codecs = self.publisher.codecs_of(due)  # what each session's viewers read (docs/media.md)
+        results = self.engine.step(max_batch=self.capacity, due=due, codecs=codecs)
         if results:
             self.chunk_generation_s = results[0].generation_ms / 1000.0
         return results
@@ -240,6 +241,7 @@ class Streams:
         with contextlib.suppress(SessionNotFound):
             self.engine.remove(sid)
         self.pending_activation.pop(sid, None)
+        self.publisher.forget(sid)
         return True
 
     def activate(self, owned: OwnedSession, command: dict) -> dict:

@@ -1,5 +1,6 @@
-"""Frame encoding off the model's critical path: JPEG chunks for the browser, and the results of
-one-shot jobs (PNG for an image, MP4 for a video; docs/jobs.md's result encoding).
+"""Frame encoding off the model's critical path: a chunk in the codecs its viewers want (a JPEG per
+frame, and/or one H.264 fragment: ``encode_chunk``, docs/media.md), and the results of one-shot jobs
+(PNG for an image, MP4 for a video; docs/jobs.md's result encoding).
 
 Kept free of torch so a process-pool encoder's children import only Pillow, PyAV and numpy.
 """
@@ -13,12 +14,45 @@ from fractions import Fraction
 
 import numpy as np
 
+from workers.runtime.media import Fragment, FragmentEncoder
+
+# What a chunk is encoded as when no viewer said (the native socket's default codec).
+JPEG_ONLY = frozenset({"jpeg"})
+
 
 @dataclass(frozen=True)
 class EncodedChunk:
+    """A chunk as its viewers read it: ``frames`` (one JPEG each; empty when no viewer reads JPEG)
+    and ``fragment`` (its H.264 fragment with the session's init segment; None when none reads it)."""
+
     frames: list[bytes]
     mime: str
     encode_ms: float
+    fragment: Fragment | None = None
+
+
+def encode_chunk(
+    frames: np.ndarray,
+    *,
+    codecs: frozenset[str] = JPEG_ONLY,
+    quality: int = 85,
+    fps: float = 16.0,
+    chunk_index: int = 0,
+    fragment_encoder: FragmentEncoder | None = None,
+) -> EncodedChunk:
+    """One chunk, uint8 [T, H, W, 3], once per codec in ``codecs`` ("jpeg", "h264")."""
+    started = time.perf_counter()
+    jpeg = encode_jpeg_frames(frames, quality).frames if "jpeg" in codecs else []
+    fragment = None
+    if "h264" in codecs:
+        encoder = fragment_encoder or FragmentEncoder()
+        fragment = encoder.encode(frames, fps=fps, chunk_index=chunk_index)
+    return EncodedChunk(
+        frames=jpeg,
+        mime="image/jpeg" if jpeg else (fragment.mime if fragment else "image/jpeg"),
+        encode_ms=(time.perf_counter() - started) * 1000.0,
+        fragment=fragment,
+    )
 
 
 def encode_jpeg_frames(frames: np.ndarray, quality: int = 85) -> EncodedChunk:

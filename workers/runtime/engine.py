@@ -21,7 +21,7 @@ import json
 import multiprocessing
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +29,8 @@ from typing import Any
 import torch
 
 from workers.runtime.accel import GpuPaths, copy_stream, pin_host_buffers
-from workers.runtime.encoding import EncodedChunk, encode_jpeg_frames
+from workers.runtime.encoding import JPEG_ONLY, EncodedChunk, encode_chunk, encode_jpeg_frames
+from workers.runtime.media import FragmentEncoder, select_h264_encoder
 from workers.runtime.models import build_model
 from workers.runtime.models.base import (
     JobStepAbandoned,
@@ -75,6 +76,10 @@ class ChunkResult:
 
     def encode_ms(self, timeout: float | None = None) -> float:
         return self.encoded.result(timeout).encode_ms
+
+    def encoding(self, timeout: float | None = None) -> EncodedChunk:
+        """The chunk in every codec it was encoded in (blocks until encoding has finished)."""
+        return self.encoded.result(timeout)
 
 
 @dataclass
@@ -233,6 +238,15 @@ class ChunkEngine:
         self._pool = HostBufferPool(pin=pin_host_buffers(self.device, self.gpu_paths))
         self._device_pool = None if self._cuda else HostBufferPool(pin=False, device=self.device)
         self._side_stream = copy_stream(self.device, self.gpu_paths)
+        self._fragment_encoder: FragmentEncoder | None = None
+
+    @property
+    def fragment_encoder(self) -> FragmentEncoder:
+        """The H.264 encoder of this worker's chunks, chosen on first use: NVENC on a CUDA worker
+        when the FFmpeg build has it and it opens, else libx264 (``select_h264_encoder`` logs why)."""
+        if self._fragment_encoder is None:
+            self._fragment_encoder = FragmentEncoder(select_h264_encoder(gpu=self._cuda))
+        return self._fragment_encoder
 
     @classmethod
     def from_preset(cls, preset: str, *, device: str = "cpu", **engine_kwargs: Any) -> ChunkEngine:
@@ -337,12 +351,19 @@ class ChunkEngine:
         ready.sort(key=lambda s: (s.last_served, s.order))
         return [s.session_id for s in ready[:limit]]
 
-    def step(self, max_batch: int | None = None, due: Iterable[str] | None = None) -> list[ChunkResult]:
+    def step(
+        self,
+        max_batch: int | None = None,
+        due: Iterable[str] | None = None,
+        codecs: Mapping[str, frozenset[str]] | None = None,
+    ) -> list[ChunkResult]:
         """Generate the next chunk of up to `max_batch` due sessions in one batched forward.
 
         `due` restricts the step to those session ids (the daemon's pacing); by default every
-        resident, unfrozen session is due. Returns at once after generation; frames are encoded in
-        the background (`ChunkResult.encoded`, and `on_chunk` when set).
+        resident, unfrozen session is due. `codecs` says what each session's viewers read ("jpeg",
+        "h264"; JPEG for a session it does not name): each chunk is encoded once per codec, never
+        per viewer. Returns at once after generation; frames are encoded in the background
+        (`ChunkResult.encoded`, and `on_chunk` when set).
         """
         limit = self.max_batch if max_batch is None else max_batch
         if limit < 1:
@@ -380,7 +401,16 @@ class ChunkEngine:
         # Encoding starts last: a busy encoder thread would otherwise contend for the GIL with the
         # bookkeeping above (up to a 5 ms switch interval per hand-over).
         for result in results:
-            result.encoded = self._encoder.submit(encode_jpeg_frames, result.rgb.numpy(), self.jpeg_quality)
+            wanted = (codecs or {}).get(result.session_id, JPEG_ONLY)
+            result.encoded = self._encoder.submit(
+                encode_chunk,
+                result.rgb.numpy(),
+                codecs=wanted,
+                quality=self.jpeg_quality,
+                fps=result.fps,
+                chunk_index=result.chunk_index,
+                fragment_encoder=self.fragment_encoder if "h264" in wanted else None,
+            )
             if self.on_chunk is not None:
                 callback = self.on_chunk
                 result.encoded.add_done_callback(

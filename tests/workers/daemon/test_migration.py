@@ -45,6 +45,11 @@ class Publisher:
 
     def submit(self, *args: Any) -> None: ...
 
+    def codecs_of(self, session_ids) -> dict:
+        return {}
+
+    def forget(self, session_id) -> None: ...
+
     def queued(self, sid: str) -> int:
         return self.unsent.get(sid, 0)
 

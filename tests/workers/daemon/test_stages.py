@@ -27,6 +27,11 @@ class Publisher:
 
     def submit(self, *args) -> None: ...
 
+    def codecs_of(self, session_ids) -> dict:
+        return {}
+
+    def forget(self, session_id) -> None: ...
+
 
 @pytest.fixture
 def make_role():

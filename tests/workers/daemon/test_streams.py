@@ -34,9 +34,17 @@ class Publisher:
         self.fence = Fence()
         self.submitted: list[tuple[str, int, int]] = []
         self.superseded: queue.Queue[tuple[str, int]] = queue.Queue()
+        self.codecs: dict[str, frozenset[str]] = {}  # what the viewers of each session read
+        self.forgotten: list[str] = []
 
     def submit(self, result: ChunkResult, epoch: int) -> None:
         self.submitted.append((result.session_id, result.chunk_index, epoch))
+
+    def codecs_of(self, session_ids: list[str]) -> dict[str, frozenset[str]]:
+        return {sid: self.codecs[sid] for sid in session_ids if sid in self.codecs}
+
+    def forget(self, session_id: str) -> None:
+        self.forgotten.append(session_id)
 
 
 class Clock:
@@ -198,3 +206,21 @@ def test_suspend_parks_the_state_and_resume_brings_it_back_due_at_once(make_stre
     assert streams.resume({"session": "s", "epoch": 2})["bytes"] > 0
     assert streams.due(200.0) == ["s"] and streams.sessions["s"].epoch == 2
     assert [r.chunk_index for r in step(streams)] == [1]
+
+
+def test_each_chunk_is_encoded_once_in_the_codecs_its_viewers_read(make_streams):
+    # Given three sessions: one watched as H.264, one as both, one whose viewers said nothing
+    streams = make_streams(capacity=3)
+    for sid in ("h", "both", "quiet"):
+        start(streams, sid)
+    streams.publisher.codecs = {"h": frozenset({"h264"}), "both": frozenset({"h264", "jpeg"})}
+    # When a batch is generated
+    results = {r.session_id: r.encoding(timeout=30) for r in step(streams)}
+    # Then each carries exactly what its viewers read (JPEG when nobody said)
+    assert (results["h"].frames, results["h"].fragment is not None) == ([], True)
+    assert len(results["both"].frames) == 4 and results["both"].fragment is not None
+    assert len(results["quiet"].frames) == 4 and results["quiet"].fragment is None
+    assert results["h"].fragment.mime.startswith('video/mp4; codecs="avc1.')
+    # And a session that leaves is forgotten by the publisher too
+    streams.forget("h")
+    assert streams.publisher.forgotten == ["h"]
