@@ -391,6 +391,9 @@ STREAMSERVE = {
     # as the local `demo` user (a single-user machine only: anyone who reaches the port is that user).
     "OPENAI_IMAGES_TIMEOUT_S": _typed("OPENAI_IMAGES_TIMEOUT_S", env.float, 120.0),
     "OPENAI_API_ANONYMOUS": _strict_bool("OPENAI_API_ANONYMOUS", False),
+    # vLLM-Omni's realtime video socket (/v1/realtime/video, docs/openai.md): a session with no
+    # chunk and no session.ping for this long is ended with a stall error, as vLLM-Omni's is (~60 s).
+    "REALTIME_STALL_TIMEOUT_S": _typed("REALTIME_STALL_TIMEOUT_S", env.float, 60.0),
     # The job dispatcher's policy (scheduling.core.jobs.policy): `edf`, `genserve` or
     # package.module:ClassName.
     "JOB_POLICY": env.str("JOB_POLICY", default="edf"),
@@ -503,6 +506,7 @@ for _name in (
     "CONSOLE_PUSH_INTERVAL_S",
     "JOB_DEFAULT_SLO_S",
     "OPENAI_IMAGES_TIMEOUT_S",
+    "REALTIME_STALL_TIMEOUT_S",
     "REGION_RTT_BUDGET_MS",
     "REGION_FORECAST_SEASON_SLOTS",
     "STAGE_WINDOW_S",

@@ -106,6 +106,11 @@ class TokenOrSessionAuth:
         key = _token_from(scope)
         if key is not None:
             return await self.inner({**scope, "user": await _user_for_token(key)}, receive, send)
+        if _header(scope, b"origin") is None:
+            # Not a browser (browsers always send Origin on a WebSocket): a program without a token,
+            # e.g. vLLM-Omni's example client. No cookie is read; it is anonymous, which a consumer
+            # refuses unless it serves the local user (OPENAI_API_ANONYMOUS, docs/openai.md).
+            return await self.inner({**scope, "user": AnonymousUser()}, receive, send)
         if not origin_allowed(scope):
             # Refused at the handshake (HTTP 403), before any cookie is read.
             return await WebsocketDenier()(scope, receive, send)

@@ -34,7 +34,7 @@ PROCESS_FIXTURES = frozenset(
     {
         "tests/e2e::platform",
         "tests/e2e/test_chaos.py::chaos_platform",
-        "tests/e2e/test_demo_stream.py::demo_platform",
+        "tests/e2e::demo_platform",
         "tests/browser::asgi_server",
         "tests/gpu/test_local_orphans.py::started_pids",
         "tests/gpu/test_provisioner_local.py::make_local",

@@ -11,6 +11,11 @@ provisioning and first-forward warm-up are excluded. Then, one at a time with a 
 - t_first: the first chunk frame arrives on the socket (then the session is terminated).
 
 Control-plane share = t_ack − t0; model share = the first chunk's ``generation_ms``.
+
+``paths`` measures the same activation through two front doors, alternating on the same platform so
+the figures sit side by side: ``native`` (REST create, then the session socket) and ``realtime``
+(vLLM-Omni's ``/v1/realtime/video``: t0 is the ``session.start`` frame sent on an open socket,
+t_created its ``video.start``, t_first the first binary fragment).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from contracts.bench import machine_load, rounds, summarize
 from contracts.wire.frames import decode_chunk_frame
 from scheduling.benchmarks.platform import live_platform
 from scheduling.models import WorkerCommand
-from sessions.models import GenerationSession
+from sessions.models import ChunkRecord, GenerationSession
 from workers.benchmarks.live import BenchmarkFailed
 
 COMPONENTS = (
@@ -64,9 +69,13 @@ def components(sample: dict) -> dict:
     return {k: round(v, 3) for k, v in out.items()}
 
 
+PATHS = ("native", "realtime")
+
+
 def run_activation(
     *,
     sessions: int,
+    paths: tuple[str, ...] = ("native",),
     warmup: int,
     workers: int,
     pause: float,
@@ -95,24 +104,32 @@ def run_activation(
             load_before = machine_load()
             say(f"{warmup} warm-up activations")
             for index, measured in rounds(sessions, warmup):
-                sample = asyncio.run(_activate(platform.http, platform.ws, token, seed=index))
-                if platform.processes.dead():
-                    raise BenchmarkFailed(f"a platform process died: {platform.processes.dead()}")
-                if measured:
-                    samples.append(sample)
-                    say(
-                        f"  session {index - warmup + 1}/{sessions}: first chunk after"
-                        f" {(sample['t_first'] - sample['t0']) * 1000:.0f} ms"
-                    )
-                time.sleep(pause)
+                for path in paths:
+                    activate = _activate if path == "native" else _activate_realtime
+                    sample = asyncio.run(activate(platform.http, platform.ws, token, seed=index))
+                    if path == "realtime":
+                        sample |= _first_record(sample["session"])
+                    if platform.processes.dead():
+                        raise BenchmarkFailed(f"a platform process died: {platform.processes.dead()}")
+                    if measured:
+                        samples.append(sample | {"path": path})
+                        say(
+                            f"  session {index - warmup + 1}/{sessions} ({path}): first chunk after"
+                            f" {(sample['t_first'] - sample['t0']) * 1000:.0f} ms"
+                        )
+                    time.sleep(pause)
             _attach_control_plane(samples)
             db_name = platform.database
     finally:
         _cleanup(run)
 
     complete = [s for s in samples if s.get("t_ack") is not None]
-    per_session = [components(s) for s in complete]
-    figures = {key: summarize(c[key] for c in per_session) for key, _ in COMPONENTS}
+    per_session = [components(s) | {"path": s["path"]} for s in complete]
+    by_path = {
+        path: {key: summarize(c[key] for c in per_session if c["path"] == path) for key, _ in COMPONENTS}
+        for path in paths
+    }
+    figures = by_path[paths[0]]
     return {
         "benchmark": "activation",
         "database": db_name,
@@ -127,7 +144,9 @@ def run_activation(
         "warmup": warmup,
         "workers": workers,
         "pause_s": pause,
+        "paths": list(paths),
         "components_ms": figures,
+        "components_ms_by_path": by_path,
         "control_plane_share_p50": round(
             figures["control_plane_ms"]["p50"] / figures["first_chunk_ms"]["p50"], 3
         )
@@ -144,9 +163,11 @@ def format_activation(report: dict[str, Any]) -> str:
         f"{report['measured']} activations measured ({report['incomplete']} incomplete);"
         f" placing decisions by trigger {report['decision_triggers']}"
     ]
-    for key, label in COMPONENTS:
-        f = report["components_ms"][key]
-        lines.append(f"  {label:<72} p50 {f['p50']:8.1f}  p99 {f['p99']:8.1f}  max {f['max']:8.1f} ms")
+    for path, figures in report["components_ms_by_path"].items():
+        lines.append(f"{path}:")
+        for key, label in COMPONENTS:
+            f = figures[key]
+            lines.append(f"  {label:<72} p50 {f['p50']:8.1f}  p99 {f['p99']:8.1f}  max {f['max']:8.1f} ms")
     lines.append(
         f"load average before {report['load_before']['loadavg']} after {report['load_after']['loadavg']}"
         f" on {report['load_before']['cpus']} CPUs"
@@ -196,6 +217,61 @@ async def _activate(base: str, ws_base: str, token: str, *, seed: int) -> dict:
             "generated_at": float(header["generated_at"]),
             "worker": header.get("worker"),
         }
+
+
+async def _activate_realtime(base: str, ws_base: str, token: str, *, seed: int) -> dict:
+    """One activation through vLLM-Omni's socket: open, send ``session.start``, wait for the first
+    binary fragment, stop."""
+    async with websockets.connect(
+        f"{ws_base}/v1/realtime/video", additional_headers={"Authorization": f"Bearer {token}"}, max_size=None
+    ) as ws:
+        t0 = time.time()
+        start = {"type": "session.start", "model": "tiny", "prompt": "a lighthouse in a storm", "seed": seed}
+        await ws.send(json.dumps(start))
+        deadline = time.monotonic() + 60
+        metadata: dict = {}
+        while True:
+            message = await asyncio.wait_for(ws.recv(), timeout=max(deadline - time.monotonic(), 0.1))
+            if isinstance(message, bytes):
+                t_first = time.time()
+                break
+            text = json.loads(message)
+            if text["type"] == "video.start":
+                t_created, session_id = time.time(), text["request_id"]
+            elif text["type"] == "video.chunk_metadata":
+                metadata = text
+            elif text["type"] == "error":
+                raise BenchmarkFailed(f"realtime session refused: {text['message']}")
+        await ws.send(json.dumps({"type": "session.stop"}))
+    return {
+        "session": session_id,
+        "t0": t0,
+        "t_created": t_created,
+        "t_first": t_first,
+        "first_index": int(metadata["generation_chunk_index"]),
+    }
+
+
+def _first_record(session_id: str) -> dict:
+    """The first chunk's generation time and end, from its audit record (the realtime metadata
+    frame carries neither): the record stream drains into PostgreSQL within a second or two."""
+    close_old_connections()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        record = (
+            ChunkRecord.objects.select_related("worker")
+            .filter(session_id=session_id)
+            .order_by("chunk_index")
+            .first()
+        )
+        if record is not None:  # created_at is the chunk's generated_at (sessions/ingest.py)
+            return {
+                "generation_ms": record.generation_ms,
+                "generated_at": record.created_at.timestamp(),
+                "worker": record.worker.name if record.worker else None,
+            }
+        time.sleep(0.2)
+    raise BenchmarkFailed(f"no chunk record for realtime session {session_id} within 30 s")
 
 
 def _attach_control_plane(samples: list[dict]) -> None:

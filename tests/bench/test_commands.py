@@ -69,13 +69,15 @@ def test_bench_activation_measures_the_control_plane_share():
     from gpu.models import GpuWorker
     from sessions.models import GenerationSession
 
-    report = run("bench_activation", sessions=1, warmup=0, workers=1, pause=0.0)
+    report = run("bench_activation", sessions=1, warmup=0, workers=1, pause=0.0, paths="native,realtime")
 
-    assert report["benchmark"] == "activation"
-    assert report["measured"] == 1 and report["incomplete"] == 0
-    for key in ("control_plane_ms", "generation_ms", "first_chunk_ms", "command_to_ack_ms"):
-        positive_summary(report["components_ms"][key], count=1)
-    (sample,) = report["samples"]
+    assert report["benchmark"] == "activation" and report["paths"] == ["native", "realtime"]
+    assert report["measured"] == 2 and report["incomplete"] == 0
+    for path in ("native", "realtime"):  # the same activation through both front doors
+        for key in ("control_plane_ms", "generation_ms", "first_chunk_ms", "command_to_ack_ms"):
+            positive_summary(report["components_ms_by_path"][path][key], count=1)
+    assert report["components_ms"] == report["components_ms_by_path"]["native"]
+    sample = next(s for s in report["samples"] if s["path"] == "native")
     parts = sample["to_decision_ms"] + sample["decision_to_command_ms"] + sample["command_to_ack_ms"]
     assert sample["control_plane_ms"] == pytest.approx(parts, abs=0.01)
     assert sample["api_ms"] > 0 and sample["decision_to_command_ms"] >= 0

@@ -82,3 +82,28 @@ async def test_the_owners_cookie_from_another_port_is_refused_at_the_handshake()
         await own.disconnect()
     finally:
         await sync_to_async(connections.close_all)()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_a_socket_without_origin_or_token_is_anonymous_and_its_cookie_is_never_read():
+    # A program, not a browser (browsers always send Origin): it reaches the consumer as anonymous,
+    # even with the owner's cookie, and the session socket refuses it as unauthenticated.
+    user = await sync_to_async(UserFactory)()
+    session = await sync_to_async(SessionFactory)(owner=user)
+    client = Client()
+    await sync_to_async(client.force_login)(user)
+    cookie = f"sessionid={client.cookies['sessionid'].value}".encode()
+    communicator = WebsocketCommunicator(
+        application,
+        f"/ws/sessions/{session.pk}/",
+        headers=[(b"host", b"127.0.0.1:8100"), (b"cookie", cookie)],
+    )
+    try:
+        connected, _ = await communicator.connect()
+        assert connected
+        refusal = json.loads(await communicator.receive_from())
+        assert refusal["code"] == "not_authenticated"
+        assert (await communicator.receive_output())["code"] == 4401
+    finally:
+        await sync_to_async(connections.close_all)()

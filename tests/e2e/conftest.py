@@ -182,6 +182,31 @@ def platform(django_db_setup, django_db_blocker, tmp_path_factory, request):
             call_command("flush", "--noinput", verbosity=0)
 
 
+@pytest.fixture(scope="module")
+def demo_platform(django_db_setup, django_db_blocker, tmp_path_factory):
+    """The platform as `make run` serves it (the default model, one worker); a user's API token."""
+    from scheduling.models import SchedulerConfig
+    from scheduling.services import beat_schedule_install
+
+    with django_db_blocker.unblock():
+        call_command("flush", "--noinput", verbosity=0)
+        beat_schedule_install(tick_s=1)
+        SchedulerConfig.objects.update_or_create(pk=1, defaults={"min_gpus": 1, "max_gpus": 1})
+        platform = Platform(tmp_path_factory.mktemp("demo-platform"))
+        platform.env.pop("SERVED_MODELS", None)  # the deployment default, as under `make run`
+        platform.start()
+        try:
+            from rest_framework.authtoken.models import Token
+
+            from tests.factories import UserFactory
+
+            token = Token.objects.create(user=UserFactory()).key
+            yield platform, token
+        finally:
+            platform.stop()
+            call_command("flush", "--noinput", verbosity=0)
+
+
 @pytest.fixture
 def live_db(platform):
     """The platform's processes are up (the test's own database access comes from its marker)."""

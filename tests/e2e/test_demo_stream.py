@@ -12,39 +12,15 @@ import httpx
 import numpy as np
 import pytest
 import websockets
-from django.core.management import call_command
 from PIL import Image
-from rest_framework.authtoken.models import Token
 
 from contracts.wire.frames import decode_chunk_frame
-from tests.e2e.conftest import Platform
-from tests.factories import UserFactory
 from workers.runtime.models.demo_eval import measure_clip
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db]
 
 FIRST = "a red circle moving right on a blue background"
 SECOND = "a yellow triangle moving down on a black background"
-
-
-@pytest.fixture(scope="module")
-def demo_platform(django_db_setup, django_db_blocker, tmp_path_factory):
-    from scheduling.models import SchedulerConfig
-    from scheduling.services import beat_schedule_install
-
-    with django_db_blocker.unblock():
-        call_command("flush", "--noinput", verbosity=0)
-        beat_schedule_install(tick_s=1)
-        SchedulerConfig.objects.update_or_create(pk=1, defaults={"min_gpus": 1, "max_gpus": 1})
-        platform = Platform(tmp_path_factory.mktemp("demo-platform"))
-        platform.env.pop("SERVED_MODELS", None)  # the deployment default, as under `make run`
-        platform.start()
-        try:
-            token = Token.objects.create(user=UserFactory()).key
-            yield platform, token
-        finally:
-            platform.stop()
-            call_command("flush", "--noinput", verbosity=0)
 
 
 async def watch(url: str, *, before: int, after: int, timeout: float) -> tuple[list, dict]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from contracts import bench
-from scheduling.benchmarks.activation import format_activation, run_activation
+from contracts.cli import list_option
+from scheduling.benchmarks.activation import PATHS, format_activation, run_activation
 from scheduling.benchmarks.platform import add_platform_arguments, platform_options
 from workers.benchmarks.live import BenchmarkFailed, ServiceUnavailable
 
@@ -22,6 +23,12 @@ class Command(BaseCommand):
         parser.add_argument(
             "--pause", type=float, default=1.0, help="seconds between activations (default 1)"
         )
+        parser.add_argument(
+            "--paths",
+            default="native",
+            help="comma list of front doors measured side by side: native (REST + session socket), "
+            "realtime (vLLM-Omni's /v1/realtime/video); default native",
+        )
         add_platform_arguments(parser)
         bench.add_report_arguments(parser)
 
@@ -31,6 +38,7 @@ class Command(BaseCommand):
         try:
             report = run_activation(
                 sessions=options["sessions"],
+                paths=list_option(options, "paths", choices=PATHS),
                 warmup=options["warmup"],
                 workers=options["workers"],
                 pause=options["pause"],
