@@ -45,6 +45,7 @@ from workers.benchmarks.live import (
 )
 
 TARGET_P99_MS = 10.0
+DEFAULT_SHAPE = {"width": 64, "height": 64, "frames": 4, "codec": "jpeg"}
 TARGET_STREAMS = 200
 CLIENTS_MODULE = "sessions.benchmarks.delivery_clients"
 PUBLISHER_MODULE = "workers.benchmarks.delivery_publisher"
@@ -62,8 +63,10 @@ def run_delivery(
     publishers: int,
     keep_logs: str | None,
     say: Callable[[str], Any],
+    shape: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The whole benchmark; raises ``ServiceUnavailable`` when PostgreSQL or Redis does not answer."""
+    """``shape``: each chunk's ``width``, ``height``, ``frames`` and the viewers' ``codec`` (default
+    the tiny preset's: 64×64, 4 frames, JPEG). The whole benchmark; raises ``ServiceUnavailable`` when PostgreSQL or Redis does not answer."""
     check_redis(settings.REDIS_URL)
     db = use_bench_database(database)
     run = uuid.uuid4().hex[:8]
@@ -76,7 +79,7 @@ def run_delivery(
         "REDIS_URL": settings.REDIS_URL,
         "CELERY_BROKER_URL": redis_url_with_db(settings.REDIS_URL, BENCH_BROKER_DB),
         "PYTHONUNBUFFERED": "1",
-        "LOG_LEVEL": "WARNING",
+        "LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "WARNING"),
     }
     if channel_layer == "pubsub":
         # A settings overlay in the run's temporary folder: the deployed settings, another layer.
@@ -88,6 +91,7 @@ def run_delivery(
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp), env.get("PYTHONPATH", "")]))
         env["DJANGO_SETTINGS_MODULE"] = "bench_pubsub_settings"
     publishers = max(publishers, 1)
+    shape = {**DEFAULT_SHAPE, **(shape or {})}
     results = []
     try:
         with ProcessGroup(tmp, env, Path(settings.BASE_DIR)) as processes:
@@ -121,6 +125,7 @@ def run_delivery(
                         warmup,
                         period,
                         publishers,
+                        shape,
                     )
                 )
                 offset += count
@@ -139,6 +144,7 @@ def run_delivery(
         "channel_layer": channel_layer,
         "asgi_app": asgi_app,
         "publishers": publishers,
+        "shape": shape,
         "runs": results,
         "target_p99_ms": TARGET_P99_MS,
         "target_streams": TARGET_STREAMS,
@@ -184,7 +190,9 @@ def _measure(
     warmup: int,
     period: float,
     publishers: int = 1,
+    shape: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    shape = {**DEFAULT_SHAPE, **(shape or {})}
     tag = f"s{len(session_ids)}-{int(time.time())}"
     sessions_file = tmp / f"{tag}-sessions.json"
     sessions_file.write_text(json.dumps(session_ids))
@@ -210,6 +218,8 @@ def _measure(
         str(ready),
         "--timeout",
         str(chunks * period + 10),
+        "--codec",
+        shape["codec"],
         service=False,
     )
     wait_until(ready.exists, 90, f"{len(session_ids)} WebSocket clients to connect", alive=processes.dead)
@@ -237,6 +247,14 @@ def _measure(
             str(p / publishers),
             "--worker-id",
             str(worker_id),
+            "--width",
+            str(shape["width"]),
+            "--height",
+            str(shape["height"]),
+            "--frames",
+            str(shape["frames"]),
+            "--codec",
+            shape["codec"],
             service=False,
         )
     wait_until(
@@ -260,6 +278,7 @@ def _measure(
         "late_ms_p99_max": max(r["late_ms"]["p99"] for r in runs),
         "publish_call_ms_p99_max": max(r["publish_call_ms"]["p99"] for r in runs),
         "frame_bytes": runs[0]["frame_bytes"],
+        "fragment_bytes": runs[0].get("fragment_bytes"),
         "each": runs,
     }
     return {

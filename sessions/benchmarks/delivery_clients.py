@@ -72,6 +72,7 @@ async def run_clients(
     ready_file: Path,
     timeout_s: float,
     connect_concurrency: int = 16,
+    codec: str = "jpeg",
 ) -> dict[str, Any]:
     records = {sid: {"chunks": [], "skipped": []} for sid in session_ids}
     ready, done = asyncio.Event(), asyncio.Event()
@@ -86,7 +87,7 @@ async def run_clients(
     tasks = [
         asyncio.create_task(
             _client(
-                f"{base_url}/ws/sessions/{sid}/?token={token}",
+                f"{base_url}/ws/sessions/{sid}/?token={token}&codec={codec}",
                 sid,
                 expected,
                 records[sid],
@@ -164,6 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--token", required=True)
     parser.add_argument("--ready-file", required=True)
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--codec", choices=("jpeg", "h264"), default="jpeg")
     args = parser.parse_args(argv)
     result = asyncio.run(
         run_clients(
@@ -173,6 +175,7 @@ def main(argv: list[str] | None = None) -> None:
             expected=args.chunks,
             ready_file=Path(args.ready_file),
             timeout_s=args.timeout,
+            codec=args.codec,
         )
     )
     tmp = Path(args.out + ".tmp")

@@ -128,7 +128,7 @@ class RealtimeVideoConsumer(AsyncWebsocketConsumer):
             await self._error("a session is already running on this socket; one session.start per socket")
             return
         try:
-            session, preset_fps = await self._create(start)
+            session, adjusted = await self._create(start)
         except protocol.ProtocolError as exc:
             await self._error(str(exc))
             return
@@ -142,35 +142,45 @@ class RealtimeVideoConsumer(AsyncWebsocketConsumer):
             "prompt": start.prompt.strip(),
             "width": session.width,
             "height": session.height,
-            "fps": preset_fps,
+            "fps": session.fps,
             "frames_per_chunk": session.frames_per_chunk,
             "num_frames": self.chunk_limit * session.frames_per_chunk if self.chunk_limit else None,
             "seed": session.seed,
             "transition_chunks": 0,
             "ignored": list(start.ignored),
+            "adjusted": adjusted,  # field → [asked, used]
         }
         await self.send(text_data=protocol.video_start(self.session_id, config))
         self.last_progress = time.monotonic()
         self.watchdog = asyncio.create_task(self._watch_stall())
 
     @database_sync_to_async
-    def _create(self, start: protocol.Start) -> tuple[GenerationSession, int]:
+    def _create(self, start: protocol.Start) -> tuple[GenerationSession, dict[str, list]]:
+        """The session, and what of the request was adjusted to what the model generates."""
         model = start.model or settings.STREAMSERVE["SERVED_MODELS"][0]
+        preset = PRESETS.get(model)
+        adjusted: dict[str, list] = {}
+        resolution = start.resolution
+        if preset is not None and resolution is not None and resolution not in preset.resolutions:
+            # vLLM-Omni sizes the video as asked; a StreamServe model generates its own sizes. The
+            # session runs at the model's, and video.start's config says so (its example client
+            # asks for 640×384 whatever the model).
+            width, height = (int(v) for v in preset.default_resolution.split("x"))
+            adjusted |= {"width": [start.width, width], "height": [start.height, height]}
+            resolution = None
         try:
             spec = services.session_spec_build(
-                prompt=start.prompt, model_name=model, resolution=start.resolution, seed=start.seed
+                prompt=start.prompt, model_name=model, resolution=resolution, seed=start.seed
             )
         except ValidationError as exc:
             raise protocol.ProtocolError(_validation_message(exc)) from None
         if start.fps is not None and start.fps != spec.fps:
-            raise protocol.ProtocolError(
-                f"fps: {spec.model_name} generates at {spec.fps} fps (got {start.fps})"
-            )
+            adjusted["fps"] = [start.fps, spec.fps]
         try:
             session = services.session_create(owner=self.user, spec=spec)
         except services.LiveSessionLimit as exc:
             raise protocol.ProtocolError(str(exc)) from None
-        return session, PRESETS[spec.model_name].fps
+        return session, adjusted
 
     async def _interaction(self, interaction: protocol.Interaction) -> None:
         event_id = interaction.event_id or uuid.uuid4().hex

@@ -143,13 +143,24 @@ def test_a_prompt_interaction_changes_the_frames_and_stop_ping_and_errors_behave
                 {"type": "session.interaction", "interaction": {"event": {"prompt": "x"}}},
                 {"type": "session.begin"},
                 {"type": "session.start", "model": "no-such-model", "prompt": FIRST},
-                {"type": "session.start", "model": "demo", "prompt": FIRST, "fps": 999},
+                {"type": "session.start", "model": "demo", "prompt": FIRST, "width": "640"},
             ):
                 await client.send(bad)
                 errors.append(await client.next_text())
             await client.send({"type": "session.ping"})
             pong = await client.next_text()
-            await client.send({"type": "session.start", "model": "demo", "prompt": FIRST, "seed": 5})
+            # As vLLM-Omni's example client asks: 640×384 at 16 fps, whatever the model
+            await client.send(
+                {
+                    "type": "session.start",
+                    "model": "demo",
+                    "prompt": FIRST,
+                    "seed": 5,
+                    "width": 640,
+                    "height": 384,
+                    "fps": 16,
+                }
+            )
             start = await client.next_text()
             # A second start and a malformed interaction are refused; the session goes on
             await client.send({"type": "session.start", "model": "demo", "prompt": FIRST})
@@ -184,10 +195,13 @@ def test_a_prompt_interaction_changes_the_frames_and_stop_ping_and_errors_behave
     assert "no active session" in reasons[0]
     assert "unknown message type 'session.begin'" in reasons[1]
     assert "no-such-model" in reasons[2]
-    assert "fps" in reasons[3]
+    assert "width must be an integer" in reasons[3]
     assert "already running" in reasons[4]
     assert "event.prompt" in reasons[5]
     assert ends["pong"] == {"type": "session.pong"}
+    config = start["config"]
+    assert (config["width"], config["height"], config["fps"]) == (128, 128, 8)
+    assert config["adjusted"] == {"width": [640, 128], "height": [384, 128], "fps": [16, 8]}
     assert ends["done"]["stopped"] is True and ends["done"]["chunks"] == len(client.chunks)
 
     # Each chunk shows one prompt: the first before the event's chunk, the second from it on

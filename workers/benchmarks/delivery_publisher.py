@@ -49,6 +49,22 @@ def jpeg_frames(width: int, height: int, count: int, *, seed: int = 0, quality: 
 # --- publisher ---------------------------------------------------------------------------------
 
 
+def h264_media(width: int, height: int, count: int, *, seed: int = 0) -> dict[str, Any]:
+    """The same smooth-noise frames as one chunk's H.264 fragment (``chunk_message``'s ``media``),
+    encoded as the worker encodes a chunk (``workers.runtime.media.FragmentEncoder``)."""
+    from workers.runtime.media import FragmentEncoder
+
+    decoded = [Image.open(io.BytesIO(f)).convert("RGB") for f in jpeg_frames(width, height, count, seed=seed)]
+    frames = np.stack([np.asarray(image) for image in decoded])
+    fragment = FragmentEncoder().encode(frames, fps=16, chunk_index=0)
+    return {
+        "init": fragment.init,
+        "fragment": fragment.data,
+        "mime": fragment.mime,
+        "encoder": fragment.encoder,
+    }
+
+
 def run_publisher(
     *,
     session_ids: list[str],
@@ -60,6 +76,7 @@ def run_publisher(
     frames_per_chunk: int,
     worker_id: int | None = None,
     phase: float = 0.0,
+    codec: str = "jpeg",
 ) -> dict[str, Any]:
     """ChunkPublisher's per-chunk work, on the preset's real-time schedule; returns lateness figures."""
     # Django is loaded and set up here, when the publisher's process starts: the channel layer
@@ -78,7 +95,12 @@ def run_publisher(
     record = worker_id is not None
     layer = get_channel_layer()
     loop = asyncio.new_event_loop()
-    variants = [jpeg_frames(width, height, frames_per_chunk, seed=seed) for seed in range(4)]
+    if codec == "h264":  # what the worker publishes when every viewer reads H.264: no JPEG frames
+        variants = [[] for _ in range(4)]
+        media = [h264_media(width, height, frames_per_chunk, seed=seed) for seed in range(4)]
+    else:
+        variants = [jpeg_frames(width, height, frames_per_chunk, seed=seed) for seed in range(4)]
+        media = [None] * 4
     # Warm up (connections, Lua script load) before the schedule starts, as a running worker would be.
     client.ping()
     loop.run_until_complete(layer.group_send(group_name("bench-warmup"), chunk_message({}, [])))
@@ -112,7 +134,10 @@ def run_publisher(
         if record:
             chunk_record_append(client, header)
         loop.run_until_complete(
-            layer.group_send(group_name(sid), chunk_message(header, variants[index % len(variants)]))
+            layer.group_send(
+                group_name(sid),
+                chunk_message(header, variants[index % len(variants)], media=media[index % len(media)]),
+            )
         )
         send_ms.append((time.time() - header["generated_at"]) * 1000.0)
     loop.close()
@@ -122,6 +147,7 @@ def run_publisher(
         "late_ms": summarize(late_ms),
         "publish_call_ms": summarize(send_ms),
         "frame_bytes": [len(f) for f in variants[0]],
+        "fragment_bytes": len(media[0]["fragment"]) if media[0] else None,
         "cpu_s": round(time.process_time(), 3),
     }
 
@@ -136,6 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--height", type=int, default=64)
     parser.add_argument("--frames", type=int, default=4)
+    parser.add_argument("--codec", choices=("jpeg", "h264"), default="jpeg")
     parser.add_argument("--phase", type=float, default=0.0, help="offset of this publisher's phases (slots)")
     parser.add_argument("--worker-id", type=int, default=None, help="append chunk records (as a worker does)")
     args = parser.parse_args(argv)
@@ -149,6 +176,7 @@ def main(argv: list[str] | None = None) -> None:
         frames_per_chunk=args.frames,
         worker_id=args.worker_id,
         phase=args.phase,
+        codec=args.codec,
     )
     tmp = Path(args.out + ".tmp")
     tmp.write_text(json.dumps(result))

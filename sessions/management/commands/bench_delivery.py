@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from contracts import bench
+from contracts.cli import list_option
 from sessions.benchmarks.delivery import format_verdict, run_delivery
 from workers.benchmarks.live import ServiceUnavailable
 
@@ -41,15 +42,24 @@ class Command(BaseCommand):
             default="controlplane.asgi:application",
             help="ASGI application uvicorn serves (to compare a patched consumer; default the deployed one)",
         )
+        parser.add_argument("--width", type=int, default=64, help="frame width (default 64: tiny)")
+        parser.add_argument("--height", type=int, default=64, help="frame height (default 64: tiny)")
+        parser.add_argument("--frames", type=int, default=4, help="frames per chunk (default 4: tiny)")
+        parser.add_argument(
+            "--codec",
+            choices=("jpeg", "h264"),
+            default="jpeg",
+            help="what the viewers read: JPEG frames, or one H.264 fmp4 fragment per chunk (docs/media.md)",
+        )
         parser.add_argument("--publishers", type=int, default=1, help="publisher processes (like workers)")
         parser.add_argument("--keep-logs", default=None, help="copy the processes' logs to this folder")
         bench.add_report_arguments(parser)
 
     def handle(self, *args, **options):
-        try:
-            streams = [int(s) for s in options["streams"].split(",") if s.strip()]
-        except ValueError as exc:
-            raise CommandError(f"--streams: {exc}") from exc
+        streams = list(list_option(options, "streams", int, minimum=1))
+        for flag in ("width", "height", "frames"):
+            if options[flag] < 1:
+                raise CommandError(f"--{flag} must be at least 1")
         chunks, warmup = options["chunks_per_stream"], options["warmup"]
         if not streams or min(streams) < 1 or chunks < 1 or warmup < 0 or warmup >= chunks:
             raise CommandError("--streams must be positive counts and 0 <= --warmup < --chunks-per-stream")
@@ -64,6 +74,7 @@ class Command(BaseCommand):
                 asgi_app=options["asgi_app"],
                 publishers=options["publishers"],
                 keep_logs=options["keep_logs"],
+                shape={key: options[key] for key in ("width", "height", "frames", "codec")},
                 say=bench.quiet_unless_text(options["json"], self.stdout.write),
             )
         except ServiceUnavailable as exc:
