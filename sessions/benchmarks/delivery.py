@@ -162,6 +162,11 @@ def format_verdict(report: dict[str, Any]) -> str:
 
 def format_run(result: dict[str, Any]) -> str:
     a, s, c = result["added_delay_ms"], result["server_delivery_ms"], result["socket_to_client_ms"]
+    if not a.get("count"):
+        return (
+            f"  {result['streams']:4d} streams: no chunk reached a client (expected {result['expected']},"
+            f" lost {result['lost']}); load average {result['load_after']['loadavg']}"
+        )
     late = result["publisher"]["late_ms_p99_max"]
     return (
         f"  {result['streams']:4d} streams: added delay ms p50 {a['p50']:.2f}  p99 {a['p99']:.2f}"
