@@ -299,7 +299,10 @@ export class MsePlayer {
     if (this.pendingInit) {
       const { mime, bytes } = this.pendingInit;
       this.pendingInit = null;
-      if (mime !== this.mime) this._open(mime);
+      if (mime !== this.mime) {
+        this._open(mime);
+        if (this.mime !== mime) return Promise.reject(new Error(`this browser cannot play ${mime}`));
+      }
       if (!sameBytes(bytes, this.appendedInit)) {
         this.appendedInit = bytes;
         this._enqueue({ kind: "append", bytes }).catch(() => {});
