@@ -50,6 +50,32 @@ def test_the_browser_parses_what_the_server_encodes(module_page):
     assert parsed["sizes"] == [[64, 48]] * 3
 
 
+def test_the_browser_parses_an_h264_chunk_with_its_init_segment(module_page):
+    # Given an H.264 chunk as the session socket sends it to an H.264 viewer (init segment first)
+    mime, init, fragments = _fragments([3])
+    init_bytes, fragment_bytes = base64.b64decode(init), base64.b64decode(fragments[3])
+    header = {"session": "s-1", "index": 3, "codec": "h264", "mime": mime, "init": True, "epoch": 2}
+    wire = base64.b64encode(encode_chunk_frame(header, [init_bytes, fragment_bytes])).decode()
+
+    # When the page parses it
+    parsed = module_page.evaluate(
+        """async (wire) => {
+            const { parseChunkFrame } = await import('/static/js/protocol.js');
+            const bytes = Uint8Array.from(atob(wire), (c) => c.charCodeAt(0));
+            const { header, frames } = parseChunkFrame(bytes.buffer);
+            const box = (f) => String.fromCharCode(...f.slice(4, 8));
+            return { header, lengths: frames.map((f) => f.length), boxes: frames.map(box) };
+        }""",
+        wire,
+    )
+
+    # Then the new header fields come through and the payloads are the init segment and the fragment
+    assert parsed["header"]["codec"] == "h264" and parsed["header"]["init"] is True
+    assert parsed["header"]["mime"] == mime and mime.startswith('video/mp4; codecs="avc1.')
+    assert parsed["lengths"] == [len(init_bytes), len(fragment_bytes)]
+    assert parsed["boxes"] == ["ftyp", "moof"]
+
+
 def test_truncated_frames_are_refused_with_a_reason(module_page):
     wire = encode_chunk_frame({"index": 1}, jpeg_frames(16, 16, 2, hue=0))
     truncated = base64.b64encode(wire[:-10]).decode()
