@@ -441,7 +441,8 @@ export class MsePlayer {
     const playing = !video.paused && video.readyState >= HTMLMediaElement.HAVE_FUTURE_DATA;
     const was = this.state;
     if (playing) this.state = "playing";
-    else if (was === "playing") {
+    else if (was === "playing" && !video.seeking) {
+      // A seek of ours (to the live edge, over a hole) is not a stall: the element waits on no chunk.
       this.state = "stalled";
       this.stats.stalls += 1;
     }
