@@ -8,12 +8,16 @@ outbox the *oldest* waiting chunk is dropped and the client is told with a ``ski
 Status and error messages are never dropped.
 
 A viewer picks its codec with ``?codec=jpeg|h264`` (default ``jpeg``, the frame format every
-client before the H.264 path reads). An H.264 viewer announces it (``contracts.wire.codecs``) so the
-worker encodes the session's chunks as fragmented MP4 too, and receives each chunk's fragment in
+client before the H.264 path reads). Every viewer announces its codec (``contracts.wire.codecs``),
+so the worker encodes the session's chunks in each codec watched: an H.264 viewer gets them as
+fragmented MP4, and a JPEG viewer that joins while an H.264 one watches (or lingers: a page that fell
+back from H.264 to JPEG reconnects at once) gets JPEG frames from the next chunk on, not only once the
+H.264 lease has lapsed. An H.264 viewer receives each chunk's fragment in
 the same binary framing, its header saying ``"codec": "h264"``; the first one it receives, and any
 whose init segment differs from the last it sent (a migration to a worker with another encoder),
 carries the init segment first (``"init": true``, two payloads). Chunks generated before its codec
-reached the worker are not sent to it: its stream starts at the first chunk that has a fragment.
+reached the worker are not sent to it: its stream starts at the first chunk that has a fragment;
+likewise a JPEG viewer is sent no chunk that was encoded without JPEG frames.
 
 Each socket shows one stream, in order (``StreamPosition``): a chunk from an epoch older than the
 newest it has seen comes from a previous owner that is still running (fenced out by its publish
@@ -105,6 +109,7 @@ class StreamPosition:
 class SessionConsumer(AsyncWebsocketConsumer):
     codec = JPEG
     init_sent: bytes | None = None  # the init segment this H.264 viewer last received
+    jpeg_sent = False  # whether this JPEG viewer's stream has begun
     codec_lease: CodecLease | None = None
 
     async def connect(self) -> None:
@@ -138,9 +143,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
         await self.accept()
         self.sender = asyncio.create_task(self._drain())
         self.flusher = asyncio.create_task(self._flush_deliveries_periodically())
-        self.codec_lease = (
-            CodecLease(self.session_id, self.codec, self.channel_name) if self.codec == H264 else None
-        )
+        self.codec_lease = await CodecLease.begin(self.session_id, self.codec, self.channel_name)
         await self._enqueue_text({"type": "status", **status})
         if codec_problem is not None:
             await self._error("bad_codec", codec_problem)
@@ -241,6 +244,13 @@ class SessionConsumer(AsyncWebsocketConsumer):
             header.update(codec=H264, mime=media["mime"], init=media["init"] != self.init_sent)
             frames = [media["init"], media["fragment"]] if header["init"] else [media["fragment"]]
             self.init_sent = media["init"]
+        elif not frames and event.get("media") is not None:
+            # Encoded before this JPEG viewer's codec reached the worker: H.264 only, nothing to show.
+            if self.jpeg_sent:
+                await self._enqueue_text({"type": "skipped", "index": header["index"]})
+            return
+        else:
+            self.jpeg_sent = True
         if self.pending_chunks >= MAX_PENDING_CHUNKS:
             self._drop_oldest_chunk()
         self.outbox.append(("chunk", (header, frames)))
@@ -305,20 +315,33 @@ class CodecLease:
 
     def __init__(self, session_id: str, codec: str, viewer: str) -> None:
         self.session_id, self.codec, self.viewer = session_id, codec, viewer
-        self.task = asyncio.create_task(self._renew())
+        self.task: asyncio.Task | None = None
+
+    @classmethod
+    async def begin(cls, session_id: str, codec: str, viewer: str) -> CodecLease:
+        """The lease, written once before this returns (so a viewer that has its first status frame
+        is already counted by the worker's next read), then renewed in the background."""
+        lease = cls(session_id, codec, viewer)
+        await lease._want()
+        lease.task = asyncio.create_task(lease._renew())
+        return lease
+
+    async def _want(self) -> None:
+        try:
+            await sync_to_async(codec_want, thread_sensitive=False)(
+                _redis(), self.session_id, self.codec, self.viewer
+            )
+        except redis.RedisError:  # Redis away: the worker keeps the codecs it last read
+            logger.warning("codec lease not renewed session=%s codec=%s", self.session_id, self.codec)
 
     async def _renew(self) -> None:
         while True:
-            try:
-                await sync_to_async(codec_want, thread_sensitive=False)(
-                    _redis(), self.session_id, self.codec, self.viewer
-                )
-            except redis.RedisError:  # Redis away: the worker keeps the codecs it last read
-                logger.warning("codec lease not renewed session=%s codec=%s", self.session_id, self.codec)
             await asyncio.sleep(CODEC_REFRESH_S)
+            await self._want()
 
     async def end(self) -> None:
-        self.task.cancel()
+        if self.task is not None:
+            self.task.cancel()
         try:
             await sync_to_async(codec_leave, thread_sensitive=False)(
                 _redis(), self.session_id, self.codec, self.viewer

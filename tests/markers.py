@@ -95,8 +95,13 @@ SLOW = frozenset(
     {
         "tests/browser/test_console_pages.py::test_audit_page_totals_and_csv_exports_match_the_api",
         "tests/browser/test_console_pages.py::test_console_shows_workers_updates_live_and_records_actions",
+        "tests/browser/test_generate_page.py::test_a_session_plays_as_h264_through_media_source_extensions",
+        "tests/browser/test_generate_page.py::test_an_h264_stream_the_browser_refuses_falls_back_to_jpeg",
         "tests/browser/test_generate_page.py::test_log_in_start_watch_steer_pause_resume_and_reconnect",
+        "tests/browser/test_generate_page.py::test_the_user_can_choose_jpeg_and_back",
+        "tests/browser/test_generate_page.py::test_without_media_source_extensions_the_page_plays_jpeg",
         "tests/browser/test_jobs_page.py::test_submit_a_video_job_see_it_queued_follow_it_and_cancel_it",
+        "tests/browser/test_player_modules.py::test_mse_player_plays_fragments_and_jumps_over_a_skipped_chunk",
         "tests/controlplane/test_settings.py::test_debug_is_off_unless_asked_for",
         "tests/controlplane/test_settings.py::test_every_variable_is_read_into_settings_once",
         "tests/controlplane/test_settings.py::test_secret_key_is_required_when_debug_is_off",

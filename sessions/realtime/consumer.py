@@ -135,7 +135,7 @@ class RealtimeVideoConsumer(AsyncWebsocketConsumer):
         self.session_id = str(session.pk)
         self.frames_per_chunk = session.frames_per_chunk
         self.chunk_limit = protocol.chunks_for(start.num_frames, session.frames_per_chunk)
-        self.codec_lease = CodecLease(self.session_id, H264, self.channel_name)
+        self.codec_lease = await CodecLease.begin(self.session_id, H264, self.channel_name)
         await self.channel_layer.group_add(group_name(self.session_id), self.channel_name)
         config = {
             "model": session.model_name,

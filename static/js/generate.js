@@ -3,12 +3,17 @@
 // live stream (chunks and status) only, so every command gets a plain HTTP answer with field errors.
 
 import { ApiError, api, el, fieldErrors, formatMs, formatTime, showMessage, wsUrl } from "./common.js";
-import { StreamPlayer } from "./player.js";
+import { MsePlayer, StreamPlayer } from "./player.js";
 import { parseChunkFrame } from "./protocol.js";
 
 const $ = (id) => document.getElementById(id);
 const MAX_BACKOFF_MS = 10000;
 const SPARK_LENGTH = 40;
+
+// H.264 is asked for only where MSE can play it. The workers' x264 encodes in its default High
+// profile (the init segment's MIME is e.g. avc1.64001E at 832x480, avc1.64000A at 64x64), so the
+// probe names that family; the MIME that actually arrives is checked again before it is played.
+const H264_PROBE = 'video/mp4; codecs="avc1.64001F"';
 
 const page = {
   session: null,
@@ -17,9 +22,61 @@ const page = {
   latencies: [],
   lastChunk: null,
   framesShown: 0,
+  // "auto" (H.264 where MSE can play it) or "jpeg": the select, first set from ?codec= on the URL.
+  codecChoice: new URLSearchParams(location.search).get("codec") === "jpeg" ? "jpeg" : "auto",
+  codec: "jpeg", // what the socket asks for: "h264" or "jpeg"
+  codecNote: "",
 };
 
-const player = new StreamPlayer($("video"), { onState: renderPlayback });
+// Each player reports its state while it is the one the socket feeds (`player`, set by usePlayer;
+// still null while the first one is constructed).
+let player = null;
+let msePlayer = null; // made on first use: it owns a MediaSource
+const jpegPlayer = new StreamPlayer($("video"), {
+  onState: (p) => player !== null && player === jpegPlayer && renderPlayback(p),
+});
+
+function mseSupported() {
+  return Boolean(window.MediaSource && window.MediaSource.isTypeSupported?.(H264_PROBE));
+}
+
+// Which codec to ask the server for, and why (shown beside the stats).
+function chooseCodec() {
+  if (page.codecChoice === "jpeg") return { codec: "jpeg", note: "(chosen)" };
+  if (!mseSupported()) return { codec: "jpeg", note: "(this browser cannot play H.264 through Media Source Extensions)" };
+  return { codec: "h264", note: "" };
+}
+
+function usePlayer(codec, note) {
+  page.codec = codec;
+  page.codecNote = note;
+  if (codec === "h264" && !msePlayer) {
+    msePlayer = new MsePlayer($("mse-video"), {
+      onState: (p) => player !== null && player === msePlayer && renderPlayback(p),
+      onError: fallBackToJpeg,
+    });
+  }
+  player = codec === "h264" ? msePlayer : jpegPlayer;
+  $("video").hidden = codec !== "jpeg";
+  $("mse-video").hidden = codec !== "h264";
+  if (codec !== "h264" && msePlayer) msePlayer.reset(); // releases its MediaSource
+  renderCodec();
+}
+
+function renderCodec() {
+  $("stat-codec").textContent = page.codec === "h264" ? "H.264 (MSE)" : "JPEG";
+  $("codec-note").textContent = page.codecNote;
+  $("codec-choice").value = page.codecChoice;
+}
+
+// MSE refused the stream (a SourceBuffer error, a decode error, a MIME it cannot play): the same
+// session continues as JPEG frames on the canvas, over a new socket that asks for them.
+function fallBackToJpeg(reason) {
+  if (page.codec !== "h264") return;
+  usePlayer("jpeg", "(H.264 playback failed: fell back)");
+  message(`H.264 playback failed (${reason}); switched to JPEG frames.`, "warning");
+  if (page.session) openSession(page.session, { pushUrl: false });
+}
 
 // --- The session WebSocket, reconnecting with capped exponential backoff --------------------------
 
@@ -52,7 +109,7 @@ class SessionSocket {
     clearTimeout(this.timer);
     this.timer = null;
     this.handlers.onConnection(this.attempt ? "reconnecting" : "connecting");
-    const ws = new WebSocket(wsUrl(`/ws/sessions/${this.sessionId}/`));
+    const ws = new WebSocket(wsUrl(`/ws/sessions/${this.sessionId}/?codec=${this.handlers.codec()}`));
     ws.binaryType = "arraybuffer";
     this.ws = ws;
     ws.onopen = () => {
@@ -200,8 +257,9 @@ function renderPlayback(p) {
   if (p.state !== "playing" && page.session?.activity === "idle") word = "paused";
   if (p.state === "playing" && p.rate > 1.05) word = `playing at ${(1 / p.rate).toFixed(2)}×`; // matching a slow stream
   $("stat-playback").textContent = `${word}${p.stalls ? ` · ${p.stalls} stall${p.stalls === 1 ? "" : "s"}` : ""}`;
-  $("video").dataset.framesShown = String(p.framesShown);
-  $("video").dataset.chunk = p.shownChunkIndex ?? "";
+  const surface = page.codec === "h264" ? $("mse-video") : $("video");
+  surface.dataset.framesShown = String(p.framesShown);
+  surface.dataset.chunk = p.shownChunkIndex ?? "";
 }
 
 function renderChunkStats(header) {
@@ -268,6 +326,9 @@ const SOCKET_ERRORS = {
 };
 
 const socketHandlers = {
+  codec() {
+    return page.codec;
+  },
   silenceLimitMs() {
     // Only while chunks should be flowing: executing for an active user. Eight chunks' worth of
     // video (at least 4 s) is far beyond generation jitter, migrations included.
@@ -312,11 +373,16 @@ const socketHandlers = {
   },
   onChunk({ header, frames }) {
     if (!page.session || header.session !== page.session.id) return;
+    if ((header.codec || "jpeg") !== page.codec) return; // sent before a fallback took effect
     page.session.chunks_generated = Math.max(page.session.chunks_generated || 0, header.index + 1);
     if (header.worker) page.session.worker = header.worker;
     renderChunkStats(header);
     renderSession();
-    player.pushChunk(header, frames).catch(() => message(`Chunk ${header.index} could not be decoded; skipped.`));
+    const codec = page.codec;
+    player.pushChunk(header, frames).catch(() => {
+      // An H.264 failure is reported once, by the fallback (onError), not once per chunk.
+      if (codec === "jpeg") message(`Chunk ${header.index} could not be decoded; skipped.`);
+    });
   },
   onProtocolError(text) {
     message(`The stream sent something unreadable (${text}); skipped.`);
@@ -398,7 +464,7 @@ function openSession(session, { pushUrl = true } = {}) {
   for (const id of ["stat-chunk", "stat-generation", "stat-delivery", "stat-batch"]) $(id).textContent = "–";
   drawSpark();
   $("prompt-status").textContent = session.prompt ? `Prompt: “${session.prompt}”` : "";
-  if (pushUrl) history.replaceState(null, "", `?session=${session.id}`);
+  if (pushUrl) replaceUrl();
   renderSession();
   if (session.status === "terminated") {
     renderConnection("down", "Closed");
@@ -499,6 +565,23 @@ async function loadSessions() {
   $("session-list").replaceChildren(...(items.length ? items : [el("li", { class: "muted", text: "No sessions yet." })]));
 }
 
+// The page's URL: the open session, and the codec when the user forced one.
+function replaceUrl() {
+  const params = new URLSearchParams();
+  if (page.session) params.set("session", page.session.id);
+  if (page.codecChoice === "jpeg") params.set("codec", "jpeg");
+  const query = params.toString();
+  history.replaceState(null, "", query ? `?${query}` : location.pathname);
+}
+
+$("codec-choice").addEventListener("change", (event) => {
+  page.codecChoice = event.currentTarget.value;
+  const { codec, note } = chooseCodec();
+  usePlayer(codec, note);
+  replaceUrl();
+  if (page.session) openSession(page.session, { pushUrl: false });
+});
+
 $("start-model").addEventListener("change", renderResolutions);
 
 $("start-form").addEventListener("submit", async (event) => {
@@ -574,6 +657,16 @@ async function boot() {
   }, 20000);
 }
 
+{
+  const { codec, note } = chooseCodec();
+  usePlayer(codec, note);
+}
+
 // For the browser tests and the curious: the player's counters and the session the page shows.
-window.streamserve = { player, page };
+window.streamserve = {
+  page,
+  get player() {
+    return player;
+  },
+};
 boot();

@@ -170,3 +170,323 @@ export class StreamPlayer {
     this.onState({ state: this.state, bufferedFrames: this.queue.length, rate: this.rate, ...this.stats });
   }
 }
+
+// MsePlayer: plays H.264 chunks (fragmented MP4) in a <video> through Media Source Extensions, with
+// the same surface as StreamPlayer (pushChunk, reset, destroy, configure, onState).
+//
+// Design (docs/frontend.md has the long version):
+//  * One MediaSource, one SourceBuffer in "segments" mode: each fragment's tfdt already places it at
+//    chunk_index × frames_per_chunk on the session's timeline, so a viewer that joins late, a
+//    reconnect, or a dropped chunk leaves a hole in the buffered ranges, not a shifted timeline.
+//  * appendBuffer is asynchronous: appends and removals go through one queue, the next one
+//    starting on the previous one's updateend.
+//  * Playback starts at the first buffered time; a `<video>` stalled in a hole (currentTime at the
+//    end of a range, a later range buffered) is seeked to the next range's start.
+//  * Bounded latency: when the live edge is more than `maxBehindChunks` chunks ahead of
+//    currentTime, it seeks to one chunk behind the live edge; media more than `keepChunks` chunks
+//    behind currentTime is removed, so the SourceBuffer never fills up.
+//  * An init segment with a different MIME (another profile or level) re-creates the MediaSource
+//    and its SourceBuffer: a SourceBuffer's codec is fixed when it is added.
+//  * Errors (an append refused, the element's MEDIA_ERR_DECODE) count as decodeErrors and are
+//    reported through `onError`, so the page can fall back to JPEG.
+
+const GAP_CHECK_MS = 200;
+const HOLE_TOLERANCE_S = 0.08; // what counts as "at the end of a range": a frame or so
+
+// The index of the range holding `time`, or -1 (a hole); ranges are a TimeRanges.
+export function rangeIndex(ranges, time, tolerance = 0) {
+  for (let i = 0; i < ranges.length; i += 1) {
+    if (time >= ranges.start(i) - tolerance && time < ranges.end(i) - tolerance) return i;
+  }
+  return -1;
+}
+
+// Where a live player should be: `null` (stay) or the time to seek to. `ranges` is a TimeRanges (or
+// anything with length/start/end); `chunkS` one chunk's duration in seconds.
+export function liveSeekTarget(ranges, currentTime, { chunkS, maxBehindChunks = 2 }) {
+  if (!ranges.length) return null;
+  const liveEdge = ranges.end(ranges.length - 1);
+  if (liveEdge - currentTime > maxBehindChunks * chunkS) {
+    // Behind live: one chunk behind the edge, but never before the last range's start (a hole).
+    return Math.max(ranges.start(ranges.length - 1), liveEdge - chunkS);
+  }
+  if (rangeIndex(ranges, currentTime, HOLE_TOLERANCE_S) === -1) {
+    // In a hole (or at a range's end): the next range that starts after currentTime.
+    for (let i = 0; i < ranges.length; i += 1) {
+      if (ranges.start(i) > currentTime - HOLE_TOLERANCE_S && ranges.end(i) > currentTime + HOLE_TOLERANCE_S) {
+        return ranges.start(i);
+      }
+    }
+  }
+  return null;
+}
+
+export class MsePlayer {
+  constructor(video, { maxBehindChunks = 2, keepChunks = 2, onState = () => {}, onError = () => {} } = {}) {
+    this.video = video;
+    this.maxBehindChunks = maxBehindChunks;
+    this.keepChunks = keepChunks;
+    this.onState = onState;
+    this.onError = onError;
+    this.fps = 16;
+    this.framesPerChunk = 12;
+    this.video.muted = true;
+    this.video.playsInline = true;
+    this._onVideoError = () => {
+      const error = this.video.error;
+      if (!error || !this.mediaSource) return;
+      this._fail(`the video element failed: ${error.message || `media error ${error.code}`}`);
+    };
+    this._onWaiting = () => this._check();
+    this.video.addEventListener("error", this._onVideoError);
+    this.video.addEventListener("waiting", this._onWaiting);
+    this.reset();
+    this._timer = setInterval(() => this._check(), GAP_CHECK_MS);
+  }
+
+  get frameMs() {
+    return 1000 / this.fps;
+  }
+
+  get chunkMs() {
+    return this.framesPerChunk * this.frameMs;
+  }
+
+  configure({ fps, framesPerChunk }) {
+    if (fps) this.fps = fps;
+    if (framesPerChunk) this.framesPerChunk = framesPerChunk;
+  }
+
+  reset() {
+    this._detach();
+    this.operations = []; // {kind: "append"|"remove", ..., resolve, reject}
+    this.lastQueuedIndex = -1;
+    this.appendedInit = null; // the init segment the SourceBuffer was last given
+    this.mime = null;
+    this.state = "idle"; // idle → buffering → playing ⇄ stalled
+    this.failed = false;
+    this._presented = 0;
+    this.stats = {
+      framesShown: 0,
+      decodedFrames: 0,
+      stalls: 0,
+      chunksDecoded: 0,
+      decodeErrors: 0,
+      seeks: 0,
+      shownChunkIndex: null,
+    };
+    this._emit();
+  }
+
+  destroy() {
+    clearInterval(this._timer);
+    this.video.removeEventListener("error", this._onVideoError);
+    this.video.removeEventListener("waiting", this._onWaiting);
+    this._detach();
+    this.operations = [];
+  }
+
+  // frames: [init, fragment] when header.init, else [fragment]. Resolves once the fragment is in the
+  // SourceBuffer (or dropped as a duplicate); rejects when the browser refuses it.
+  pushChunk(header, frames) {
+    if (this.failed) return Promise.reject(new Error("the H.264 player has failed"));
+    const fragment = frames[frames.length - 1];
+    const init = header.init ? frames[0] : null;
+    if (init) this.pendingInit = { mime: header.mime, bytes: init };
+    if (header.fps) this.fps = header.fps;
+    if (header.index <= this.lastQueuedIndex) return Promise.resolve(); // a duplicate after a reconnect
+    this.lastQueuedIndex = header.index;
+    if (this.pendingInit) {
+      const { mime, bytes } = this.pendingInit;
+      this.pendingInit = null;
+      if (mime !== this.mime) {
+        this._open(mime);
+        if (this.mime !== mime) return Promise.reject(new Error(`this browser cannot play ${mime}`));
+      }
+      if (!sameBytes(bytes, this.appendedInit)) {
+        this.appendedInit = bytes;
+        this._enqueue({ kind: "append", bytes }).catch(() => {});
+      }
+    }
+    if (!this.mime) return Promise.reject(new Error(`chunk ${header.index} came before any init segment`));
+    if (this.state === "idle") this.state = "buffering";
+    const appended = this._enqueue({ kind: "append", bytes: fragment, index: header.index }).then(() => {
+      this.stats.chunksDecoded += 1;
+      this._check();
+    });
+    return appended;
+  }
+
+  // --- MediaSource plumbing -----------------------------------------------------------------------
+
+  _open(mime) {
+    this._detach();
+    if (!window.MediaSource || !MediaSource.isTypeSupported(mime)) {
+      this._fail(`this browser cannot play ${mime}`);
+      return;
+    }
+    this.mime = mime;
+    const mediaSource = new MediaSource();
+    this.mediaSource = mediaSource;
+    this.sourceBuffer = null;
+    this.objectUrl = URL.createObjectURL(mediaSource);
+    mediaSource.addEventListener(
+      "sourceopen",
+      () => {
+        if (this.mediaSource !== mediaSource) return;
+        URL.revokeObjectURL(this.objectUrl);
+        let buffer;
+        try {
+          buffer = mediaSource.addSourceBuffer(mime);
+          buffer.mode = "segments";
+        } catch (err) {
+          this._fail(`the SourceBuffer was refused: ${err.message}`);
+          return;
+        }
+        this.sourceBuffer = buffer;
+        buffer.addEventListener("updateend", () => this._finishOperation(null));
+        buffer.addEventListener("error", () => this._finishOperation(new Error("the SourceBuffer failed")));
+        this._runNext();
+      },
+      { once: true },
+    );
+    this.video.src = this.objectUrl;
+    this._watchFrames();
+  }
+
+  _detach() {
+    if (!this.mediaSource) return;
+    for (const op of this.operations || []) op.reject(new Error("the player was reset"));
+    this.operations = [];
+    const mediaSource = this.mediaSource;
+    this.mediaSource = null;
+    this.sourceBuffer = null;
+    this.mime = null;
+    this.appendedInit = null;
+    this.pendingInit = null;
+    if (mediaSource.readyState === "open") {
+      try {
+        mediaSource.endOfStream();
+      } catch {
+        // an append in flight: the element is released below anyway
+      }
+    }
+    this.video.removeAttribute("src");
+    this.video.load();
+  }
+
+  _enqueue(op) {
+    return new Promise((resolve, reject) => {
+      this.operations.push({ ...op, resolve, reject, started: false });
+      this._runNext();
+    });
+  }
+
+  _runNext() {
+    const buffer = this.sourceBuffer;
+    const op = this.operations[0];
+    if (!buffer || !op || op.started || buffer.updating) return;
+    op.started = true;
+    try {
+      if (op.kind === "append") buffer.appendBuffer(op.bytes);
+      else buffer.remove(op.start, op.end);
+    } catch (err) {
+      this._finishOperation(err);
+    }
+  }
+
+  _finishOperation(error) {
+    const op = this.operations[0];
+    if (!op || !op.started) return;
+    this.operations.shift();
+    if (error) {
+      op.reject(error);
+      if (op.kind === "append") this._fail(`chunk ${op.index ?? "init"} was refused: ${error.message}`);
+      return;
+    }
+    op.resolve();
+    this._runNext();
+  }
+
+  _fail(reason) {
+    this.stats.decodeErrors += 1;
+    this.failed = true;
+    this._emit();
+    this.onError(reason);
+  }
+
+  // --- Playback: start, holes, latency, trimming, counters -----------------------------------------
+
+  _check() {
+    const video = this.video;
+    const buffer = this.sourceBuffer;
+    if (!buffer || this.failed) return;
+    const ranges = buffer.buffered;
+    if (!ranges.length) return;
+    const chunkS = this.chunkMs / 1000;
+    const now = video.currentTime;
+    const target = liveSeekTarget(ranges, now, { chunkS, maxBehindChunks: this.maxBehindChunks });
+    if (target !== null && Math.abs(target - now) > HOLE_TOLERANCE_S / 2) {
+      video.currentTime = target;
+      this.stats.seeks += 1;
+    }
+    if (video.paused && !video.seeking) video.play().catch(() => {}); // muted: autoplay is allowed
+    // Trim what is well behind the playhead (one queued removal at a time).
+    const oldest = ranges.start(0);
+    const keepFrom = video.currentTime - this.keepChunks * chunkS;
+    if (keepFrom - oldest > chunkS && !this.operations.some((op) => op.kind === "remove")) {
+      this._enqueue({ kind: "remove", start: 0, end: keepFrom }).catch(() => {});
+    }
+    // HAVE_FUTURE_DATA: the element has the next frame; below it, it waits at a range's end.
+    const playing = !video.paused && video.readyState >= HTMLMediaElement.HAVE_FUTURE_DATA;
+    const was = this.state;
+    if (playing) this.state = "playing";
+    else if (was === "playing" && !video.seeking) {
+      // A seek of ours (to the live edge, over a hole) is not a stall: the element waits on no chunk.
+      this.state = "stalled";
+      this.stats.stalls += 1;
+    }
+    const quality = video.getVideoPlaybackQuality?.();
+    if (quality) this.stats.decodedFrames = quality.totalVideoFrames;
+    if (!("requestVideoFrameCallback" in HTMLVideoElement.prototype) && quality) {
+      this.stats.framesShown = quality.totalVideoFrames - quality.droppedVideoFrames;
+    }
+    this._emit();
+  }
+
+  _watchFrames() {
+    if (!("requestVideoFrameCallback" in HTMLVideoElement.prototype)) return;
+    const video = this.video;
+    const mediaSource = this.mediaSource;
+    this._presented = 0;
+    const onFrame = (_now, meta) => {
+      if (this.mediaSource !== mediaSource) return; // a newer MediaSource has its own callback
+      // presentedFrames counts per element load; several frames may be presented between callbacks.
+      const delta = meta.presentedFrames - this._presented;
+      this._presented = meta.presentedFrames;
+      this.stats.framesShown += delta > 0 ? delta : 1;
+      this.stats.shownChunkIndex = Math.floor((meta.mediaTime * this.fps + 0.5) / this.framesPerChunk);
+      this._emit();
+      video.requestVideoFrameCallback(onFrame);
+    };
+    video.requestVideoFrameCallback(onFrame);
+  }
+
+  _emit() {
+    const ranges = this.sourceBuffer?.buffered;
+    const ahead = ranges?.length ? Math.max(0, ranges.end(ranges.length - 1) - this.video.currentTime) : 0;
+    this.onState({
+      state: this.state,
+      bufferedFrames: Math.round(ahead * this.fps),
+      rate: 1,
+      framesSkipped: 0,
+      ...this.stats,
+    });
+  }
+}
+
+function sameBytes(a, b) {
+  if (!a || !b || a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i += 1) if (a[i] !== b[i]) return false;
+  return true;
+}

@@ -1,6 +1,8 @@
 // The session WebSocket's binary chunk frame:
 //   4-byte big-endian unsigned N | N bytes of UTF-8 JSON header | the frames' bytes concatenated
-// where header.frames lists each frame's byte length (each frame is one image of header.mime).
+// where header.frames lists each payload's byte length. A JPEG chunk's payloads are its frames (each
+// one image of header.mime); an H.264 chunk (header.codec "h264", header.mime the MP4 MIME with its
+// codecs) has one fMP4 fragment, preceded by the init segment when header.init is true.
 
 const decoder = new TextDecoder("utf-8");
 

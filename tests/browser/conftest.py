@@ -268,8 +268,18 @@ class WorkerStandIn:
         self._run(self.layer.group_send(group_name(job.owner_id), message))
 
     def chunk(
-        self, session, *, index: int, frames: list[bytes], worker: str, generation_ms: float, batch_size=1
+        self,
+        session,
+        *,
+        index: int,
+        frames: list[bytes],
+        worker: str,
+        generation_ms: float,
+        batch_size=1,
+        media: dict | None = None,
     ):
+        """A chunk as a worker publishes it: JPEG ``frames``, and its H.264 fragment (``media``,
+        ``h264_media``) when a viewer reads H.264."""
         header = {
             "session": str(session.pk),
             "index": index,
@@ -284,7 +294,8 @@ class WorkerStandIn:
             # The owner's epoch, as a real worker's header carries it (the consumer filters on it).
             "epoch": session.epoch,
         }
-        self._run(self.layer.group_send(group_name(str(session.pk)), chunk_message(header, frames)))
+        message = chunk_message(header, frames, media=media)
+        self._run(self.layer.group_send(group_name(str(session.pk)), message))
 
     def close(self):
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -298,12 +309,15 @@ def worker_stand_in(asgi_server):
     stand_in.close()
 
 
+CHUNK_COLOURS = [(220, 40, 40), (40, 90, 220), (40, 180, 80), (230, 180, 30)]
+
+
 def jpeg_frames(width: int, height: int, count: int, *, hue: int) -> list[bytes]:
     """``count`` real JPEGs: a colour field (``hue`` picks it) with a bar that moves frame by frame."""
     from PIL import Image, ImageDraw
 
     frames = []
-    base = [(220, 40, 40), (40, 90, 220), (40, 180, 80), (230, 180, 30)][hue % 4]
+    base = CHUNK_COLOURS[hue % 4]
     for i in range(count):
         image = Image.new("RGB", (width, height), base)
         draw = ImageDraw.Draw(image)
@@ -313,3 +327,26 @@ def jpeg_frames(width: int, height: int, count: int, *, hue: int) -> list[bytes]
         image.save(buffer, format="JPEG", quality=85)
         frames.append(buffer.getvalue())
     return frames
+
+
+def h264_media(session, *, index: int, hue: int) -> dict:
+    """Chunk ``index``'s H.264 fragment as a worker publishes it (``chunk_message``'s ``media``): a
+    flat colour field (``hue`` picks it, as in ``jpeg_frames``) with a bar moving frame by frame."""
+    import numpy as np
+
+    from workers.runtime.media import FragmentEncoder
+
+    frames = np.empty((session.frames_per_chunk, session.height, session.width, 3), dtype=np.uint8)
+    frames[:] = CHUNK_COLOURS[hue % 4]
+    for i in range(session.frames_per_chunk):
+        x = (i * session.width // session.frames_per_chunk) % session.width
+        frames[i, :, x : x + max(1, session.width // 8)] = 250
+    fragment = FragmentEncoder().encode(
+        frames, fps=session.fps, chunk_index=index, frames_per_chunk=session.frames_per_chunk
+    )
+    return {
+        "init": fragment.init,
+        "fragment": fragment.data,
+        "mime": fragment.mime,
+        "encoder": fragment.encoder,
+    }

@@ -10,7 +10,7 @@ from playwright.sync_api import expect
 from contracts.catalog import PRESETS
 from gpu.models import GpuWorker
 from sessions.models import GenerationSession, Prompt
-from tests.browser.conftest import PASSWORD, jpeg_frames, screenshot
+from tests.browser.conftest import PASSWORD, h264_media, jpeg_frames, log_in, screenshot
 from tests.factories import GpuWorkerFactory, UserFactory
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -65,6 +65,9 @@ def test_log_in_start_watch_steer_pause_resume_and_reconnect(
     page.get_by_label("Password").fill(PASSWORD)
     page.get_by_role("button", name="Log in").click()
     expect(page).to_have_url(f"{asgi_server}/")
+    # This test reads the JPEG canvas: JPEG forced from the URL (H.264 has its own tests below).
+    page.goto("/?codec=jpeg")
+    expect(page.locator("#stat-codec")).to_have_text("JPEG")
 
     # A bad request shows the API's field error next to the field.
     expect(page.locator("#start-model option")).not_to_have_count(0)
@@ -371,4 +374,184 @@ def test_an_expired_login_is_explained_with_a_way_back(browser_context, asgi_ser
     expect(login_link).to_have_attribute("href", f"/accounts/login/?next=%2F%3Fsession%3D{session.pk}")
     session.refresh_from_db()
     assert session.activity == "active"
+    page_problems.assert_clean()
+
+
+# Mean colour of what the <video> presents now, and its playback counters.
+VIDEO_SAMPLE = """() => {
+  const v = document.getElementById('mse-video');
+  const c = document.createElement('canvas');
+  c.width = v.videoWidth || 1; c.height = v.videoHeight || 1;
+  const ctx = c.getContext('2d');
+  ctx.drawImage(v, 0, 0);
+  const d = ctx.getImageData(0, 0, c.width, c.height).data;
+  let r = 0, g = 0, b = 0;
+  for (let i = 0; i < d.length; i += 4) { r += d[i]; g += d[i + 1]; b += d[i + 2]; }
+  const n = d.length / 4;
+  const q = v.getVideoPlaybackQuality();
+  return {r: r / n, g: g / n, b: b / n, currentTime: v.currentTime, decoded: q.totalVideoFrames,
+          shown: Number(v.dataset.framesShown || 0), chunk: v.dataset.chunk, hidden: v.hidden};
+}"""
+
+
+def _watch_executing_session(browser_context, asgi_server, page_problems, *, username: str, url: str = ""):
+    """A user's executing session on gpu-a, opened in the generation page (``url``: extra query)."""
+    from contracts.catalog import parse_resolution
+    from tests.factories import SessionFactory
+
+    user, gpu = UserFactory(username=username), GpuWorkerFactory(name="gpu-a")
+    width, height = parse_resolution(TINY.default_resolution)
+    session = SessionFactory(
+        owner=user,
+        status="executing",
+        worker=gpu,
+        state_location="worker",
+        model_name=TINY.name,
+        width=width,
+        height=height,
+        fps=TINY.fps,
+        frames_per_chunk=TINY.frames_per_chunk,
+    )
+    log_in(browser_context, asgi_server, user)
+    page = browser_context.new_page()
+    page_problems.watch(page)
+    page.goto(f"/?session={session.pk}{url}")
+    expect(page.locator("#connection-state")).to_have_text("Live")
+    return session, page
+
+
+def test_a_session_plays_as_h264_through_media_source_extensions(
+    browser_context, asgi_server, worker_stand_in, page_problems
+):
+    # Given a browser that can play H.264 through MSE, watching an executing session
+    session, page = _watch_executing_session(browser_context, asgi_server, page_problems, username="mse")
+    expect(page.locator("#stat-codec")).to_have_text("H.264 (MSE)")
+    expect(page.locator("#mse-video")).to_be_visible()
+    expect(page.locator("#video")).to_be_hidden()
+    chunk_s = session.frames_per_chunk / session.fps
+
+    # When the worker sends H.264 fragments (red, then blue)
+    for index, hue in ((0, 0), (1, 1)):
+        worker_stand_in.chunk(
+            session,
+            index=index,
+            frames=[],
+            worker="gpu-a",
+            generation_ms=400.0,
+            media=h264_media(session, index=index, hue=hue),
+        )
+
+    # Then the <video> plays them: time advances, frames are decoded and presented, blue at the end
+    page.wait_for_function(
+        f"document.getElementById('mse-video').currentTime > {chunk_s * 1.5}"
+        " && document.getElementById('mse-video').dataset.chunk === '1'"
+    )
+    first = page.evaluate(VIDEO_SAMPLE)
+    assert first["decoded"] > 0 and first["shown"] > 0, first
+    assert first["b"] > first["r"] + 60, first
+    expect(page.locator("#stat-chunk")).to_have_text("#1")
+    expect(page.locator("#player-overlay")).to_be_hidden()
+
+    # and after a skipped chunk (a gap in the timeline) it jumps to the next one and keeps playing
+    worker_stand_in.chunk(
+        session,
+        index=3,
+        frames=[],
+        worker="gpu-a",
+        generation_ms=400.0,
+        media=h264_media(session, index=3, hue=2),
+    )
+    page.wait_for_function(
+        f"document.getElementById('mse-video').currentTime > {chunk_s * 3.2}"
+        " && document.getElementById('mse-video').dataset.chunk === '3'"
+    )
+    later = page.evaluate(VIDEO_SAMPLE)
+    assert later["g"] > later["r"] + 60 and later["shown"] > first["shown"], later  # the green chunk
+    assert page.evaluate("window.streamserve.player.stats.decodeErrors") == 0
+    screenshot(page, "generate-h264")
+    page_problems.assert_clean()
+
+
+def test_without_media_source_extensions_the_page_plays_jpeg(
+    browser_context, asgi_server, worker_stand_in, page_problems
+):
+    # Given a browser without MSE (emulated: removed before the page's scripts run)
+    browser_context.add_init_script("delete window.MediaSource; delete window.ManagedMediaSource;")
+    session, page = _watch_executing_session(browser_context, asgi_server, page_problems, username="nomse")
+
+    # Then the page asks for JPEG and says why
+    expect(page.locator("#stat-codec")).to_have_text("JPEG")
+    expect(page.locator("#codec-note")).to_contain_text("cannot play H.264")
+    expect(page.locator("#video")).to_be_visible()
+    expect(page.locator("#mse-video")).to_be_hidden()
+
+    # and JPEG chunks are drawn on the canvas
+    worker_stand_in.chunk(
+        session,
+        index=0,
+        frames=jpeg_frames(session.width, session.height, session.frames_per_chunk, hue=1),
+        worker="gpu-a",
+        generation_ms=400.0,
+    )
+    shown = _wait_for_chunk(page, 0)
+    assert shown["lit"] > 0.9 and shown["b"] > shown["r"] + 60, shown
+    page_problems.assert_clean()
+
+
+def test_an_h264_stream_the_browser_refuses_falls_back_to_jpeg(
+    browser_context, asgi_server, worker_stand_in, page_problems
+):
+    # Given a page playing H.264
+    session, page = _watch_executing_session(browser_context, asgi_server, page_problems, username="badmse")
+    expect(page.locator("#stat-codec")).to_have_text("H.264 (MSE)")
+
+    # When a fragment arrives that the SourceBuffer refuses
+    media = {**h264_media(session, index=0, hue=0), "fragment": b"\x00\x00\x00\x10moof" + bytes(8)}
+    worker_stand_in.chunk(session, index=0, frames=[], worker="gpu-a", generation_ms=400.0, media=media)
+
+    # Then the page says so, and reconnects asking for JPEG
+    expect(page.locator("#page-message")).to_contain_text("H.264 playback failed")
+    expect(page.locator("#stat-codec")).to_have_text("JPEG")
+    expect(page.locator("#codec-note")).to_contain_text("fell back")
+    expect(page.locator("#connection-state")).to_have_text("Live")
+    expect(page.locator("#video")).to_be_visible()
+
+    # and the next chunks are drawn on the canvas
+    worker_stand_in.chunk(
+        session,
+        index=1,
+        frames=jpeg_frames(session.width, session.height, session.frames_per_chunk, hue=2),
+        worker="gpu-a",
+        generation_ms=400.0,
+    )
+    shown = _wait_for_chunk(page, 1)
+    assert shown["g"] > shown["r"] + 60, shown
+    page_problems.assert_clean()
+
+
+def test_the_user_can_choose_jpeg_and_back(browser_context, asgi_server, worker_stand_in, page_problems):
+    # Given a page playing H.264
+    session, page = _watch_executing_session(browser_context, asgi_server, page_problems, username="chooser")
+    expect(page.locator("#stat-codec")).to_have_text("H.264 (MSE)")
+
+    # When the user picks JPEG
+    page.get_by_label("Play as").select_option("jpeg")
+
+    # Then the page asks for JPEG (and the URL keeps the choice for a reload)
+    expect(page.locator("#stat-codec")).to_have_text("JPEG")
+    expect(page).to_have_url(re.compile(r"codec=jpeg"))
+    expect(page.locator("#connection-state")).to_have_text("Live")
+    worker_stand_in.chunk(
+        session,
+        index=0,
+        frames=jpeg_frames(session.width, session.height, session.frames_per_chunk, hue=0),
+        worker="gpu-a",
+        generation_ms=400.0,
+    )
+    _wait_for_chunk(page, 0)
+
+    # and back to automatic: H.264 again
+    page.get_by_label("Play as").select_option("auto")
+    expect(page.locator("#stat-codec")).to_have_text("H.264 (MSE)")
+    expect(page).not_to_have_url(re.compile(r"codec=jpeg"))
     page_problems.assert_clean()

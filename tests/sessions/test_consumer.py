@@ -279,3 +279,33 @@ async def test_an_unknown_codec_is_an_error_frame_and_the_viewer_gets_jpeg():
     header, frames = decode_chunk_frame(await communicator.receive_from())
     assert header["mime"] == "image/jpeg" and frames == [b"\xff\xd8frame-a", b"\xff\xd8frame-b"]
     await communicator.disconnect()
+
+
+async def test_a_jpeg_viewer_beside_an_h264_one_asks_for_jpeg_and_gets_no_chunk_without_frames():
+    from contracts.wire.codecs import codec_want, codecs_wanted_many
+    from workers.runtime.media import FragmentEncoder
+
+    # Given a session whose H.264 viewer just left (its lease lingers for a reconnect), as when a
+    # page falls back from H.264 to JPEG
+    user = await sync_to_async(UserFactory)()
+    session = await sync_to_async(SessionFactory)(owner=user)
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    codec_want(client, str(session.pk), "h264", "the-page-before")
+
+    # When the page reconnects as a JPEG viewer
+    communicator = await connect_as(user, f"/ws/sessions/{session.pk}/?codec=jpeg")
+    assert json.loads(await communicator.receive_from())["type"] == "status"
+
+    # Then the worker reads that JPEG is wanted too, not only the lingering H.264
+    assert codecs_wanted_many(client, [str(session.pk)])[str(session.pk)] == {"h264", "jpeg"}
+    # and a chunk encoded before that reached the worker (H.264 only) is not sent as an empty chunk
+    layer = get_channel_layer()
+    await layer.group_send(group_name(str(session.pk)), an_h264_chunk(session, 0, FragmentEncoder()))
+    await layer.group_send(group_name(str(session.pk)), a_chunk(session, 1))
+    header, frames = decode_chunk_frame(await communicator.receive_from())
+    assert (header["index"], header["mime"], len(frames)) == (1, "image/jpeg", 2)
+    # once its stream has begun, a chunk it cannot show is reported as skipped
+    await layer.group_send(group_name(str(session.pk)), an_h264_chunk(session, 2, FragmentEncoder()))
+    assert json.loads(await communicator.receive_from()) == {"type": "skipped", "index": 2}
+    await communicator.disconnect()
+    client.delete(f"ss:codecs:{session.pk}")
