@@ -16,8 +16,6 @@ docs/production.md.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import shlex
 import sys
 from collections.abc import Sequence
@@ -25,9 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
-
-# linux/prctl.h
-PR_SET_CHILD_SUBREAPER = 36
 
 
 @dataclass(frozen=True)
@@ -109,6 +104,11 @@ def platform_programs(
     return programs
 
 
+def guarded_argv(argv: Sequence[str], *, python: str | None = None) -> tuple[str, ...]:
+    """``argv`` run through the parent-death wrapper: the program dies with whoever started it."""
+    return (python or sys.executable, "-m", "contracts.process", "--", *argv)
+
+
 def _escape(value: str) -> str:
     # supervisord expands %(name)s in its values: a literal % (Celery's %h) is written %%.
     return value.replace("%", "%%")
@@ -155,7 +155,7 @@ def supervisord_config(
     for program in programs:
         lines += [
             f"[program:{program.name}]",
-            f"command={_escape(shlex.join(program.argv))}",
+            f"command={_escape(shlex.join(guarded_argv(program.argv)))}",
             f"directory={settings.BASE_DIR}",
             "autostart=true",
             "autorestart=true",
@@ -173,14 +173,3 @@ def supervisord_config(
             "",
         ]
     return "\n".join(lines)
-
-
-def become_subreaper() -> bool:
-    """Make orphaned descendants (GPU workers whose Celery child died) re-parent to this process.
-
-    Linux only; returns whether it applied. The caller must then reap them (``os.waitpid(-1)``).
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0

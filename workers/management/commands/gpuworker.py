@@ -15,6 +15,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from contracts.catalog.presets import DEFAULT_PRESET, PRESETS
+from contracts.process import platform_pid, stop_when_orphaned
 from gpu.models import GpuWorker
 from gpu.services import TransitionError, worker_fail, worker_register, worker_release
 from scheduling.live.enqueue import scheduler_trigger
@@ -100,6 +101,12 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
+        # Under runplatform (which names itself in the environment) the worker goes with the
+        # platform, even one killed with SIGKILL: it stops (checkpointing its sessions) when it
+        # is re-parented anywhere but to the platform's subreaper. Elsewhere the orphan timeout
+        # (WORKER_ORPHAN_TIMEOUT_S) is what ends a worker that lost its control plane.
+        if platform_pid() is not None:
+            stop_when_orphaned()
         conf = settings.STREAMSERVE
         name = options["name"] or f"{socket.gethostname()}-{os.getpid()}"
         device = resolve_device(options["device"])
