@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 
 import redis
@@ -44,6 +45,9 @@ from workers.weights_loading import (
 )
 
 logger = logging.getLogger("workers.gpuworker")
+
+# Exit status of a worker that stopped because its control plane was lost (WORKER_ORPHAN_TIMEOUT_S).
+ORPHANED_EXIT = 3
 
 
 def resolve_device(device: str) -> str:
@@ -219,6 +223,7 @@ class Command(BaseCommand):
             heartbeat_s=heartbeat,
             liveness_ttl_s=conf["HEARTBEAT_TIMEOUT_S"],
             stage_host=stage_host,
+            orphan_timeout_s=conf["WORKER_ORPHAN_TIMEOUT_S"],
         )
         signal.signal(signal.SIGTERM, daemon.request_stop)
         signal.signal(signal.SIGINT, daemon.request_stop)
@@ -234,6 +239,16 @@ class Command(BaseCommand):
         # Placement runs now: sessions go to this worker the moment it is ready.
         scheduler_trigger("gpu_ready")
         daemon.run()
+        if daemon.orphaned:
+            # The control plane is gone (its sessions are checkpointed): hand them back if the
+            # database still answers, and exit non-zero whatever happens, so a supervisor sees it.
+            try:
+                self._deregister(worker.pk)
+            except Exception as exc:
+                logger.warning("worker.deregister_failed worker=%s: %s: %s", name, type(exc).__name__, exc)
+            weights.close()
+            logger.error("worker.stopped worker=%s: orphaned (no control plane)", name)
+            sys.exit(ORPHANED_EXIT)
         # Out of the pool first (release drops the holding), then stop serving: no plan made in
         # between names a closed source.
         self._deregister(worker.pk)
