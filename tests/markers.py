@@ -115,6 +115,7 @@ SLOW = frozenset(
         "tests/workers/test_jobs_daemon.py::test_a_paused_job_moves_to_another_worker_and_finishes_with_the_uninterrupted_mp4",
         "tests/workers/test_jobs_daemon.py::test_a_session_start_abandons_the_job_step_in_flight_and_the_job_still_ends_with_the_uninterrupted_mp4",
         "tests/workers/test_orphan_worker.py",
+        "tests/workers/test_restart_audit.py",
         "tests/workers/test_stage_live_gaps.py",
         "tests/workers/test_stage_roles.py::test_a_dc_daemon_fed_by_an_encoder_process_streams_the_monolithic_frames",
         "tests/workers/test_stage_split_jobs.py",
