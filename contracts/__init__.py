@@ -11,6 +11,8 @@ another app's internals.
 - ``contracts.http``: the shape every REST endpoint shares (error body, pagination, the audit
   endpoints' query parameters and CSV), and time ranges from query parameters (Django/DRF).
 - ``contracts.health``: what a readiness check reports, and the checks of PostgreSQL and Redis.
+- ``contracts.process``: processes that die with the platform that started them (the parent-death
+  signal, the subreaper, ``python -m contracts.process -- ARGV``).
 - ``contracts.bench``: the report every benchmark prints (arguments, warm-up, summaries, the machine,
   JSON out). Lab only: no service module imports it (``lint-imports``).
 """

@@ -377,6 +377,9 @@ STREAMSERVE = {
     "SLO_MS": _typed("SLO_MS", env.float, 1000.0),
     "HEARTBEAT_INTERVAL_S": _typed("HEARTBEAT_INTERVAL_S", env.float, 1.0),
     "HEARTBEAT_TIMEOUT_S": _typed("HEARTBEAT_TIMEOUT_S", env.float, 5.0),
+    # A worker that saw no command and no heartbeat acknowledged by the control plane for this
+    # long checkpoints its sessions and exits (0: never): no worker generates for nobody.
+    "WORKER_ORPHAN_TIMEOUT_S": _typed("WORKER_ORPHAN_TIMEOUT_S", env.float, 60.0),
     "QUEUE_MAX": _typed("QUEUE_MAX", env.int, 100),
     # Sessions one user may hold alive (not terminated) at once; creating one more is a 429.
     "MAX_LIVE_SESSIONS_PER_USER": _typed("MAX_LIVE_SESSIONS_PER_USER", env.int, 10),
@@ -521,6 +524,14 @@ if STREAMSERVE["OPENAI_IMAGES_TIMEOUT_S"] > 3600:
 if STREAMSERVE["REGION_FORECAST"] not in ("ets", "seasonal-naive", "last-value"):
     raise ImproperlyConfigured(
         "Environment variable REGION_FORECAST must be ets, seasonal-naive or last-value"
+    )
+if STREAMSERVE["WORKER_ORPHAN_TIMEOUT_S"] < 0:
+    raise ImproperlyConfigured("Environment variable WORKER_ORPHAN_TIMEOUT_S must be 0 (off) or more")
+if 0 < STREAMSERVE["WORKER_ORPHAN_TIMEOUT_S"] <= 2 * STREAMSERVE["HEARTBEAT_TIMEOUT_S"]:
+    # The control plane acknowledges heartbeats once a scheduler tick: a timeout this short would
+    # end healthy workers across one slow tick.
+    raise ImproperlyConfigured(
+        "Environment variable WORKER_ORPHAN_TIMEOUT_S must be 0 (off) or more than twice HEARTBEAT_TIMEOUT_S"
     )
 if STREAMSERVE["REGION_MOVE_COOLDOWN_S"] < 0:
     raise ImproperlyConfigured("Environment variable REGION_MOVE_COOLDOWN_S must be 0 or more")

@@ -16,18 +16,24 @@ docs/production.md.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
+import atexit
+import contextlib
+import logging
+import os
 import shlex
+import socket
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import psutil
+import redis
 from django.conf import settings
 
-# linux/prctl.h
-PR_SET_CHILD_SUBREAPER = 36
+logger = logging.getLogger("scheduling.supervision")
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,11 @@ def platform_programs(
     return programs
 
 
+def guarded_argv(argv: Sequence[str], *, python: str | None = None) -> tuple[str, ...]:
+    """``argv`` run through the parent-death wrapper: the program dies with whoever started it."""
+    return (python or sys.executable, "-m", "contracts.process", "--", *argv)
+
+
 def _escape(value: str) -> str:
     # supervisord expands %(name)s in its values: a literal % (Celery's %h) is written %%.
     return value.replace("%", "%%")
@@ -155,7 +166,7 @@ def supervisord_config(
     for program in programs:
         lines += [
             f"[program:{program.name}]",
-            f"command={_escape(shlex.join(program.argv))}",
+            f"command={_escape(shlex.join(guarded_argv(program.argv)))}",
             f"directory={settings.BASE_DIR}",
             "autostart=true",
             "autorestart=true",
@@ -175,12 +186,125 @@ def supervisord_config(
     return "\n".join(lines)
 
 
-def become_subreaper() -> bool:
-    """Make orphaned descendants (GPU workers whose Celery child died) re-parent to this process.
+# --- one beat per broker ---------------------------------------------------------------------------
+#
+# Two beats on one broker send every periodic task twice (scheduler ticks, ingest, the ledger): a
+# stray beat left by a platform killed with SIGKILL, or a second platform started on the same
+# database. Beat takes a lease in the broker's Redis at start (SET NX PX, holding ``host:pid``) and
+# renews it from a thread; a second beat finds it held, names the holder and exits non-zero. A lease,
+# not a lock held forever: a beat killed with SIGKILL frees it within BEAT_LOCK_LEASE_S (at once
+# when its holder was on this host and its pid is gone — supervisord's restart of a killed beat).
 
-    Linux only; returns whether it applied. The caller must then reap them (``os.waitpid(-1)``).
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+BEAT_LOCK_KEY = "streamserve:beat:lock"
+BEAT_LOCK_LEASE_S = 15.0
+# Exit status of a beat that found another one running on its broker.
+BEAT_REFUSED_EXIT = 75
+
+# Renew (or take over from ARGV[3]) only what we (or that dead holder) hold: compare-and-set in Redis.
+_RENEW = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
+_TAKE_OVER = (
+    "if redis.call('get', KEYS[1]) == ARGV[3] then "
+    "return redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2]) end return false"
+)
+_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+
+
+class BeatLockHeld(Exception):
+    """Another beat holds the lease: ``holder`` is its ``host:pid``."""
+
+    def __init__(self, holder: str) -> None:
+        super().__init__(f"another beat runs on this broker: {holder}")
+        self.holder = holder
+
+
+class BeatLock:
+    """The lease of the one beat on a broker; ``client`` is a Redis client of the broker."""
+
+    def __init__(self, client: redis.Redis, *, lease_s: float = BEAT_LOCK_LEASE_S, key: str = BEAT_LOCK_KEY):
+        self.client = client
+        self.lease_s = lease_s
+        self.key = key
+        self.holder = f"{socket.gethostname()}:{os.getpid()}"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def _px(self) -> int:
+        return max(1, int(self.lease_s * 1000))
+
+    def acquire(self) -> None:
+        """Take the lease or raise ``BeatLockHeld`` naming the holder."""
+        if self.client.set(self.key, self.holder, nx=True, px=self._px):
+            return
+        raw = self.client.get(self.key)
+        other = raw.decode() if raw is not None else ""
+        if (
+            other
+            and self._dead_here(other)
+            and self.client.eval(_TAKE_OVER, 1, self.key, self.holder, self._px, other)
+        ):
+            logger.warning("beat.lock_taken_over from=%s (its process is gone)", other)
+            return
+        if not other and self.client.set(self.key, self.holder, nx=True, px=self._px):
+            return  # expired between the two calls
+        raise BeatLockHeld(other or "unknown")
+
+    @staticmethod
+    def _dead_here(holder: str) -> bool:
+        host, _, pid = holder.rpartition(":")
+        return host == socket.gethostname() and pid.isdigit() and not psutil.pid_exists(int(pid))
+
+    def renew(self) -> bool:
+        """Extend the lease; False when it is no longer ours."""
+        return bool(self.client.eval(_RENEW, 1, self.key, self.holder, self._px))
+
+    def release(self) -> None:
+        self._stop.set()
+        with contextlib.suppress(redis.RedisError):
+            self.client.eval(_RELEASE, 1, self.key, self.holder)
+
+    def keep(self, on_lost: Callable[[str], None]) -> None:
+        """Renew the lease every third of it from a daemon thread; ``on_lost(holder)`` if another
+        beat has it by then. A Redis outage is not a loss: beat cannot publish either."""
+
+        def renewing() -> None:
+            while not self._stop.wait(self.lease_s / 3):
+                try:
+                    if self.renew():
+                        continue
+                    self.acquire()  # expired during an outage, or Redis came back empty
+                except BeatLockHeld as exc:
+                    on_lost(exc.holder)
+                    return
+                except redis.RedisError as exc:
+                    logger.warning("beat.lock_renew failed: %s", exc)
+
+        self._thread = threading.Thread(target=renewing, name="beat-lock", daemon=True)
+        self._thread.start()
+
+
+def _refuse(holder: str, *, lost: bool) -> None:
+    what = (
+        "beat.lock_lost: another beat took this broker's lease" if lost else "beat.refused: another beat runs"
+    )
+    logger.error("%s holder=%s; exiting (one beat per broker)", what, holder)
+    logging.shutdown()
+    os._exit(BEAT_REFUSED_EXIT)
+
+
+def beat_lock_take(**_: Any) -> None:
+    """``beat_init``: take the broker's beat lease for this process, or exit naming the holder."""
+    lock = BeatLock(
+        redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=5, socket_timeout=5)
+    )
+    try:
+        lock.acquire()
+    except BeatLockHeld as exc:
+        _refuse(exc.holder, lost=False)
+    except redis.RedisError as exc:
+        logger.error("beat.lock unavailable: broker %s: %s; exiting", settings.CELERY_BROKER_URL, exc)
+        logging.shutdown()
+        os._exit(BEAT_REFUSED_EXIT)
+    logger.info("beat.lock held=%s lease=%.0fs", lock.holder, lock.lease_s)
+    atexit.register(lock.release)
+    lock.keep(lambda holder: _refuse(holder, lost=True))

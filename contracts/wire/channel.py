@@ -59,6 +59,31 @@ def heartbeat_beat(client: redis.Redis, worker_name: str, ttl_s: float) -> None:
     client.set(heartbeat_key(worker_name), "1", px=max(1, int(ttl_s * 1000)))
 
 
+def heartbeat_ack_key(worker_name: str) -> str:
+    """The control plane's acknowledgement of a worker's heartbeat: a counter it bumps each tick."""
+    return f"ss:hb-ack:{worker_name}"
+
+
+def heartbeats_acknowledge(client: redis.Redis, worker_names: list[str], ttl_s: float) -> None:
+    """The control plane saw these workers beat: bump each one's acknowledgement.
+
+    A counter, not a timestamp: a worker compares it only with the value it saw last, on its own
+    clock, so no clock is shared across hosts. The TTL drops the keys of workers that are gone.
+    """
+    if not worker_names:
+        return
+    pipe = client.pipeline(transaction=False)
+    for name in worker_names:
+        pipe.incr(heartbeat_ack_key(name))
+        pipe.pexpire(heartbeat_ack_key(name), max(1, int(ttl_s * 1000)))
+    pipe.execute()
+
+
+def heartbeat_acknowledged(client: redis.Redis, worker_name: str) -> bytes | None:
+    """The worker's acknowledgement counter (None: never acknowledged, or not for a TTL)."""
+    return client.get(heartbeat_ack_key(worker_name))
+
+
 def heartbeats_alive(client: redis.Redis, worker_names: list[str]) -> set[str]:
     """Which of ``worker_names`` beat within their TTL."""
     if not worker_names:

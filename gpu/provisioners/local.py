@@ -33,6 +33,7 @@ import psutil
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from contracts.process import PARENT_PID_ENV
 from gpu.models import GpuWorker
 from gpu.provisioners.base import (
     LEFTOVER_GRACE_S,
@@ -248,6 +249,9 @@ class LocalProvisioner(Provisioner):
         env.setdefault("PYTHONUNBUFFERED", "1")
         env[WORKER_NAME_ENV] = worker.name
         env[WORKER_SCOPE_ENV] = deployment_scope()
+        # Closes the race of the worker's parent-death signal (contracts/process.py): a worker
+        # whose spawner is already gone when it asks for the signal exits at once.
+        env[PARENT_PID_ENV] = str(os.getpid())
         try:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             with open(self.log_path(worker), "ab") as log:

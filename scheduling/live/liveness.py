@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from contracts.wire.channel import heartbeats_alive
+from contracts.wire.channel import heartbeats_acknowledge, heartbeats_alive
 from gpu import services as gpu_services
 from gpu.models import GpuWorker
 from scheduling.live.answers import migration_failed
@@ -71,12 +71,29 @@ def workers_check(*, now: datetime | None = None) -> list[str]:
     for worker in ended:
         if sessions_recover(worker=worker):
             lost.append(worker.name)
+    heartbeats_ack(now=now, timeout=timeout, beating=beating)
     commands_expire(now=now)
     command_streams_prune()
     # The parameter pool heals too: a host cache whose heartbeat stopped leaves it with its copies
     # (a lost worker's copies left with ``worker_fail`` above).
     gpu_services.host_caches_check(now=now)
     return lost
+
+
+def heartbeats_ack(*, now: datetime, timeout: timedelta, beating: set[str]) -> None:
+    """Acknowledge the heartbeats of the workers the control plane counts as alive: a worker that
+    sees no acknowledgement (and no command) for ``WORKER_ORPHAN_TIMEOUT_S`` has lost its control
+    plane, checkpoints its sessions and exits (``workers.daemon.orphan``)."""
+    fresh = GpuWorker.objects.filter(
+        status__in=GpuWorker.LIVE_STATUSES, last_heartbeat__gte=now - timeout
+    ).values_list("name", flat=True)
+    names = sorted(set(fresh) | beating)
+    # Outlives a few ticks, so a slow one does not look like silence; a lost worker's key expires.
+    ttl_s = max(settings.STREAMSERVE["WORKER_ORPHAN_TIMEOUT_S"], timeout.total_seconds())
+    try:
+        heartbeats_acknowledge(redis_client(), names, ttl_s)
+    except redis.RedisError as exc:
+        logger.warning("worker.heartbeat_ack failed: %s", exc)
 
 
 def commands_expire(*, now: datetime) -> None:

@@ -77,6 +77,9 @@ class Platform:
             "CHECKPOINT_EVERY": "4",
             "HEARTBEAT_INTERVAL_S": "0.5",
             "HEARTBEAT_TIMEOUT_S": "3",
+            # The platform ticks: its workers run with the production orphan timeout (the suite's
+            # default, for workers started without a control plane, is 0).
+            "WORKER_ORPHAN_TIMEOUT_S": "60",
             "PROVISIONER": "local",
             "PROVISION_TIMEOUT_S": "90",
             "PYTHONUNBUFFERED": "1",

@@ -1,4 +1,5 @@
-"""One crash never stops the platform: ``runplatform`` under supervisord, Celery worker and beat killed.
+"""One crash never stops the platform: ``runplatform`` under supervisord, Celery worker and beat killed;
+and nothing outlives the platform itself killed with SIGKILL.
 
 Starts the real supervised platform (web, Celery worker, beat) on a free port with the suite's own
 database and Redis database, ``kill -9``s the Celery worker's main process and then beat, and
@@ -20,6 +21,7 @@ import urllib.request
 import xmlrpc.client
 from pathlib import Path
 
+import psutil
 import pytest
 from django.conf import settings
 from supervisor.xmlrpc import SupervisorTransport
@@ -164,3 +166,45 @@ def test_a_killed_celery_worker_or_beat_comes_back_and_the_web_server_never_stop
         platform.stop()
     # The platform stops cleanly on SIGTERM (supervisord stops every program, then exits).
     assert platform.process.returncode == 0, platform.log()
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.django_db(transaction=True)
+def test_no_process_of_the_platform_outlives_it_when_it_is_killed_with_sigkill(tmp_path):
+    platform = Supervised(tmp_path)
+    descendants: list[int] = []
+    try:
+        # Given the supervised platform up, and every process under it (supervisord, its
+        # programs, their children: Celery's pool, …)
+        wait_for(platform.all_running, 120, "web, scheduler and beat RUNNING")
+        wait_for(lambda: celery_check(timeout_s=1.0).ok, 60, "the Celery worker to answer a ping")
+        descendants = [p.pid for p in psutil.Process(platform.process.pid).children(recursive=True)]
+        assert len(descendants) >= 4, descendants  # supervisord, web, scheduler (+ pool), beat
+
+        # When runplatform itself is killed with SIGKILL (no chance to stop anything)
+        os.kill(platform.process.pid, signal.SIGKILL)
+        platform.process.wait()
+
+        # Then every one of them is gone within the programs' stop grace (SIGTERM first)
+        left = wait_for(
+            lambda: not [pid for pid in descendants if not gone(pid)] or None,
+            30,
+            "the platform's processes to exit",
+        )
+        assert left
+    except AssertionError:
+        print(platform.log())
+        raise
+    finally:
+        if platform.process.poll() is None:  # failed before the kill
+            platform.stop()
+        for pid in descendants:  # the ones this test saw left behind
+            if not gone(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)

@@ -4,6 +4,7 @@ transactional: threads commit)."""
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -11,6 +12,7 @@ import redis
 from django.conf import settings
 
 from contracts.wire.channel import PublishFence, delivered_key, stream_key
+from scheduling.live.liveness import workers_check
 from scheduling.live.outbox import Outbox
 from scheduling.models import WorkerCommand
 from sessions.ingest import chunk_records_drain
@@ -129,3 +131,46 @@ def test_a_worker_whose_lease_was_taken_stops_the_session_and_publishes_nothing_
     assert int(client.get(delivered_key(sid))) == marked
     assert checkpoint.stat().st_mtime_ns == written
     client.delete(delivered_key(sid))
+
+
+class OffsetClock:
+    """The monotonic clock, moved forward by hand."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.offset
+
+
+def test_a_worker_that_lost_its_control_plane_checkpoints_its_sessions_and_stops(tmp_path):
+    # given a worker streaming a session, with a 30 s orphan timeout on a clock the test moves
+    worker = GpuWorkerFactory(name=f"test-{uuid.uuid4().hex[:8]}", model_preset="tiny", gpu_type="cpu")
+    clock = OffsetClock()
+    options = {"capacity": 2, "checkpoint_dir": tmp_path, "checkpoint_every": 1000, "heartbeat_s": 0.2}
+    with stepped_daemon(worker, max_batch=2, clock=clock, orphan_timeout_s=30, **options) as daemon:
+        session = SessionFactory(status="executing", worker=worker, state_location="worker")
+        send(daemon, "start", session=session, epoch=1, seed=3, prompts=[[0, "a fox"]], deliver_from=0)
+        sid = str(session.pk)
+        steps_until(daemon, lambda: sid in daemon.sessions and daemon.engine.next_chunk(sid) >= 2)
+        checkpoint = tmp_path / f"{session.pk}.safetensors"
+        assert not checkpoint.exists()  # checkpoint_every: none written by the stream itself
+
+        # when the control plane acknowledges its heartbeat (the scheduler tick's liveness pass)
+        # 20 s on, and the worker reads the acknowledgement on its next beat, then 20 s more pass
+        clock.offset += 20
+        workers_check()
+        daemon.heartbeat.beat()
+        clock.offset += 20
+        # then it is still serving (40 s since its last command, 20 s since the acknowledgement)
+        assert daemon.step() is not None and not daemon.orphaned and not daemon.stopping.is_set()
+
+        # when nothing more comes for longer than the timeout
+        clock.offset += 31
+        # then the next step does nothing and stops the loop, orphaned
+        assert daemon.step() is False
+        assert daemon.orphaned and daemon.stopping.is_set()
+        generated = daemon.engine.next_chunk(sid)
+    # and the way out (``run``'s shutdown) checkpointed the session where it stood
+    assert checkpoint.exists()
+    assert generated >= 2

@@ -17,9 +17,10 @@ from typing import Any
 
 import redis
 
-from contracts.wire.channel import heartbeat_beat
+from contracts.wire.channel import heartbeat_acknowledged, heartbeat_beat
 from gpu.telemetry import sample
 from workers.daemon.jobs import JobRunner
+from workers.daemon.orphan import OrphanWatch
 from workers.daemon.outage import REDIS_DOWN
 from workers.daemon.streams import Streams
 from workers.ports import Reporter
@@ -45,6 +46,7 @@ class Heartbeat(threading.Thread):
         interval_s: float = 1.0,
         ttl_s: float | None = None,
         telemetry: Callable[[], dict[str, Any]] = sample,
+        orphan: OrphanWatch | None = None,
     ) -> None:
         super().__init__(name="heartbeat", daemon=True)
         self.worker_name = name
@@ -57,6 +59,7 @@ class Heartbeat(threading.Thread):
         self.interval_s = interval_s
         self.ttl_s = ttl_s
         self.telemetry = telemetry
+        self.orphan = orphan
 
     def run(self) -> None:
         while not self.stopping.wait(self.interval_s):
@@ -76,3 +79,7 @@ class Heartbeat(threading.Thread):
         if self.ttl_s is not None:
             with contextlib.suppress(*REDIS_DOWN):  # the PostgreSQL heartbeat still tells it
                 heartbeat_beat(self.redis, self.worker_name, self.ttl_s)
+        # Whether the control plane still counts this worker alive (it bumps the counter each tick).
+        if self.orphan is not None:
+            with contextlib.suppress(*REDIS_DOWN):  # no answer is no acknowledgement
+                self.orphan.acknowledgement(heartbeat_acknowledged(self.redis, self.worker_name))

@@ -15,6 +15,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -50,7 +51,8 @@ class ChunkPublisher(threading.Thread):
         self.worker_name = worker_name
         self.redis = redis_client
         self.fence = PublishFence(redis_client)
-        self.items: queue.Queue[tuple[ChunkResult, int] | None] = queue.Queue()
+        # Chunks to publish, in order; a callable runs once every chunk before it is done (``after``).
+        self.items: queue.Queue[tuple[ChunkResult, int] | Callable[[], None] | None] = queue.Queue()
         self.superseded: queue.Queue[tuple[str, int]] = queue.Queue()
         self.leases_lost: dict[str, int] = {}  # session id → the newer epoch that fenced us out
         self.published = 0
@@ -84,6 +86,11 @@ class ChunkPublisher(threading.Thread):
             self._queued[result.session_id] += 1
         self.items.put((result, epoch))
 
+    def after(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on this thread once every chunk submitted before it was published (its
+        record appended) or dropped: a checkpoint is written only for chunks that are recorded."""
+        self.items.put(callback)
+
     def queued(self, session_id: str) -> int:
         """Chunks of ``session_id`` submitted and not yet sent (or dropped)."""
         with self._queued_lock:
@@ -105,6 +112,12 @@ class ChunkPublisher(threading.Thread):
             item = self.items.get()
             if item is None:
                 break
+            if callable(item):
+                try:
+                    item()
+                except Exception:
+                    logger.exception("after-publish callback failed worker=%s", self.worker_name)
+                continue
             result, epoch = item
             try:
                 self._publish_retrying(loop, layer, result, epoch)

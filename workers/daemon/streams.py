@@ -290,6 +290,16 @@ class Streams:
     # --- checkpoints -----------------------------------------------------------------------------
 
     def checkpoint(self, sid: str) -> None:
+        """Checkpoint ``sid``'s state as of its last generated chunk, written once the publisher has
+        recorded every chunk up to it.
+
+        Never ahead of the records (issue 31): the state is taken here, at generation, but chunks
+        are recorded on the publisher thread, which may lag (frames encoding, viewers
+        resubscribing after an outage, Redis down). A checkpoint written at once and a worker killed
+        before its publisher caught up would restart the session past chunks that were generated
+        and never recorded — an index jump the audit sees as a hole while ``chunks_generated``
+        counts it. Written after them instead, a checkpoint's chunks are all on the record stream.
+        """
         if self.checkpoint_dir is None:
             return
         owned = self.sessions.get(sid)
@@ -310,9 +320,22 @@ class Streams:
         except Exception:
             logger.exception("checkpoint failed session=%s", sid)
             return
+        owned.last_checkpoint = index
+        epoch = owned.epoch
+        self.publisher.after(lambda: self.checkpoint_write(sid, epoch, index, data))
+
+    def checkpoint_write(self, sid: str, epoch: int, index: int, data: bytes) -> None:
+        """On the publisher thread, after the chunks up to ``index``: the lease checked again (it
+        may have passed to a newer owner meanwhile), then an atomic replace."""
+        try:
+            if not self.publisher.fence.holds(sid, epoch):
+                return
+        except REDIS_DOWN:
+            return  # unknown: the previous checkpoint stays, older and still recorded
+        assert self.checkpoint_dir is not None
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         target = checkpoint_path(self.checkpoint_dir, sid)
         tmp = target.with_suffix(f".{self.name}.tmp")
         tmp.write_bytes(data)
         os.replace(tmp, target)  # atomic: a reader sees the old or the new checkpoint, never half
-        owned.last_checkpoint = index
+        logger.debug("checkpoint.written session=%s index=%d", sid, index)

@@ -27,6 +27,7 @@ from workers.daemon.commands import CommandDispatcher
 from workers.daemon.jobs import JobRunner
 from workers.daemon.liveness import Heartbeat
 from workers.daemon.migration import MigrationEndpoint
+from workers.daemon.orphan import OrphanWatch
 from workers.daemon.outage import REDIS_DOWN, retry_delay
 from workers.daemon.publisher import ChunkPublisher
 from workers.daemon.stages import StageRole
@@ -57,6 +58,7 @@ class WorkerDaemon:
         liveness_ttl_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         stage_host: StageHost | None = None,
+        orphan_timeout_s: float = 0.0,
     ) -> None:
         self.name = name
         self.engine = engine
@@ -65,6 +67,9 @@ class WorkerDaemon:
         self.listener = migration_listener
         self.clock = clock
         self.stopping = threading.Event()
+        # No command and no acknowledged heartbeat for orphan_timeout_s: the control plane is gone.
+        self.orphan = OrphanWatch(timeout_s=orphan_timeout_s, clock=clock)
+        self.orphaned = False  # the loop stopped because the control plane was lost
         # The worker's stage role (issue 15; docs/runtime.md "Stage-level serving"): EDC unless
         # built over a stage model; `set_role` changes it at a chunk boundary.
         self.stage = stage_host or StageHost(
@@ -123,6 +128,7 @@ class WorkerDaemon:
             stopping=self.stopping,
             interval_s=heartbeat_s,
             ttl_s=liveness_ttl_s,
+            orphan=self.orphan,
         )
         self._job_stepped = False  # whether the last turn ran a job step
 
@@ -161,6 +167,22 @@ class WorkerDaemon:
         finally:
             self.shutdown()
 
+    def _orphan_check(self) -> bool:
+        """Stop (``run`` then checkpoints every session) when the control plane is lost."""
+        if not self.orphan.lost():
+            return False
+        logger.error(
+            "worker.orphaned worker=%s: no command and no heartbeat acknowledged for %.0fs "
+            "(WORKER_ORPHAN_TIMEOUT_S=%g); checkpointing %d session(s) and exiting",
+            self.name,
+            self.orphan.silent_s(),
+            self.orphan.timeout_s,
+            len(self.streams.sessions),
+        )
+        self.orphaned = True
+        self.stopping.set()
+        return True
+
     def request_stop(self, *_args: Any) -> None:
         """SIGTERM: the loop finishes the chunk in progress, then shuts down."""
         self.stopping.set()
@@ -187,7 +209,10 @@ class WorkerDaemon:
     def step(self) -> bool:
         """One bounded unit: apply commands, then run at most one coalesced batch of chunks or, when
         no chunk is due, at most one batched job step that ends before the next chunk must start.
-        Returns whether anything was done."""
+        Returns whether anything was done. A worker that lost its control plane does nothing more:
+        it stops (``run`` checkpoints every session on the way out)."""
+        if self._orphan_check():
+            return False
         now = self.clock()
         due_at = self.streams.earliest_due()
         wait_s = 0.0 if due_at is None else max(0.0, due_at - now)
@@ -195,7 +220,9 @@ class WorkerDaemon:
         if self._job_stepped:
             block_ms = 0  # jobs are making progress: poll for commands without blocking
         did = self.migration.collect_arrivals()
-        did = self.commands.apply_pending(block_ms=None if did else (block_ms or None)) or did
+        if self.commands.apply_pending(block_ms=None if did else (block_ms or None)):
+            self.orphan.heard()
+            did = True
         did = self.migration.collect_outgoing() or did
         did = self.streams.collect_superseded() or did
         now = self.clock()

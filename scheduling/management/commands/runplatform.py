@@ -5,7 +5,10 @@ restarts each of them on its own: a crashed web server, Celery worker or beat co
 backoff and never takes the others down. GPU workers are not listed here: the scheduler asks the
 configured provisioner for them (the ``local`` provisioner spawns ``gpuworker`` processes on this
 host); this process becomes their subreaper, so one whose Celery child died stays in the
-platform's process tree, and on exit it releases them.
+platform's process tree, and on exit it releases them. Killed with SIGKILL it releases nothing,
+so everything it started asks the kernel to die with it (``contracts/process.py``): supervisord
+and its programs through the parent-death signal, the GPU workers as soon as they are re-parented
+away from it.
 
 ``supervisorctl -c <run-dir>/supervisord.conf status`` shows the programs while it runs.
 """
@@ -26,9 +29,10 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from contracts.catalog.presets import PRESETS
+from contracts.process import PARENT_PID_ENV, PLATFORM_PID_ENV, become_subreaper
 from gpu.provisioners.registry import get_provisioner
 from scheduling.services import beat_schedule_install
-from scheduling.supervision import become_subreaper, platform_programs, supervisord_config
+from scheduling.supervision import guarded_argv, platform_programs, supervisord_config
 
 logger = logging.getLogger("scheduling.runplatform")
 
@@ -70,9 +74,15 @@ class Command(BaseCommand):
             )
         )
         reaping = become_subreaper()
+        # Inherited by every process of the platform (supervisord, its programs, the GPU workers
+        # a Celery child spawns): which process is the subreaper that may adopt them.
+        os.environ[PLATFORM_PID_ENV] = str(os.getpid())
+        # supervisord dies with this process (SIGTERM: it stops its programs), even on SIGKILL.
         supervisord = subprocess.Popen(
-            [sys.executable, "-m", "supervisor.supervisord", "--nodaemon", "--configuration", str(config)],
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            guarded_argv(
+                [sys.executable, "-m", "supervisor.supervisord", "--nodaemon", "--configuration", str(config)]
+            ),
+            env={**os.environ, "PYTHONUNBUFFERED": "1", PARENT_PID_ENV: str(os.getpid())},
         )
 
         def stop(signum: int, frame: FrameType | None) -> None:

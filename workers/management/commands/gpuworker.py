@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 
 import redis
@@ -15,6 +16,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from contracts.catalog.presets import DEFAULT_PRESET, PRESETS
+from contracts.process import platform_pid, stop_when_orphaned
 from gpu.models import GpuWorker
 from gpu.services import TransitionError, worker_fail, worker_register, worker_release
 from scheduling.live.enqueue import scheduler_trigger
@@ -43,6 +45,9 @@ from workers.weights_loading import (
 )
 
 logger = logging.getLogger("workers.gpuworker")
+
+# Exit status of a worker that stopped because its control plane was lost (WORKER_ORPHAN_TIMEOUT_S).
+ORPHANED_EXIT = 3
 
 
 def resolve_device(device: str) -> str:
@@ -100,6 +105,12 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
+        # Under runplatform (which names itself in the environment) the worker goes with the
+        # platform, even one killed with SIGKILL: it stops (checkpointing its sessions) when it
+        # is re-parented anywhere but to the platform's subreaper. Elsewhere the orphan timeout
+        # (WORKER_ORPHAN_TIMEOUT_S) is what ends a worker that lost its control plane.
+        if platform_pid() is not None:
+            stop_when_orphaned()
         conf = settings.STREAMSERVE
         name = options["name"] or f"{socket.gethostname()}-{os.getpid()}"
         device = resolve_device(options["device"])
@@ -212,6 +223,7 @@ class Command(BaseCommand):
             heartbeat_s=heartbeat,
             liveness_ttl_s=conf["HEARTBEAT_TIMEOUT_S"],
             stage_host=stage_host,
+            orphan_timeout_s=conf["WORKER_ORPHAN_TIMEOUT_S"],
         )
         signal.signal(signal.SIGTERM, daemon.request_stop)
         signal.signal(signal.SIGINT, daemon.request_stop)
@@ -227,6 +239,16 @@ class Command(BaseCommand):
         # Placement runs now: sessions go to this worker the moment it is ready.
         scheduler_trigger("gpu_ready")
         daemon.run()
+        if daemon.orphaned:
+            # The control plane is gone (its sessions are checkpointed): hand them back if the
+            # database still answers, and exit non-zero whatever happens, so a supervisor sees it.
+            try:
+                self._deregister(worker.pk)
+            except Exception as exc:
+                logger.warning("worker.deregister_failed worker=%s: %s: %s", name, type(exc).__name__, exc)
+            weights.close()
+            logger.error("worker.stopped worker=%s: orphaned (no control plane)", name)
+            sys.exit(ORPHANED_EXIT)
         # Out of the pool first (release drops the holding), then stop serving: no plan made in
         # between names a closed source.
         self._deregister(worker.pk)
