@@ -169,6 +169,26 @@ class ReconcileResult:
         """Whether the pool changed: the scheduler records a result and re-plans only then."""
         return bool(self.failed or self.replacements or self.stopped_leftovers)
 
+    def summary(self) -> str:
+        """One line for an operator: what reconcile found and what it did (``runplatform`` prints
+        it at start, where a previous platform's leftovers show up)."""
+        parts = [f"reconcile {self.provider}: {self.checked} worker row(s) checked"]
+        if self.failed:
+            parts.append("failed " + ", ".join(f"{f.worker.name} ({f.was}: {f.reason})" for f in self.failed))
+        if self.replacements:
+            parts.append(f"{sum(len(r.started) for r in self.replacements)} replacement(s) requested")
+        if self.stopped_leftovers:
+            parts.append("stopped leftover process(es) of ended rows " + ", ".join(self.stopped_leftovers))
+        if self.stopped_orphans:
+            parts.append("stopped stray process(es) no row tracks " + ", ".join(self.stopped_orphans))
+        if self.exhausted:
+            parts.append("retries exhausted " + ", ".join(self.exhausted))
+        if self.errors:
+            parts.append("errors " + "; ".join(self.errors))
+        if len(parts) == 1:
+            parts.append("nothing to do")
+        return "; ".join(parts)
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "action": "reconcile",

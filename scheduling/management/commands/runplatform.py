@@ -59,6 +59,10 @@ class Command(BaseCommand):
                 f"HOSTCACHE_MODELS: unknown preset(s) {', '.join(unknown)}; known: {', '.join(sorted(PRESETS))}"
             )
         beat_schedule_install()
+        if settings.STREAMSERVE["PROVISIONER"] == "local":
+            # A previous platform on this database may have left workers (rows or processes):
+            # say what was found and done before anything else runs.
+            self.stdout.write(get_provisioner().reconcile().summary())
         if not no_demo_user:
             call_command("create_demo_user", stdout=self.stdout)
         runtime = Path(run_dir) if run_dir else Path(settings.BASE_DIR) / "var" / "run" / f"platform-{port}"
