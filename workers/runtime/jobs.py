@@ -29,6 +29,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from contracts.coserve import job_step_fits
+
 Shape = tuple[str, int, int, int]  # (kind, width, height, frames), as the model's `job_shape`
 
 
@@ -90,9 +92,7 @@ class StepTimes:
 
 
 def _fits(estimate: float | None, free_s: float, probe_s: float) -> bool:
-    if estimate is None:
-        return free_s >= probe_s
-    return estimate <= free_s
+    return job_step_fits(estimate, free_s, probe_s=probe_s)  # the rule the simulator measures too
 
 
 def _meets(earliest: JobTicket, estimate: float | None, now: float) -> bool:
