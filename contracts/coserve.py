@@ -2,8 +2,8 @@
 daemon runs and the simulator measures.
 
 Streams come first, but they do not need the device all the time: each stream's next chunk has a
-time by which it must be finished (`StreamDemand.finish_by`: for the worker, when it would have
-finished had it started the moment it became due, so no chunk ends later than without jobs) and an
+time by which it must be finished (`StreamDemand.finish_by`: for the worker, a reserved part of
+its look-ahead before the chunk is due to play, ``workers.daemon.streams.Streams.demands``) and an
 expected generation time. Served earliest deadline first after the job step, the k-th chunk ends at
 ``now + step + Σ_{j ≤ k} generation_j``; the step may therefore take as long as the smallest
 
