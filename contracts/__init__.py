@@ -8,6 +8,8 @@ another app's internals.
 - ``contracts.catalog``: the model presets (architecture shapes; pure Python, so the web process never
   imports torch), the catalogue users choose from, and local Wan2.1-family checkpoints registered
   as presets (``MODEL_PATHS``).
+- ``contracts.coserve``: when a one-shot job step may run beside streams on one device (the slack
+  the streams' next chunks leave): the rule the worker daemon runs and the simulator measures.
 - ``contracts.http``: the shape every REST endpoint shares (error body, pagination, the audit
   endpoints' query parameters and CSV), and time ranges from query parameters (Django/DRF).
 - ``contracts.health``: what a readiness check reports, and the checks of PostgreSQL and Redis.

@@ -59,13 +59,31 @@ function render(job) {
   $("gallery-empty").hidden = jobs.size > 0;
 }
 
+// How far a description of a job has got: queued, then running or paused at a step, then ended.
+const STAGES = { queued: 1, running: 2, paused: 2, done: 3, failed: 3, cancelled: 3 };
+
+function progressOf(job) {
+  return [STAGES[job.state] ?? 0, job.step ?? 0];
+}
+
+function isBehind(incoming, known) {
+  const [a, b] = [progressOf(incoming), progressOf(known)];
+  return a[0] < b[0] || (a[0] === b[0] && a[1] < b[1]);
+}
+
 function update(message) {
-  // A socket message carries the state only; keep what the list said about the job.
+  // Descriptions reach the page out of order: the POST's answer, API reads and socket messages
+  // broadcast by several processes. One behind what the page already shows (an image's "running,
+  // step 0" answered after its "done") only fills in what the page lacks; it never undoes progress.
   const id = message.job || message.id;
-  const job = { ...(jobs.get(id) || {}), ...message, id };
+  const incoming = { ...message, id };
+  if (incoming.step === undefined && incoming.steps_done !== undefined) incoming.step = incoming.steps_done;
+  const known = jobs.get(id);
+  const job = known && isBehind(incoming, known) ? { ...incoming, ...known } : { ...(known || {}), ...incoming };
   jobs.set(id, job);
   if (job.prompt === undefined) {
-    api(`/api/jobs/${id}/`).then((full) => update({ ...full, ...message })).catch(() => {});
+    // A socket message carries the state only: the rest comes from the API.
+    api(`/api/jobs/${id}/`).then((full) => update(full)).catch(() => {});
     return;
   }
   render(job);

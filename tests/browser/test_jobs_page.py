@@ -58,6 +58,13 @@ def test_submit_a_video_job_see_it_queued_follow_it_and_cancel_it(
     worker_stand_in.job(job)
     expect(card.locator(".badge")).to_have_text(f"Running — step 2 of {job.steps}")
     expect(card.locator("progress")).to_have_attribute("value", "2")
+    # A description older than what the page shows (broadcasts from several processes arrive out of
+    # order: issue 32's image showed "step 0 of 4" once done) does not undo the progress; a newer one does
+    worker_stand_in.job(job, step=0)
+    page.wait_for_timeout(300)
+    expect(card.locator(".badge")).to_have_text(f"Running — step 2 of {job.steps}")
+    worker_stand_in.job(job, step=3)
+    expect(card.locator(".badge")).to_have_text(f"Running — step 3 of {job.steps}")
 
     card.get_by_role("button", name="Cancel").click()
     expect(card.locator(".badge")).to_have_text("Cancelled")

@@ -1,8 +1,8 @@
 """One-shot jobs through the worker daemon (docs/jobs.md): two real worker processes, each a
 `WorkerDaemon` over a tiny engine with its own migration listener, commanded through their real
 Redis command streams; a paused video job moves from one to the other over Gloo and finishes there
-with the MP4 of an uninterrupted run. And one daemon stepped on a fake clock: due chunks first, job
-steps only in the window before the next chunk.
+with the MP4 of an uninterrupted run. And one daemon stepped on a fake clock: job steps only in the
+slack the stream's next chunk leaves, chunks when it is spent.
 
 The workers report through the ``Reporter`` seam into a queue the test reads: the control plane's
 side (``sessions.jobs``, behind ``DjangoReporter``) is built on another branch (h14live).
@@ -257,7 +257,7 @@ class FakeClock:
         return self.now
 
 
-def test_on_a_fake_clock_the_daemon_runs_due_chunks_first_and_job_steps_only_in_the_window_left():
+def test_on_a_fake_clock_the_daemon_runs_job_steps_in_the_slack_the_stream_leaves_and_chunks_when_it_is_spent():
     # Given a daemon (not started: no publisher or heartbeat threads) on a fake clock, with one stream
     # (a 0.5 s chunk period, one chunk of look-ahead) and one image job
     torch.set_num_threads(1)
@@ -281,8 +281,8 @@ def test_on_a_fake_clock_the_daemon_runs_due_chunks_first_and_job_steps_only_in_
         def progress() -> tuple[int, int]:
             return daemon.engine.next_chunk("s"), daemon.engine.job_progress("j")[0]
 
-        # When the daemon steps: chunk 0 (in the turn that applies both commands) and, a chunk
-        # ahead, chunk 1 go first, though the job waits
+        # When the daemon steps: chunk 0 goes first (in the turn that applies both commands: a new
+        # stream has no slack), though the job waits
         answered: list[tuple] = []
         for _ in range(10):  # the first turn reads the (empty) backlog of unacknowledged commands
             if len(answered) == 2:
@@ -294,20 +294,25 @@ def test_on_a_fake_clock_the_daemon_runs_due_chunks_first_and_job_steps_only_in_
         assert sorted(answered) == [("j", "acked", "", {"admitted": True}), ("s", "acked", "", {
             "restored_from_chunk": None, "next_chunk": 0})]  # fmt: skip
         assert progress() == (1, 0)
+
+        def chunks_take(seconds: float) -> None:  # what the fake clock charges a chunk
+            daemon.streams.chunk_generation_s = daemon.streams.batch_generation_s[1] = seconds
+
+        chunks_take(0.05)
+        # Then chunk 1, due by the look-ahead but to be done only half a chunk before it plays
+        # (100.25 s), leaves slack for a job step, which runs first
+        (demand,) = daemon.streams.demands()
+        assert demand.finish_by == pytest.approx(100.25)
         daemon.step()
-        assert progress() == (2, 0)
-        # Then, with 0.375 s before chunk 2 must start, job steps fill the gap
+        assert progress() == (1, 1)
+        # With less slack than a measured step, chunk 1 runs; then the job again
+        step_s = daemon.jobs.times.estimate(daemon.jobs.jobs["j"].ticket.shape, 1)
+        clock.now = demand.finish_by - demand.generation_s - 0.5 * step_s
         daemon.step()
         assert progress() == (2, 1)
-        # A window shorter than a measured step runs nothing; at the chunk's start the chunk runs
-        chunk_start = daemon.streams.next_chunk_start()
-        clock.now = chunk_start - 1e-5
-        assert not daemon.step() and progress() == (2, 1)
-        clock.now = chunk_start
+        chunks_take(0.05)
         daemon.step()
-        assert progress() == (3, 1)
-        daemon.step()
-        assert progress() == (3, 2)
+        assert progress() == (2, 2)
     finally:
         daemon.jobs.close()
         daemon.engine.close()

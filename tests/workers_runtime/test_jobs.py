@@ -13,9 +13,10 @@ import pytest
 import torch
 from PIL import Image
 
+from contracts.coserve import StreamDemand, stream_slack_s
 from workers.runtime.encoding import encode_mp4, encode_png
 from workers.runtime.engine import ChunkEngine, SessionStateError
-from workers.runtime.jobs import JobTicket, StepTimes, plan_job_batch, window_s
+from workers.runtime.jobs import JobTicket, StepTimes, plan_job_batch
 from workers.runtime.models import StateManifestError, build_model
 from workers.runtime.models.base import JobSpecError
 
@@ -186,7 +187,7 @@ def test_job_steps_fill_the_gaps_between_chunks_and_never_delay_a_due_chunk(engi
         chosen = plan_job_batch(
             tickets.values(),
             now=now,
-            free_s=window_s(chunk_due, now),
+            free_s=stream_slack_s([StreamDemand(chunk_due + CHUNK_COST_S, CHUNK_COST_S)], now=now),
             times=times,
             max_batch=4,
             probe_s=CHUNK_COST_S,

@@ -317,7 +317,14 @@ class JobRunner:
                 self._fail(self.jobs[job_id], f"{type(exc).__name__}: {exc}")
             return True
         if report.abandoned:
-            # Not a measurement of the step (it stopped part-way): the planner's times stay as were.
+            # Not a measurement of the step (it stopped part-way) but a lower bound of it: a step
+            # that overran its estimate (abandoned when the streams' slack was spent) moves the
+            # estimate towards that bound instead of being abandoned again and again. An abandoned
+            # probe records nothing: one slow first step must not set an estimate no slack fits.
+            shape, lost_s = self.jobs[chosen[0]].ticket.shape, report.step_ms / 1000.0
+            estimate = self.times.estimate(shape, len(chosen))
+            if estimate is not None and lost_s > estimate:
+                self.times.record(shape, len(chosen), lost_s)
             self.abandoned = AbandonedStep(jobs=list(chosen), lost_ms=report.step_ms)
             self.abandoned_steps += 1
             self.abandoned_s += report.step_ms / 1000.0

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contracts.coserve import StreamDemand
 from contracts.wire.checkpoints import checkpoint_path
 from workers.daemon.answers import CommandRefused
 from workers.daemon.outage import REDIS_DOWN
@@ -60,6 +61,7 @@ class Streams:
         clock: Callable[[], float],
         leaving: Container[str],
         lookahead_chunks: float = 1.0,
+        job_reserve_chunks: float = 0.5,
         checkpoint_dir: str | os.PathLike | None = None,
         checkpoint_every: int = 8,
     ) -> None:
@@ -70,6 +72,10 @@ class Streams:
         self.clock = clock
         self.leaving = leaving
         self.lookahead_chunks = lookahead_chunks
+        # The part of the look-ahead job steps never take: a chunk is at its viewers at least this
+        # long before it plays (`demands`); the whole look-ahead would keep every chunk as early as
+        # without jobs, but then a step must fit the gap between two batches of chunks.
+        self.job_reserve_chunks = min(job_reserve_chunks, lookahead_chunks)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.checkpoint_every = checkpoint_every
         self.sessions: dict[str, OwnedSession] = {}
@@ -80,6 +86,9 @@ class Streams:
         # How long the last chunk took to generate: the prior for a job step never measured yet
         # (``workers.runtime.jobs``); one chunk period until a chunk has run.
         self.chunk_generation_s = self.chunk_s
+        # Seconds a coalesced batch took, by its size (the last one measured): what the streams'
+        # next chunks are expected to need (`demands`).
+        self.batch_generation_s: dict[int, float] = {}
 
     # --- pacing ----------------------------------------------------------------------------------
 
@@ -91,12 +100,31 @@ class Streams:
         times = [o.next_due for o in self.sessions.values() if self.runnable(o)]
         return (min(times) - self.lookahead_chunks * self.chunk_s) if times else None
 
-    def next_chunk_start(self) -> float | None:
-        """When `due` will next return a session (None: no runnable session)."""
-        times = [o.next_due for o in self.sessions.values() if self.runnable(o)]
-        if not times:
-            return None
-        return min(times) - (self.lookahead_chunks + 0.25) * self.chunk_s
+    def demands(self) -> list[StreamDemand]:
+        """What the streams' next chunks need of the device (``contracts.coserve``): one demand per
+        batch ``due`` will coalesce (sessions within a quarter chunk of the batch's first, at most
+        K), to be finished ``job_reserve_chunks`` before its first session's chunk is due to play
+        (``next_due``), expected to take what a batch of its size took last."""
+        pending = sorted(o.next_due for o in self.sessions.values() if self.runnable(o))
+        demands = []
+        while pending:
+            first = pending[0]
+            size = sum(1 for t in pending[: self.capacity] if t <= first + 0.25 * self.chunk_s)
+            generation_s = self.batch_s(size)
+            finish_by = first - self.job_reserve_chunks * self.chunk_s
+            demands.append(StreamDemand(finish_by=finish_by, generation_s=generation_s))
+            del pending[:size]
+        return demands
+
+    def batch_s(self, size: int) -> float:
+        """Expected seconds of a batch of ``size`` chunks: measured, else scaled from the nearest
+        measured size (never below it), else the last chunk's time (a chunk period before any)."""
+        if size in self.batch_generation_s:
+            return self.batch_generation_s[size]
+        if not self.batch_generation_s:
+            return self.chunk_generation_s
+        nearest = min(self.batch_generation_s, key=lambda b: abs(b - size))
+        return self.batch_generation_s[nearest] * max(1.0, size / nearest)
 
     def due(self, now: float) -> list[str]:
         """The sessions to step now, earliest first, at most K."""
@@ -114,6 +142,7 @@ class Streams:
         results = self.engine.step(max_batch=self.capacity, due=due, codecs=codecs)
         if results:
             self.chunk_generation_s = results[0].generation_ms / 1000.0
+            self.batch_generation_s[len(results)] = self.chunk_generation_s
         return results
 
     def deliver(self, results: list[ChunkResult]) -> None:

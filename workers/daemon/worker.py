@@ -5,7 +5,9 @@ queues; it composes one part per role (``workers.daemon``'s docstring lists them
 slower runs on threads beside it: the chunk publisher, the reporter (``workers.ports.Reporter``),
 the heartbeat, migrations' transfers, and the encoding of finished one-shot jobs, which take the
 time the streams leave: a step of denoising runs only when no chunk is due and it is expected to
-end before the next one must start.
+fit the slack the streams' next chunks leave (``contracts.coserve``, the rule the simulator
+measures); it is abandoned at a block boundary once that slack is spent, or when a stream claims
+the device.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import redis
 
+from contracts.coserve import stream_slack_s
 from contracts.wire.channel import CommandReader, StreamClaimWatch
 from workers.daemon.answers import Answers
 from workers.daemon.commands import CommandDispatcher
@@ -34,7 +37,6 @@ from workers.daemon.stages import StageRole
 from workers.daemon.streams import OwnedSession, Streams
 from workers.ports import Reporter
 from workers.runtime.engine import ChunkEngine
-from workers.runtime.jobs import window_s
 from workers.runtime.stages.host import StageHost
 
 logger = logging.getLogger("workers.daemon")
@@ -55,6 +57,7 @@ class WorkerDaemon:
         migration_timeout_s: float = 20.0,
         heartbeat_s: float = 1.0,
         lookahead_chunks: float = 1.0,
+        job_reserve_chunks: float = 0.5,
         liveness_ttl_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         stage_host: StageHost | None = None,
@@ -89,6 +92,7 @@ class WorkerDaemon:
             clock=clock,
             leaving=outgoing,
             lookahead_chunks=lookahead_chunks,
+            job_reserve_chunks=job_reserve_chunks,
             checkpoint_dir=checkpoint_dir,
             checkpoint_every=checkpoint_every,
         )
@@ -130,7 +134,9 @@ class WorkerDaemon:
             ttl_s=liveness_ttl_s,
             orphan=self.orphan,
         )
-        self._job_stepped = False  # whether the last turn ran a job step
+        # Whether the next turn looks for a job step before blocking on commands: after a job step
+        # (jobs are making progress) and after a chunk batch (the slack has changed).
+        self._job_may_step = False
 
     @property
     def sessions(self) -> dict[str, OwnedSession]:
@@ -207,8 +213,8 @@ class WorkerDaemon:
     # --- the hot loop --------------------------------------------------------------------------
 
     def step(self) -> bool:
-        """One bounded unit: apply commands, then run at most one coalesced batch of chunks or, when
-        no chunk is due, at most one batched job step that ends before the next chunk must start.
+        """One bounded unit: apply commands, then run at most one batched job step that fits the
+        slack the streams leave or, when none does, at most one coalesced batch of due chunks.
         Returns whether anything was done. A worker that lost its control plane does nothing more:
         it stops (``run`` checkpoints every session on the way out)."""
         if self._orphan_check():
@@ -217,8 +223,11 @@ class WorkerDaemon:
         due_at = self.streams.earliest_due()
         wait_s = 0.0 if due_at is None else max(0.0, due_at - now)
         block_ms = int(min(wait_s, 0.2) * 1000) if due_at is not None else 200
-        if self._job_stepped:
-            block_ms = 0  # jobs are making progress: poll for commands without blocking
+        if self._job_may_step:
+            # Poll for commands without blocking: blocking until the next chunk is due would spend
+            # the slack the last chunk left (issue 32: the loop woke only for chunks, so a job step
+            # was tried only when a command happened to arrive).
+            block_ms = 0
         did = self.migration.collect_arrivals()
         if self.commands.apply_pending(block_ms=None if did else (block_ms or None)):
             self.orphan.heard()
@@ -226,13 +235,25 @@ class WorkerDaemon:
         did = self.migration.collect_outgoing() or did
         did = self.streams.collect_superseded() or did
         now = self.clock()
+        # Streams first, but by their deadlines, not their look-ahead: a job step runs when it fits
+        # the slack the streams' next chunks leave, even before a chunk the look-ahead made due
+        # (issue 32: a step ran only in the time before the earliest chunk's look-ahead horizon,
+        # which coalescing and staggered phases kept near zero, so jobs starved beside a mostly
+        # idle device). Chunks the step delays are still done by their `finish_by`.
+        if self.jobs.jobs:
+            slack_s = stream_slack_s(self.streams.demands(), now=now)
+            if self._job_step(now, slack_s):
+                self._job_may_step = True
+                return True
+            now = self.clock()
+        else:
+            self.jobs.abandoned = None  # what a claim cost was answered by now
         due = self.streams.due(now)
         if not due:
-            # Chunks first: a job step runs only in the time left before the next chunk is due.
-            free_s = window_s(self.streams.next_chunk_start(), now)
-            # When no job step fits, the next turn blocks until a chunk or a command is due.
-            self._job_stepped = self._job_step(now, free_s)
-            return self._job_stepped or did
+            # Nothing fits and no chunk is due: the next turn blocks until a chunk or a command is
+            # due (the slack only shrinks while no chunk runs).
+            self._job_may_step = False
+            return did
         results = self.streams.generate(due)
         self.stage_role.note_waiting(due, results)
         if not results:
@@ -240,17 +261,37 @@ class WorkerDaemon:
             # worker, `step_ready`): give the answer a moment instead of spinning on Redis.
             self.stopping.wait(0.002)
         self.streams.deliver(results)
+        self._job_may_step = bool(self.jobs.jobs)
         return True
 
-    def _job_step(self, now: float, free_s: float) -> bool:
-        """One job step, abandoned at a block boundary if a stream claims the device meanwhile."""
-        if not self.jobs.jobs:
-            self.jobs.abandoned = None  # what a claim cost was answered by now
-            return False
+    def _job_step(self, now: float, slack_s: float) -> bool:
+        """One job step, abandoned at a block boundary if a stream claims the device meanwhile or
+        once the streams' slack is spent (the step overran its estimate)."""
         self.claims.arm(self.commands.reader.last_id)
         try:
-            return self.jobs.run_step(
-                now=now, free_s=free_s, probe_s=self.streams.chunk_generation_s, abandon=self.claims.claimed
+            stepped = self.jobs.run_step(
+                now=now,
+                free_s=slack_s,
+                probe_s=self.streams.chunk_generation_s,
+                abandon=ClaimOrDeadline(self.claims.claimed, deadline=now + slack_s, clock=self.clock),
             )
+            if self.jobs.abandoned is not None and not self.claims.claimed.is_set():
+                self.jobs.abandoned = None  # the slack ran out: no stream's claim to answer with it
+            return stepped
         finally:
             self.claims.disarm()
+
+
+class ClaimOrDeadline(threading.Event):
+    """What a job step checks at each block boundary (``check_abandon`` reads `is_set`): a stream's
+    claim (the `StreamClaimWatch`'s event), or the moment the streams' slack is spent, so a step
+    that overruns its estimate does not make a chunk end after its ``finish_by``."""
+
+    def __init__(self, claimed: threading.Event, *, deadline: float, clock: Callable[[], float]) -> None:
+        super().__init__()
+        self.claimed = claimed
+        self.deadline = deadline
+        self.clock = clock
+
+    def is_set(self) -> bool:
+        return self.claimed.is_set() or self.clock() >= self.deadline

@@ -1,7 +1,8 @@
 """Which one-shot job steps fill the time a worker's streams leave (issue 14, GenServe on one worker).
 
 Streams come first: a chunk is never preempted, and a job step starts only when its estimated
-duration ends before the next chunk must start (`free_s`). Within that window:
+duration fits the slack the streams' next chunks leave (`free_s`, ``contracts.coserve``: the same
+rule the simulator measures). Within that slack:
 
 - the job to run is the most urgent one that fits: highest priority, then earliest deadline
   (EDF), then admission order;
@@ -25,9 +26,10 @@ a test's fake clock). No torch, no Django.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from contracts.coserve import job_step_fits
 
 Shape = tuple[str, int, int, int]  # (kind, width, height, frames), as the model's `job_shape`
 
@@ -90,9 +92,7 @@ class StepTimes:
 
 
 def _fits(estimate: float | None, free_s: float, probe_s: float) -> bool:
-    if estimate is None:
-        return free_s >= probe_s
-    return estimate <= free_s
+    return job_step_fits(estimate, free_s, probe_s=probe_s)  # the rule the simulator measures too
 
 
 def _meets(earliest: JobTicket, estimate: float | None, now: float) -> bool:
@@ -111,7 +111,7 @@ def plan_job_batch(
 ) -> list[str]:
     """The job ids of the next batched step (empty when no step fits in `free_s` seconds).
 
-    `free_s` is the time until the next stream chunk must start (`math.inf` with no streams).
+    `free_s` is the slack the streams leave (``contracts.coserve.stream_slack_s``; infinite with none).
     """
     ordered = sorted(tickets, key=JobTicket.urgency)
     lead = next(
@@ -135,9 +135,4 @@ def plan_job_batch(
     return [t.job_id for t in batch]
 
 
-def window_s(next_chunk_start: float | None, now: float) -> float:
-    """Seconds until the next chunk must start; infinite with no stream to serve."""
-    return math.inf if next_chunk_start is None else max(0.0, next_chunk_start - now)
-
-
-__all__ = ["JobTicket", "Shape", "StepTimes", "plan_job_batch", "shape_work", "window_s"]
+__all__ = ["JobTicket", "Shape", "StepTimes", "plan_job_batch", "shape_work"]

@@ -102,7 +102,9 @@ def test_a_new_session_is_due_at_once_and_then_one_chunk_period_after_the_last(m
     # Due now, with one chunk of look-ahead before the loop must be back for it
     assert streams.due(100.0) == ["s"]
     assert streams.earliest_due() == pytest.approx(100.0 - chunk_s)
-    assert streams.next_chunk_start() == pytest.approx(100.0 - 1.25 * chunk_s)
+    # What its next chunk needs of the device beside jobs: done half a chunk before it plays
+    (demand,) = streams.demands()
+    assert demand.finish_by == pytest.approx(100.0 - 0.5 * chunk_s)
     # When its first chunk is generated and delivered
     assert [r.chunk_index for r in step(streams)] == [0]
     # Then the next one is due one period later, and published with the session's epoch
