@@ -77,6 +77,24 @@ def viewer_count(client: redis.Redis, session_id: str, *, now: float | None = No
     return int(pipe.execute()[1])
 
 
+def viewers_census(
+    client: redis.Redis, session_ids: list[str], *, now: float | None = None
+) -> dict[str, tuple[int, float | None]]:
+    """{session: (viewers, last sighting)} for many sessions in one round trip (the periodic check)."""
+    now = time.time() if now is None else now
+    pipe = client.pipeline(transaction=False)
+    for session_id in session_ids:
+        pipe.zremrangebyscore(_viewers_key(session_id), "-inf", now)
+        pipe.zcard(_viewers_key(session_id))
+        pipe.get(_seen_key(session_id))
+    replies = pipe.execute()
+    census = {}
+    for i, session_id in enumerate(session_ids):
+        _, count, seen = replies[3 * i : 3 * i + 3]
+        census[session_id] = (int(count), None if seen is None else float(seen))
+    return census
+
+
 def viewer_last_seen(client: redis.Redis, session_id: str) -> float | None:
     """The epoch second a viewer of ``session_id`` was last seen; ``None`` if never (or forgotten)."""
     raw = client.get(_seen_key(session_id))
