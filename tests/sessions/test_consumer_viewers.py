@@ -1,0 +1,95 @@
+"""The session socket as a viewer (real Redis channel layer and registry, real PostgreSQL): it
+registers once accepted, refreshes while open, leaves on close; connecting to a session made idle
+for ``no_viewers`` resumes it, one the user paused stays paused."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import redis
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from contracts.wire.viewers import viewer_count, viewer_last_seen
+from sessions import consumers, services
+from sessions.models import GenerationSession, SessionEvent
+from tests.factories import SessionFactory, UserFactory
+from tests.sessions.sockets import connect_as
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.asyncio,
+    pytest.mark.usefixtures("close_thread_connections"),
+]
+
+
+@pytest.fixture
+def client():
+    return redis.Redis.from_url(settings.REDIS_URL)
+
+
+async def a_session(user, **fields):
+    return await sync_to_async(SessionFactory)(
+        owner=user, activity=GenerationSession.Activity.ACTIVE, **fields
+    )
+
+
+async def test_a_socket_is_a_viewer_while_open_and_refreshes(client, monkeypatch):
+    monkeypatch.setattr(consumers, "VIEWER_REFRESH_S", 0.2)
+    user = await sync_to_async(UserFactory)()
+    session = await a_session(user)
+    sid = str(session.pk)
+
+    communicator = await connect_as(user, f"/ws/sessions/{sid}/")
+    await communicator.receive_from()  # status
+    assert viewer_count(client, sid) == 1
+    first = viewer_last_seen(client, sid)
+    await asyncio.sleep(0.6)
+    assert viewer_last_seen(client, sid) > first  # refreshed while open
+
+    await communicator.disconnect()
+    assert viewer_count(client, sid) == 0
+    assert viewer_last_seen(client, sid) is not None
+
+
+async def test_two_sockets_are_two_viewers(client):
+    user = await sync_to_async(UserFactory)()
+    session = await a_session(user)
+    sid = str(session.pk)
+    first = await connect_as(user, f"/ws/sessions/{sid}/")
+    second = await connect_as(user, f"/ws/sessions/{sid}/")
+    assert viewer_count(client, sid) == 2
+    await first.disconnect()
+    assert viewer_count(client, sid) == 1
+    await second.disconnect()
+    assert viewer_count(client, sid) == 0
+
+
+async def test_connecting_to_a_session_idle_for_no_viewers_resumes_it():
+    user = await sync_to_async(UserFactory)()
+    session = await a_session(user)
+    await sync_to_async(services.session_pause)(session=session, reason="no_viewers")
+
+    communicator = await connect_as(user, f"/ws/sessions/{session.pk}/")
+    status = json.loads(await communicator.receive_from())
+    assert status["type"] == "status" and status["activity"] == "active"
+    await sync_to_async(session.refresh_from_db)()
+    assert session.activity == "active"
+    kinds = await sync_to_async(
+        lambda: list(session.events.order_by("at", "id").values_list("kind", flat=True))
+    )()
+    assert kinds[-2:] == [SessionEvent.Kind.IDLE, SessionEvent.Kind.ACTIVE]
+    await communicator.disconnect()
+
+
+async def test_connecting_to_a_session_the_user_paused_leaves_it_paused():
+    user = await sync_to_async(UserFactory)()
+    session = await a_session(user)
+    await sync_to_async(services.session_pause)(session=session)
+
+    communicator = await connect_as(user, f"/ws/sessions/{session.pk}/")
+    status = json.loads(await communicator.receive_from())
+    assert status["activity"] == "idle"
+    await communicator.disconnect()
