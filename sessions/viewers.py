@@ -37,6 +37,7 @@ from django.utils import timezone
 from contracts.wire.viewers import viewer_count, viewers_census, viewers_forget
 from sessions import lifecycle, services
 from sessions.models import GenerationSession, SessionEvent
+from sessions.selectors import sessions_with_idle_reason
 
 logger = logging.getLogger(__name__)
 
@@ -50,14 +51,6 @@ Activity = GenerationSession.Activity
 def viewers_client() -> redis.Redis:
     """One client (one connection pool) per process for the viewer registry."""
     return redis.Redis.from_url(settings.REDIS_URL)
-
-
-def _idle_reason_subquery() -> Subquery:
-    return Subquery(
-        SessionEvent.objects.filter(session=OuterRef("pk"), kind=SessionEvent.Kind.IDLE)
-        .order_by("-at", "-id")
-        .values("detail__reason")[:1]
-    )
 
 
 def _idle_since_subquery() -> Subquery:
@@ -154,12 +147,10 @@ def _forget(*, session_id: str, client: redis.Redis) -> None:
 def session_viewer_returned(*, session_id) -> bool:
     """A viewer connected: a session made idle for ``no_viewers`` resumes (as ``resume`` does).
     Returns whether it did; a session the user paused, or one that is active or ended, is left."""
-    session = (
-        GenerationSession.objects.select_for_update(no_key=True)
-        .filter(pk=session_id, status__in=lifecycle.LIVE, activity=Activity.IDLE)
-        .annotate(idle_reason=_idle_reason_subquery())
-        .first()
+    live_idle = GenerationSession.objects.filter(
+        pk=session_id, status__in=lifecycle.LIVE, activity=Activity.IDLE
     )
+    session = sessions_with_idle_reason(live_idle.select_for_update(no_key=True)).first()
     if session is None or session.idle_reason != NO_VIEWERS:
         return False
     services.session_resume(session=session)

@@ -12,8 +12,10 @@ from django.conf import settings as django_settings
 from django.utils import timezone
 
 from contracts.wire.viewers import viewer_last_seen, viewer_leave, viewer_register
+from scheduling.console import _sessions as console_sessions
 from sessions import services, viewers
 from sessions.models import GenerationSession, SessionEvent
+from sessions.selectors import session_status_message
 from tests.factories import SessionFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -62,6 +64,22 @@ def test_an_unwatched_session_goes_idle_after_the_grace_with_reason_no_viewers(c
     session.refresh_from_db()
     assert session.activity == "idle"
     assert last_event(session, SessionEvent.Kind.IDLE).detail == {"reason": "no_viewers"}
+
+
+def test_the_reasons_are_in_the_status_message_and_the_console():
+    t0 = timezone.now()
+    watched_by_nobody, paused_by_user = an_active_session(t0), an_active_session(t0)
+    watched_by_nobody = services.session_pause(session=watched_by_nobody, reason=viewers.NO_VIEWERS)
+    paused_by_user = services.session_pause(session=paused_by_user)
+
+    assert session_status_message(watched_by_nobody)["idle_reason"] == "no_viewers"
+    assert session_status_message(paused_by_user)["idle_reason"] is None
+    rows = {row["id"]: row for row in console_sessions()}
+    assert rows[str(watched_by_nobody.pk)]["idle_reason"] == "no_viewers"
+    assert rows[str(paused_by_user.pk)]["idle_reason"] is None
+
+    ended = services.session_terminate(session=watched_by_nobody, reason=viewers.IDLE_TIMEOUT)
+    assert session_status_message(ended)["reason"] == "idle_timeout"
 
 
 def test_an_idle_unwatched_session_ends_after_the_timeout_with_reason_idle_timeout(
