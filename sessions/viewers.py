@@ -34,6 +34,7 @@ from django.db import transaction
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
+from contracts.viewer_rule import unwatched_deadline
 from contracts.wire.viewers import viewer_count, viewers_census, viewers_forget
 from sessions import lifecycle, services
 from sessions.models import GenerationSession, SessionEvent
@@ -65,18 +66,19 @@ def _verdict(
     session: GenerationSession, *, idle_since: datetime | None, last_seen: float | None, now: datetime
 ) -> str | None:
     """``"idle"``, ``"end"`` or None for a live session that has no viewer now."""
-    grace = settings.STREAMSERVE["SESSION_VIEWER_GRACE_S"]
-    timeout = settings.STREAMSERVE["SESSION_IDLE_TIMEOUT_S"]
-    marks = [session.last_active_at or session.created_at]
-    if last_seen is not None:
-        marks.append(datetime.fromtimestamp(last_seen, tz=now.tzinfo))
-    if session.activity == Activity.ACTIVE:
-        unwatched_s = (now - max(marks)).total_seconds()
-        return "idle" if grace and unwatched_s >= grace else None
-    if idle_since is not None:
-        marks.append(idle_since)
-    unwatched_s = (now - max(marks)).total_seconds()
-    return "end" if timeout and unwatched_s >= timeout else None
+    since = session.last_active_at or session.created_at
+    if session.activity != Activity.ACTIVE and idle_since is not None:
+        since = max(since, idle_since)
+    due = unwatched_deadline(
+        active=session.activity == Activity.ACTIVE,
+        since=since.timestamp(),
+        last_seen=last_seen,
+        grace_s=settings.STREAMSERVE["SESSION_VIEWER_GRACE_S"],
+        timeout_s=settings.STREAMSERVE["SESSION_IDLE_TIMEOUT_S"],
+    )
+    if due is None or due[1] > now.timestamp():
+        return None
+    return due[0]
 
 
 def sessions_viewer_check(

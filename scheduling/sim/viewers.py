@@ -1,5 +1,6 @@
 """The platform's viewer rule (``sessions/viewers.py``, docs/architecture.md "Sessions nobody
-watches") applied to a trace, so simulated costs include it.
+watches") applied to a trace, so simulated costs include it: the same pure rule
+(``contracts.viewer_rule.unwatched_deadline``), driven by the trace's viewer marks.
 
 A trace marks a session's last viewer leaving (``viewer_leave``) and one coming back
 (``viewer_return``); a session is watched from its arrival until its first ``viewer_leave``. With
@@ -22,6 +23,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from contracts.viewer_rule import IDLE, unwatched_deadline
 from scheduling.sim.traces import VIEWER_EVENT_KINDS, TraceEvent
 
 
@@ -81,20 +83,21 @@ def _one_session(
     def fire_until(t: float, order: int) -> None:
         """The rule's own events due strictly before ``t`` (a return exactly at the deadline wins)."""
         while not s.watched and not s.departed:
-            start = max(s.gone_since, s.since)
-            if s.active and grace_s and start + grace_s < t:
-                at = start + grace_s
+            due = unwatched_deadline(
+                active=s.active, since=s.since, last_seen=s.gone_since, grace_s=grace_s, timeout_s=timeout_s
+            )
+            if due is None or due[1] >= t:
+                return
+            verdict, at = due
+            if verdict == IDLE:
                 out.append((at, order, TraceEvent(at, name, "idle")))
                 s.active, s.rule_idle, s.since = False, True, at
                 report.idled += 1
-            elif not s.active and timeout_s and start + timeout_s < t:
-                at = start + timeout_s
+            else:
                 out.append((at, order, TraceEvent(at, name, "depart")))
                 s.departed = True
                 report.ended += 1
                 report.ended_sessions.append(name)
-            else:
-                return
 
     for order, event in events:
         fire_until(event.t, order)
