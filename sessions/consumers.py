@@ -119,12 +119,13 @@ class SessionConsumer(AsyncWebsocketConsumer):
         await self.accept()
         self.sender = asyncio.create_task(self._drain())
         self.flusher = asyncio.create_task(self._flush_deliveries_periodically())
-        # Registered before it asks to resume: the viewer check counts viewers under the session's
-        # lock, so it either sees this one or made the session idle before the resume below.
-        await self._viewer_call(viewer_register)
-        self.watcher = asyncio.create_task(self._viewer_refresh_periodically())
-        if await database_sync_to_async(viewers.session_viewer_returned)(session_id=self.session_id):
-            status = await self._visible_status(user) or status
+        if status["status"] != GenerationSession.Status.TERMINATED:
+            # Registered before it asks to resume: the viewer check counts viewers under the
+            # session's lock, so it either sees this one or made the session idle before the resume.
+            await self._viewer_call(viewer_register)
+            self.watcher = asyncio.create_task(self._viewer_refresh_periodically())
+            if await database_sync_to_async(viewers.session_viewer_returned)(session_id=self.session_id):
+                status = await self._visible_status(user) or status
         await self._enqueue_text({"type": "status", **status})
 
     async def _refuse(self, code: int, error: str, detail: str) -> None:

@@ -60,6 +60,9 @@ async def test_two_sockets_are_two_viewers(client):
     sid = str(session.pk)
     first = await connect_as(user, f"/ws/sessions/{sid}/")
     second = await connect_as(user, f"/ws/sessions/{sid}/")
+    # The status message follows the registration (accept comes before it).
+    await first.receive_from()
+    await second.receive_from()
     assert viewer_count(client, sid) == 2
     await first.disconnect()
     assert viewer_count(client, sid) == 1
@@ -93,3 +96,16 @@ async def test_connecting_to_a_session_the_user_paused_leaves_it_paused():
     status = json.loads(await communicator.receive_from())
     assert status["activity"] == "idle"
     await communicator.disconnect()
+
+
+async def test_a_socket_on_an_ended_session_is_no_viewer(client):
+    user = await sync_to_async(UserFactory)()
+    session = await a_session(user)
+    await sync_to_async(services.session_terminate)(session=session)
+
+    communicator = await connect_as(user, f"/ws/sessions/{session.pk}/")
+    status = json.loads(await communicator.receive_from())
+    assert status["status"] == "terminated"
+    assert viewer_count(client, str(session.pk)) == 0
+    await communicator.disconnect()
+    assert viewer_last_seen(client, str(session.pk)) is None
