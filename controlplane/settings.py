@@ -362,6 +362,8 @@ PERIODIC_TASKS = {
     "chunk records ingest": {"task": "sessions.tasks.chunk_records_drain", "every_s": 1},
     "chunk rollups": {"task": "sessions.tasks.chunk_rollup", "every_s": 60},
     "chunk retention": {"task": "sessions.tasks.chunk_records_prune", "every_s": 60},
+    # Sessions nobody watches go idle after their grace period, and end after the idle timeout.
+    "session viewers": {"task": "sessions.tasks.sessions_viewer_check", "every_s": 2},
     # One forecast slot of the global router (docs/regions.md, "Live platform"): its period is the slot.
     "region forecast": {"task": "scheduling.tasks.region_forecast", "every_s": 30},
 }
@@ -383,6 +385,11 @@ STREAMSERVE = {
     "QUEUE_MAX": _typed("QUEUE_MAX", env.int, 100),
     # Sessions one user may hold alive (not terminated) at once; creating one more is a 429.
     "MAX_LIVE_SESSIONS_PER_USER": _typed("MAX_LIVE_SESSIONS_PER_USER", env.int, 10),
+    # Viewer-aware sessions (docs/runtime.md, "Sessions nobody watches"): an active session with no
+    # viewer for SESSION_VIEWER_GRACE_S goes idle (reason no_viewers); an idle one with no viewer for
+    # SESSION_IDLE_TIMEOUT_S ends (reason idle_timeout). 0 turns a rule off.
+    "SESSION_VIEWER_GRACE_S": _typed("SESSION_VIEWER_GRACE_S", env.float, 30.0),
+    "SESSION_IDLE_TIMEOUT_S": _typed("SESSION_IDLE_TIMEOUT_S", env.float, 900.0),
     # One-shot image/video jobs (docs/jobs.md): jobs one user may have in flight (queued, running or
     # paused; one more is a 429), the bounds of a request, and the SLO of a job that names none.
     "MAX_JOBS_IN_FLIGHT_PER_USER": _typed("MAX_JOBS_IN_FLIGHT_PER_USER", env.int, 20),
@@ -533,6 +540,9 @@ if 0 < STREAMSERVE["WORKER_ORPHAN_TIMEOUT_S"] <= 2 * STREAMSERVE["HEARTBEAT_TIME
     raise ImproperlyConfigured(
         "Environment variable WORKER_ORPHAN_TIMEOUT_S must be 0 (off) or more than twice HEARTBEAT_TIMEOUT_S"
     )
+for _name in ("SESSION_VIEWER_GRACE_S", "SESSION_IDLE_TIMEOUT_S"):
+    if STREAMSERVE[_name] < 0:
+        raise ImproperlyConfigured(f"Environment variable {_name} must be 0 (off) or more")
 if STREAMSERVE["REGION_MOVE_COOLDOWN_S"] < 0:
     raise ImproperlyConfigured("Environment variable REGION_MOVE_COOLDOWN_S must be 0 or more")
 if STREAMSERVE["REGION_MOVES_PER_SLOT"] < 0:

@@ -47,7 +47,7 @@ from scheduling.models import (
 from scheduling.selectors import region_moves_audit
 from sessions import services as session_services
 from sessions.models import ChunkRecord, GenerationSession, Job
-from sessions.selectors import PercentileCont, job_queue_positions
+from sessions.selectors import PercentileCont, job_queue_positions, sessions_with_idle_reason
 
 Status = GenerationSession.Status
 
@@ -345,7 +345,7 @@ def _placement_item(p: StagePlacement) -> dict[str, Any]:
 
 def _sessions(limit: int = SESSION_LIST_LENGTH) -> list[dict[str, Any]]:
     rows = (
-        GenerationSession.objects.exclude(status=Status.TERMINATED)
+        sessions_with_idle_reason(GenerationSession.objects.exclude(status=Status.TERMINATED))
         .select_related("owner", "worker", "host_worker", "region")
         .order_by("-created_at")[:limit]
     )
@@ -357,6 +357,8 @@ def _sessions(limit: int = SESSION_LIST_LENGTH) -> list[dict[str, Any]]:
             "resolution": s.resolution,
             "status": s.status,
             "activity": s.activity,
+            # "no_viewers": idle because nobody watched it (sessions.viewers); a viewer resumes it.
+            "idle_reason": s.idle_reason if s.activity == GenerationSession.Activity.IDLE else None,
             "worker": s.worker.name if s.worker else None,
             "host_worker": s.host_worker.name if s.host_worker else None,
             "origin": s.origin,

@@ -24,6 +24,10 @@ newest it has seen comes from a previous owner that is still running (fenced out
 lease, but a chunk may already have been on its way), and an index it has already passed is a
 copy (a new owner regenerates the chunks after the last one marked delivered). Both are dropped,
 so a client never sees an index twice, nor two owners' streams interleaved.
+
+Each socket is a viewer of its session (``contracts.wire.viewers``): registered once accepted,
+refreshed every ``VIEWER_REFRESH_S``, gone on disconnect. A session nobody watches goes idle and
+ends (``sessions.viewers``); a socket that connects to one made idle that way resumes it.
 """
 
 from __future__ import annotations
@@ -47,7 +51,8 @@ from django.core.exceptions import ValidationError
 from contracts.wire.codecs import CODEC_REFRESH_S, CODECS, H264, JPEG, codec_leave, codec_want
 from contracts.wire.frames import CHUNK_MESSAGE, STATUS_MESSAGE, encode_chunk_frame, group_name
 from contracts.wire.records import chunk_row
-from sessions import jobs, services
+from contracts.wire.viewers import VIEWER_REFRESH_S, viewer_leave, viewer_register
+from sessions import jobs, services, viewers
 from sessions.models import GenerationSession, Job
 from sessions.selectors import (
     job_queue_positions,
@@ -144,6 +149,13 @@ class SessionConsumer(AsyncWebsocketConsumer):
         self.sender = asyncio.create_task(self._drain())
         self.flusher = asyncio.create_task(self._flush_deliveries_periodically())
         self.codec_lease = await CodecLease.begin(self.session_id, self.codec, self.channel_name)
+        if status["status"] != GenerationSession.Status.TERMINATED:
+            # Registered before it asks to resume: the viewer check counts viewers under the
+            # session's lock, so it either sees this one or made the session idle before the resume.
+            await self._viewer_call(viewer_register)
+            self.watcher = asyncio.create_task(self._viewer_refresh_periodically())
+            if await database_sync_to_async(viewers.session_viewer_returned)(session_id=self.session_id):
+                status = await self._visible_status(user) or status
         await self._enqueue_text({"type": "status", **status})
         if codec_problem is not None:
             await self._error("bad_codec", codec_problem)
@@ -157,12 +169,14 @@ class SessionConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if hasattr(self, "group"):
             await self.channel_layer.group_discard(self.group, self.channel_name)
-        for task_name in ("sender", "flusher"):
+        for task_name in ("sender", "flusher", "watcher"):
             task = getattr(self, task_name, None)
             if task is not None:
                 task.cancel()
         if self.codec_lease is not None:
             await self.codec_lease.end()
+        if hasattr(self, "watcher"):
+            await self._viewer_call(viewer_leave)
         if getattr(self, "deliveries", None):
             await self._flush_deliveries()
 
@@ -292,6 +306,24 @@ class SessionConsumer(AsyncWebsocketConsumer):
                     header["delivery_ms"] = max(0.0, (time.time() - generated_at) * 1000.0)
                     self.deliveries.append(header)
                 await self.send(bytes_data=encode_chunk_frame(header, frames))
+
+    # --- the viewer registry (sessions.viewers: a session nobody watches goes idle) ---------------
+
+    async def _viewer_call(self, call) -> None:
+        """Register (or refresh) or leave, in Redis off the ORM's sync thread. A registry that is
+        down must not cost the viewer its stream: its registration lapses, the worst outcome is the
+        session going idle, and coming back resumes it."""
+        try:
+            await sync_to_async(call, thread_sensitive=False)(
+                viewers.viewers_client(), self.session_id, self.channel_name
+            )
+        except Exception:
+            logger.exception("viewer registry %s failed session=%s", call.__name__, self.session_id)
+
+    async def _viewer_refresh_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(VIEWER_REFRESH_S)
+            await self._viewer_call(viewer_register)
 
     async def _flush_deliveries_periodically(self) -> None:
         while True:

@@ -6,7 +6,7 @@ import bisect
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Aggregate, Count, F, FloatField, Max, Q, QuerySet, Sum
+from django.db.models import Aggregate, Count, F, FloatField, Max, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import Extract, Trunc
 from django.urls import reverse
 from django.utils import timezone
@@ -207,11 +207,34 @@ def session_end_reason(session: GenerationSession) -> str | None:
     )
 
 
+def sessions_with_idle_reason(sessions: QuerySet[GenerationSession]) -> QuerySet[GenerationSession]:
+    """``sessions`` annotated with ``idle_reason``: the reason of each one's latest idle event
+    (``no_viewers`` when the viewer rule made it idle; None when its user paused it, or never idle)."""
+    latest_idle = SessionEvent.objects.filter(session=OuterRef("pk"), kind=SessionEvent.Kind.IDLE).order_by(
+        "-at", "-id"
+    )
+    return sessions.annotate(idle_reason=Subquery(latest_idle.values("detail__reason")[:1]))
+
+
+def session_idle_reason(session: GenerationSession) -> str | None:
+    """Why an idle session is idle when the platform made it so (its idle event's reason:
+    ``no_viewers``, ``sessions.viewers``); None when active, ended or paused by its user."""
+    if session.activity != GenerationSession.Activity.IDLE or session.is_terminated:
+        return None
+    return (
+        session.events.filter(kind=SessionEvent.Kind.IDLE)
+        .order_by("-at", "-id")
+        .values_list("detail__reason", flat=True)
+        .first()
+    )
+
+
 def session_status_message(session: GenerationSession) -> dict:
     """The ``status`` message clients receive on connect and on every change.
 
     ``reason`` says why a terminated session ended, so a client refused by admission control (or
-    ended by an operator) is told so rather than seeing only ``terminated``.
+    ended by an operator) is told so rather than seeing only ``terminated``; ``idle_reason`` why an
+    idle one is idle when nobody paused it (``no_viewers``: it resumes when a viewer connects).
     """
     return {
         "session": str(session.pk),
@@ -221,6 +244,7 @@ def session_status_message(session: GenerationSession) -> dict:
         "worker": session.worker.name if session.worker_id else None,
         "chunks_generated": session.chunks_generated,
         "reason": session_end_reason(session),
+        "idle_reason": session_idle_reason(session),
     }
 
 

@@ -226,16 +226,17 @@ def session_prompt_add(*, session: GenerationSession, text: str) -> Prompt:
 
 
 @transaction.atomic
-def session_pause(*, session: GenerationSession) -> GenerationSession:
+def session_pause(*, session: GenerationSession, reason: str | None = None) -> GenerationSession:
     """The user went idle (α=0): the scheduler may suspend the session. Idempotent;
-    ``SessionTerminated`` once the session has ended."""
+    ``SessionTerminated`` once the session has ended. ``reason`` goes into the idle event when the
+    platform, not the user, made it idle (``no_viewers``: ``sessions.viewers``)."""
     session = _locked(session)
     if session.is_terminated:
         raise SessionTerminated("the session is terminated; start a new session")
     if session.activity != Activity.IDLE:
         session.activity = Activity.IDLE
         session.save(update_fields=["activity"])
-        event_record(session, SessionEvent.Kind.IDLE)
+        event_record(session, SessionEvent.Kind.IDLE, **({"reason": reason} if reason else {}))
     return session
 
 

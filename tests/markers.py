@@ -110,6 +110,7 @@ SLOW = frozenset(
         "tests/controlplane/test_settings.py::test_every_variable_is_read_into_settings_once",
         "tests/controlplane/test_settings.py::test_secret_key_is_required_when_debug_is_off",
         "tests/e2e/test_supervision.py",
+        "tests/e2e/test_viewers.py",
         "tests/gpu/test_parameter_pool.py::test_property_host_copies_never_exceed_the_bound",
         "tests/gpu/test_weights_loading.py::test_auto_falls_back_to_disk_when_the_plan_source_is_gone",
         "tests/scheduling/test_beat_lock.py::test_a_second_beat_on_the_same_broker_exits_non_zero_naming_the_first",

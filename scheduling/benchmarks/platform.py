@@ -102,6 +102,7 @@ def live_platform(
     keep_logs: str | None,
     say: Callable[[str], Any],
     sessions_per_user: int = 10,
+    extra_env: dict[str, str] | None = None,
 ) -> Iterator[LivePlatform]:
     """Start the platform, wait for ``min_gpus`` ready workers, yield it; stop it all on exit."""
     redis_url = redis_url_with_db(settings.REDIS_URL, redis_db)
@@ -122,6 +123,7 @@ def live_platform(
         "SECRET_KEY": os.environ.get("SECRET_KEY") or secrets.token_urlsafe(32),
         # One benchmark user holds every session of the run.
         "MAX_LIVE_SESSIONS_PER_USER": str(max(sessions_per_user, 10)),
+        **(extra_env or {}),
     }
     redis.Redis.from_url(env["CELERY_BROKER_URL"]).flushdb()
     get_provisioner("local").release_all()  # leftovers of an interrupted run (benchmark database only)

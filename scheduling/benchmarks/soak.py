@@ -10,12 +10,19 @@ saw with what the platform recorded:
 - skips: an index never received although a later one was (a gap in the stream);
 - out of order: an index lower than one already received;
 - lost records: an index a client received that has no ``ChunkRecord``.
+
+With ``leave_share`` > 0 some idle periods are a viewer leaving instead of a pause (issue 31): the
+client closes its socket and reopens it when the period ends, so the platform's viewer rule
+(``SESSION_VIEWER_GRACE_S``, ``SESSION_IDLE_TIMEOUT_S``: ``viewer_grace_s``/``idle_timeout_s``)
+makes the session idle, and the returning viewer resumes it. Chunks generated while the viewer was
+away are counted apart (``missed_while_away``), not as skips.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import json
 import logging
 import random
@@ -62,6 +69,9 @@ class ClientLog:
     dropped: set[int] = field(default_factory=set)
     errors: list[str] = field(default_factory=list)
     pauses: int = 0
+    # Where in ``indices`` each connection of the client began (several when the viewer left).
+    connections: list[int] = field(default_factory=list)
+    leaves: int = 0
 
 
 def run_soak(
@@ -78,8 +88,19 @@ def run_soak(
     ready_timeout: float,
     keep_logs: str | None,
     say: Callable[[str], Any],
+    leave_share: float = 0.0,
+    viewer_grace_s: float | None = None,
+    idle_timeout_s: float | None = None,
 ) -> dict[str, Any]:
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    rule_env = {
+        name: str(value)
+        for name, value in (
+            ("SESSION_VIEWER_GRACE_S", viewer_grace_s),
+            ("SESSION_IDLE_TIMEOUT_S", idle_timeout_s),
+        )
+        if value is not None
+    }
     run = uuid.uuid4().hex[:8]
     rng = random.Random(seed)
     load_before = machine_load()
@@ -94,6 +115,7 @@ def run_soak(
             keep_logs=keep_logs,
             say=say,
             sessions_per_user=sessions,
+            extra_env=rule_env,
         ) as platform:
             token = _user_token(run)
             started = time.time()
@@ -108,6 +130,7 @@ def run_soak(
                     sample_s=sample_s,
                     rng=rng,
                     say=say,
+                    leave_share=leave_share,
                 )
             )
             dead = platform.processes.dead()
@@ -124,6 +147,8 @@ def run_soak(
         "max_workers": max_workers,
         "active_fraction": active_fraction,
         "mean_period_s": mean_period_s,
+        "leave_share": leave_share,
+        "viewer_rule_env": rule_env,
         "seed": seed,
         **report,
         "memory_mb": memory,
@@ -148,6 +173,7 @@ async def _drive(
     sample_s: float,
     rng: random.Random,
     say: Callable[[str], Any],
+    leave_share: float = 0.0,
 ) -> tuple[list[ClientLog], dict[str, Any]]:
     deadline = time.monotonic() + duration_s
     async with httpx.AsyncClient(
@@ -172,6 +198,7 @@ async def _drive(
                     active_fraction,
                     mean_period_s,
                     random.Random(rng.random()),
+                    leave_share,
                 )
             )
             for log in logs
@@ -189,40 +216,60 @@ async def _client(
     active_fraction: float,
     mean_period_s: float,
     rng: random.Random,
+    leave_share: float = 0.0,
 ) -> None:
     """Stream until the deadline, alternating active and idle periods (exponential lengths with the
-    given mean cycle and active share), then terminate the session."""
+    given mean cycle and active share), then terminate the session. An idle period is a pause
+    message, or with probability ``leave_share`` the viewer leaving: the socket closes and a new
+    one opens when the period ends."""
+    url = f"{ws_base}/ws/sessions/{log.session}/?token={token}"
+    active = True
+    switch_at = time.monotonic() + rng.expovariate(1.0 / (mean_period_s * active_fraction))
     try:
-        async with websockets.connect(
-            f"{ws_base}/ws/sessions/{log.session}/?token={token}", max_size=None, open_timeout=30
-        ) as ws:
+        while True:
+            log.connections.append(len(log.indices))
+            async with websockets.connect(url, max_size=None, open_timeout=30) as ws:
+                leaving = False
+                while time.monotonic() < deadline:
+                    if time.monotonic() >= switch_at:
+                        active = not active
+                        share = active_fraction if active else 1.0 - active_fraction
+                        switch_at = time.monotonic() + rng.expovariate(1.0 / max(mean_period_s * share, 0.1))
+                        # rng.random() only when leaving is possible: runs without it replay as before.
+                        if not active and leave_share > 0 and rng.random() < leave_share:
+                            log.leaves += 1
+                            leaving = True
+                            break
+                        log.pauses += not active
+                        await ws.send(json.dumps({"type": "resume" if active else "pause"}))
+                    await _receive(ws, log, min(switch_at, deadline))
+                if not leaving:
+                    await ws.send(json.dumps({"type": "terminate"}))
+                    return
+            # Away until the idle period ends (or the run does); the returning viewer is active.
+            await asyncio.sleep(max(0.0, min(switch_at, deadline) - time.monotonic()))
             active = True
             switch_at = time.monotonic() + rng.expovariate(1.0 / (mean_period_s * active_fraction))
-            while time.monotonic() < deadline:
-                if time.monotonic() >= switch_at:
-                    active = not active
-                    log.pauses += not active
-                    await ws.send(json.dumps({"type": "resume" if active else "pause"}))
-                    share = active_fraction if active else 1.0 - active_fraction
-                    switch_at = time.monotonic() + rng.expovariate(1.0 / max(mean_period_s * share, 0.1))
-                timeout = max(min(switch_at, deadline) - time.monotonic(), 0.05)
-                try:
-                    message = await asyncio.wait_for(ws.recv(), timeout=timeout)
-                except TimeoutError:
-                    continue
-                if isinstance(message, bytes):
-                    header, _ = decode_chunk_frame(message)
-                    log.indices.append(int(header["index"]))
-                    log.epochs.append(int(header.get("epoch", -1)))
-                    continue
-                text = json.loads(message)
-                if text.get("type") == "skipped":
-                    log.dropped.add(int(text["index"]))
-                elif text.get("type") == "error":
-                    log.errors.append(message[:200])
-            await ws.send(json.dumps({"type": "terminate"}))
     except (OSError, websockets.WebSocketException) as exc:
         log.errors.append(f"{type(exc).__name__}: {exc}"[:200])
+
+
+async def _receive(ws, log: ClientLog, until: float) -> None:
+    """Take one message (or none by ``until``) into ``log``."""
+    try:
+        message = await asyncio.wait_for(ws.recv(), timeout=max(until - time.monotonic(), 0.05))
+    except TimeoutError:
+        return
+    if isinstance(message, bytes):
+        header, _ = decode_chunk_frame(message)
+        log.indices.append(int(header["index"]))
+        log.epochs.append(int(header.get("epoch", -1)))
+        return
+    text = json.loads(message)
+    if text.get("type") == "skipped":
+        log.dropped.add(int(text["index"]))
+    elif text.get("type") == "error":
+        log.errors.append(message[:200])
 
 
 def _platform_processes(platform: LivePlatform) -> dict[str, psutil.Process]:
@@ -300,15 +347,26 @@ def _compare(logs: list[ClientLog], *, since: float) -> dict[str, Any]:
     recorded: dict[str, set[int]] = defaultdict(set)
     for sid, index in ChunkRecord.objects.filter(session_id__in=ids).values_list("session_id", "chunk_index"):
         recorded[str(sid)].add(index)
-    duplicates = skips = out_of_order = lost = before_join = 0
+    duplicates = skips = out_of_order = lost = before_join = away = 0
     per_session = []
     for log in logs:
         seen = set(log.indices)
         dup = len(log.indices) - len(seen)
         order = sum(1 for a, b in zip(log.indices, log.indices[1:], strict=False) if b < a)
-        # Indices between the first and the last received, neither received nor announced as dropped
-        # for a slow client. Chunks published before the client's socket joined are counted apart.
-        gap = len(set(range(min(seen), max(seen) + 1)) - seen - log.dropped) if seen else 0
+        # Indices between the first and the last received on one connection, neither received nor
+        # announced as dropped for a slow client. Chunks published before the client's socket joined,
+        # and while its viewer was away (between connections), are counted apart.
+        gap = 0
+        previous_last = None
+        bounds = [*(log.connections or [0]), len(log.indices)]
+        for begin, end in itertools.pairwise(bounds):
+            segment = set(log.indices[begin:end])
+            if not segment:
+                continue
+            gap += len(set(range(min(segment), max(segment) + 1)) - seen - log.dropped)
+            if previous_last is not None:
+                away += max(0, min(segment) - previous_last - 1)
+            previous_last = max(segment)
         before_join += min(seen) if seen else 0
         missing = len(seen - recorded[log.session])
         duplicates, out_of_order, skips, lost = (
@@ -355,6 +413,16 @@ def _compare(logs: list[ClientLog], *, since: float) -> dict[str, Any]:
         "client_errors": [e for log in logs for e in log.errors][:20],
         "client_error_count": sum(len(log.errors) for log in logs),
         "pauses": sum(log.pauses for log in logs),
+        "viewer_leaves": sum(log.leaves for log in logs),
+        "missed_while_away": away,
+        # Idle events by reason: no_viewers when the viewer rule made the session idle.
+        "idle_reasons": {
+            str(reason or "user"): n
+            for reason, n in SessionEvent.objects.filter(session_id__in=ids, kind=SessionEvent.Kind.IDLE)
+            .values("detail__reason")
+            .annotate(n=Count("id"))
+            .values_list("detail__reason", "n")
+        },
         "session_events": events,
         "migrations": migrations,
         "migration_failures": dict(failures.most_common(10)),
@@ -373,6 +441,8 @@ def format_soak(report: dict[str, Any]) -> str:
         f"  migrations {report['migrations']}  scaling {report['scaling_actions']}",
         *(f"    failed {n}× {error}" for error, n in report.get("migration_failures", {}).items()),
         f"  events {report['session_events']}",
+        f"  viewers left {report.get('viewer_leaves', 0)} times (missed while away"
+        f" {report.get('missed_while_away', 0)}); idle by reason {report.get('idle_reasons', {})}",
         "  memory (MB, first → last, max):",
     ]
     for name, m in report["memory_mb"].items():

@@ -24,6 +24,7 @@ from .compare import DEFAULT_POLICIES, compare_policies
 from .jobs.cosim import JobConfig, job_config
 from .simulator import SimConfig, SimulationError, simulate
 from .traces import TraceError, read_mixed_trace, read_trace
+from .viewers import viewer_rule
 
 REQUIRED_RESULT_KEYS = (
     "policy",
@@ -150,9 +151,9 @@ def load_trace(path: str) -> tuple[dict, list]:
         raise CliError("trace", f"{path}: {exc}") from exc
 
 
-def load_mixed_trace(path: str) -> tuple[dict, list, list]:
+def load_mixed_trace(path: str, *, viewer_events: bool = False) -> tuple[dict, list, list]:
     try:
-        return read_mixed_trace(path)
+        return read_mixed_trace(path, viewer_events=viewer_events)
     except FileNotFoundError as exc:
         raise CliError("trace", f"no such file {path}") from exc
     except TraceError as exc:
@@ -254,8 +255,14 @@ def run_simulate(
     job_policy: str = "genserve",
     job_profiles: Sequence[str] = (),
     job_round_steps: int = 5,
+    viewer_grace_s: float | None = None,
+    idle_timeout_s: float | None = None,
 ) -> dict[str, Any]:
     """Simulate one policy on one trace. Static policies run ``budget`` GPUs (default --max-gpus).
+
+    ``viewer_grace_s`` / ``idle_timeout_s`` apply the platform's viewer rule to the trace's
+    ``viewer_leave``/``viewer_return`` marks (``scheduling.sim.viewers``): a session whose viewer is
+    gone goes idle after the grace and departs after the timeout; the result gains ``viewer_rule``.
 
     A trace with one-shot job events (docs/traces.md) runs them beside the streams under
     ``job_policy`` (docs/scheduling.md, "One-shot jobs"); the result then gains a ``jobs`` object.
@@ -270,7 +277,14 @@ def run_simulate(
     fit time, the floor's GPU-seconds and the run without the floor)."""
     if forecast is not None and policy != "turboserve":
         raise CliError("forecast", f"applies to --policy turboserve only, got {policy!r}")
-    meta, events, job_events = load_mixed_trace(trace)
+    viewer_rule_on = viewer_grace_s is not None or idle_timeout_s is not None
+    for flag, value in (("viewer-grace-s", viewer_grace_s), ("idle-timeout-s", idle_timeout_s)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise CliError(flag, f"must be a number of seconds > 0, got {value}")
+    meta, events, job_events = load_mixed_trace(trace, viewer_events=viewer_rule_on)
+    viewer_report = None
+    if viewer_rule_on:
+        events, viewer_report = viewer_rule(events, grace_s=viewer_grace_s, timeout_s=idle_timeout_s)
     jobs = build_job_config(job_policy, job_profiles, job_round_steps)
     if job_events and forecast is not None:
         raise CliError("forecast", "the forecast comparison takes session-only traces")
@@ -317,6 +331,12 @@ def run_simulate(
             bar.close()
     out = result.to_json()
     out["provisioning_delay_s"] = {p.name: p.provisioning_delay_s for p in config.profiles}
+    if viewer_report is not None:
+        out["viewer_rule"] = {
+            "grace_s": viewer_grace_s,
+            "idle_timeout_s": idle_timeout_s,
+            **viewer_report.to_json(),
+        }
     if forecast is not None:
         try:
             plain = simulate(events, _make(policy, policy_options), config, trace_name=name)

@@ -9,7 +9,10 @@ One event per line, sorted by ``t`` (seconds from the start of the trace)::
     {"t": 30.0, "session": "s1", "event": "depart"}
 
 A session arrives idle; ``active`` means the user is interacting and the session must execute;
-``idle`` means it may be suspended; ``depart`` ends it. Only ``arrive`` may carry ``load`` (relative
+``idle`` means it may be suspended; ``depart`` ends it. ``viewer_leave`` / ``viewer_return`` mark
+its last viewer closing its stream and one coming back (issue 31): readers drop them unless asked
+(``viewer_events=True``), and ``scheduling.sim.viewers.viewer_rule`` turns them into the idle,
+active and depart events the platform's viewer rule would record. Only ``arrive`` may carry ``load`` (relative
 per-chunk cost, finite and > 0, default 1.0), ``model`` and ``resolution``. The full description is in
 ``docs/traces.md``.
 
@@ -37,6 +40,8 @@ from typing import IO, Any
 from scheduling.core.types import TRACE_EVENT_KINDS
 
 EVENT_KINDS = tuple(kind.value for kind in TRACE_EVENT_KINDS)
+# Marks in the trace, not scheduler events: what the viewer rule reads (scheduling.sim.viewers).
+VIEWER_EVENT_KINDS = ("viewer_leave", "viewer_return")
 _BASE_FIELDS = frozenset({"t", "session", "event"})
 _ARRIVE_FIELDS = frozenset({"load", "model", "resolution"})
 JOB_EVENT_KINDS = ("submit", "cancel")
@@ -122,8 +127,10 @@ def _parse_event(record: dict[str, Any], line: int) -> TraceEvent:
     if missing:
         raise TraceError(line, f"missing field(s) {sorted(missing)}")
     kind = record["event"]
-    if kind not in EVENT_KINDS:
-        raise TraceError(line, f"unknown event kind {kind!r} (expected one of {list(EVENT_KINDS)})")
+    if kind not in EVENT_KINDS + VIEWER_EVENT_KINDS:
+        raise TraceError(
+            line, f"unknown event kind {kind!r} (expected one of {list(EVENT_KINDS + VIEWER_EVENT_KINDS)})"
+        )
     allowed = _BASE_FIELDS | _ARRIVE_FIELDS if kind == "arrive" else _BASE_FIELDS
     unknown = record.keys() - allowed
     if unknown:
@@ -211,23 +218,26 @@ def _parse_job_event(record: dict[str, Any], line: int) -> JobEvent:
     return JobEvent(t, job, kind, job_kind, model, width, height, frames, steps, float(slo_s))
 
 
-def parse_trace(lines: Iterable[str]) -> tuple[dict, list[TraceEvent]]:
+def parse_trace(lines: Iterable[str], *, viewer_events: bool = False) -> tuple[dict, list[TraceEvent]]:
     """Parse and validate a session trace; raise :class:`TraceError` naming the first bad line.
 
     Blank lines are skipped (they still count for line numbers). A job line is an error that names
-    :func:`parse_mixed_trace`: a session-only consumer must not drop jobs silently.
+    :func:`parse_mixed_trace`: a session-only consumer must not drop jobs silently. Viewer marks
+    are kept only with ``viewer_events`` (every other consumer sees the scheduler's vocabulary).
     """
-    meta, events, _ = _parse_lines(lines, jobs_allowed=False)
+    meta, events, _ = _parse_lines(lines, jobs_allowed=False, viewer_events=viewer_events)
     return meta, events
 
 
-def parse_mixed_trace(lines: Iterable[str]) -> tuple[dict, list[TraceEvent], list[JobEvent]]:
+def parse_mixed_trace(
+    lines: Iterable[str], *, viewer_events: bool = False
+) -> tuple[dict, list[TraceEvent], list[JobEvent]]:
     """Parse a trace that may mix session and job events; each list keeps file order (sorted by ``t``)."""
-    return _parse_lines(lines, jobs_allowed=True)
+    return _parse_lines(lines, jobs_allowed=True, viewer_events=viewer_events)
 
 
 def _parse_lines(
-    lines: Iterable[str], *, jobs_allowed: bool
+    lines: Iterable[str], *, jobs_allowed: bool, viewer_events: bool = False
 ) -> tuple[dict, list[TraceEvent], list[JobEvent]]:
     meta: dict = {}
     events: list[TraceEvent] = []
@@ -286,6 +296,9 @@ def _parse_lines(
             raise TraceError(number, f"{event.event!r} for departed session {event.session!r}")
         elif event.event == "depart":
             state[event.session] = "departed"
+        elif event.event in VIEWER_EVENT_KINDS:
+            if not viewer_events:
+                continue
         else:
             state[event.session] = event.event
         events.append(event)
@@ -306,14 +319,16 @@ def _check_job_lifecycle(jobs: dict[str, str], event: JobEvent, line: int) -> No
         jobs[event.job] = "cancelled"
 
 
-def read_trace(path: str | Path) -> tuple[dict, list[TraceEvent]]:
+def read_trace(path: str | Path, *, viewer_events: bool = False) -> tuple[dict, list[TraceEvent]]:
     with open(path, encoding="utf-8") as handle:
-        return parse_trace(handle)
+        return parse_trace(handle, viewer_events=viewer_events)
 
 
-def read_mixed_trace(path: str | Path) -> tuple[dict, list[TraceEvent], list[JobEvent]]:
+def read_mixed_trace(
+    path: str | Path, *, viewer_events: bool = False
+) -> tuple[dict, list[TraceEvent], list[JobEvent]]:
     with open(path, encoding="utf-8") as handle:
-        return parse_mixed_trace(handle)
+        return parse_mixed_trace(handle, viewer_events=viewer_events)
 
 
 def _trace_lines(events: Iterable[TraceEvent | JobEvent], meta: dict | None) -> Iterator[str]:

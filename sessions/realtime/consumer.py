@@ -25,6 +25,7 @@ import logging
 import time
 import uuid
 
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
@@ -33,7 +34,8 @@ from django.core.exceptions import ValidationError
 from contracts.catalog import PRESETS
 from contracts.wire.codecs import H264
 from contracts.wire.frames import CHUNK_MESSAGE, STATUS_MESSAGE, group_name
-from sessions import services
+from contracts.wire.viewers import VIEWER_REFRESH_S, viewer_leave, viewer_register
+from sessions import services, viewers
 from sessions.consumers import CodecLease, StreamPosition
 from sessions.models import GenerationSession
 from sessions.realtime import protocol
@@ -69,6 +71,7 @@ class RealtimeVideoConsumer(AsyncWebsocketConsumer):
         self.last_progress = time.monotonic()
         self.watchdog: asyncio.Task | None = None
         self.codec_lease: CodecLease | None = None
+        self.presence: asyncio.Task | None = None
 
     @database_sync_to_async
     def _user(self):
@@ -89,6 +92,9 @@ class RealtimeVideoConsumer(AsyncWebsocketConsumer):
             await self.channel_layer.group_discard(group_name(self.session_id), self.channel_name)
             if self.codec_lease is not None:
                 await self.codec_lease.end()
+            if self.presence is not None:
+                self.presence.cancel()
+                await self._viewer_call(viewer_leave)
             if not self.finished:
                 # vLLM-Omni ends a realtime session when its socket closes; so does this one.
                 await self._terminate("client_disconnected")
@@ -136,6 +142,9 @@ class RealtimeVideoConsumer(AsyncWebsocketConsumer):
         self.frames_per_chunk = session.frames_per_chunk
         self.chunk_limit = protocol.chunks_for(start.num_frames, session.frames_per_chunk)
         self.codec_lease = await CodecLease.begin(self.session_id, H264, self.channel_name)
+        # A realtime client is a viewer (sessions.viewers): its session is never idled as unwatched.
+        await self._viewer_call(viewer_register)
+        self.presence = asyncio.create_task(self._keep_viewing())
         await self.channel_layer.group_add(group_name(self.session_id), self.channel_name)
         config = {
             "model": session.model_name,
@@ -266,6 +275,19 @@ class RealtimeVideoConsumer(AsyncWebsocketConsumer):
     def _terminate_row(self, reason: str) -> None:
         session = GenerationSession.objects.get(pk=self.session_id)
         services.session_terminate(session=session, reason=reason)
+
+    async def _viewer_call(self, call) -> None:
+        try:
+            await sync_to_async(call, thread_sensitive=False)(
+                viewers.viewers_client(), self.session_id, self.channel_name
+            )
+        except Exception:  # a registry that is down must not cost the client its stream
+            logger.exception("viewer registry %s failed session=%s", call.__name__, self.session_id)
+
+    async def _keep_viewing(self) -> None:
+        while True:
+            await asyncio.sleep(VIEWER_REFRESH_S)
+            await self._viewer_call(viewer_register)
 
     async def _error(self, message: str) -> None:
         await self.send(text_data=protocol.error(message))

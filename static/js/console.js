@@ -365,7 +365,7 @@ function renderSessions(sessions) {
     const badge = field("status");
     badge.dataset.state = s.status;
     badge.textContent = s.status + (s.queue_position ? ` #${s.queue_position}` : "");
-    field("activity").textContent = s.activity;
+    field("activity").textContent = s.activity + (s.idle_reason === "no_viewers" ? " · no viewers" : "");
     const where = s.worker || (s.host_worker ? `${s.host_worker} (host)` : "–");
     // Several regions: the session's region and its user's origin beside the worker.
     const route = s.region ? ` · ${s.region}${s.origin ? ` (from ${s.origin})` : ""}` : "";

@@ -184,14 +184,21 @@ class SessionSocket {
 const STATE_TEXT = {
   queued: (s) => (s.queue_position ? `Queued — position ${s.queue_position}` : "Queued — waiting for a GPU"),
   executing: (s) => (s.activity === "idle" ? "Executing (pausing…)" : "Executing"),
-  suspended: (s) => (s.activity === "idle" ? "Paused — parked in host memory" : "Suspended — resuming…"),
+  suspended: (s) =>
+    s.activity !== "idle"
+      ? "Suspended — resuming…"
+      : s.idle_reason === "no_viewers"
+        ? "Paused — nobody was watching (watching resumes it)"
+        : "Paused — parked in host memory",
   migrating: () => "Migrating to another GPU",
   terminated: (s) => (s.reason ? `Ended — ${endReasonText(s.reason)}` : "Ended"),
 };
 
-// A depart event's reason ("user", "operator:NAME", "admin:NAME", "queue full (100 waiting)" …) in words.
+// A depart event's reason ("user", "operator:NAME", "admin:NAME", "idle_timeout", "queue full (100
+// waiting)" …) in words.
 function endReasonText(reason) {
   if (reason === "user") return "you ended it";
+  if (reason === "idle_timeout") return "nobody watched it for the idle timeout";
   if (reason.startsWith("operator") || reason.startsWith("admin")) return "an operator ended it";
   return `refused or ended by the platform: ${reason}`;
 }
@@ -357,6 +364,8 @@ const socketHandlers = {
         chunks_generated: msg.chunks_generated ?? page.session.chunks_generated,
         // Why it ended (terminated only): e.g. refused by admission control when the queue is full.
         reason: msg.reason ?? page.session.reason ?? null,
+        // Why it is idle when nobody paused it ("no_viewers": a viewer connecting resumes it).
+        idle_reason: msg.idle_reason ?? null,
       });
       renderSession();
       if (msg.status === "terminated") endWithReason(page.session.id);
@@ -425,6 +434,7 @@ async function endWithReason(sessionId) {
   if (!reason || page.session?.id !== sessionId) return;
   if (reason === "user") message("You ended this session.", "info");
   else if (reason.startsWith("operator") || reason.startsWith("admin")) message("An operator ended this session.", "info");
+  else if (reason === "idle_timeout") message("The session ended: nobody watched it for the idle timeout.", "info");
   else message(`The session has ended: ${reason}.`, "info");
 }
 

@@ -88,7 +88,17 @@ def test_bench_activation_measures_the_control_plane_share():
 def test_soak_reports_what_its_clients_saw_and_every_process_memory():
     from sessions.models import GenerationSession
 
-    report = run("soak", sessions=2, minutes=0.4, max_workers=1, mean_period=10.0, sample=5.0)
+    # Every idle period is a viewer leaving (its socket closed, reopened after it), under a short grace.
+    report = run(
+        "soak",
+        sessions=2,
+        minutes=0.4,
+        max_workers=1,
+        mean_period=10.0,
+        sample=5.0,
+        leave_share=1.0,
+        viewer_grace_s=1.0,
+    )
 
     assert report["benchmark"] == "soak" and report["sessions"] == 2
     assert report["chunks_received"] > 0
@@ -100,8 +110,14 @@ def test_soak_reports_what_its_clients_saw_and_every_process_memory():
         "lost_records",
         "dropped_for_slow_clients",
         "published_before_client_joined",
+        "viewer_leaves",
+        "missed_while_away",
     ):
         assert isinstance(report[key], int) and report[key] >= 0
+    assert report["viewer_rule_env"] == {"SESSION_VIEWER_GRACE_S": "1.0"}
+    assert report["viewer_leaves"] >= 1 and report["pauses"] == 0
+    assert report["client_error_count"] == 0, report["client_errors"]
+    assert set(report["idle_reasons"]) <= {"user", "no_viewers"}
     roles = set(report["memory_mb"])
     assert {"web", "celery", "beat"} <= roles
     assert any(role.startswith("gpuworker:") for role in roles), roles

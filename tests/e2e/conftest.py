@@ -84,6 +84,10 @@ class Platform:
             "PROVISION_TIMEOUT_S": "90",
             "PYTHONUNBUFFERED": "1",
             "DEBUG": "true",
+            # The viewer rule off: most tests drive sessions through the API without a socket
+            # (tests/e2e/test_viewers.py turns it on with short values).
+            "SESSION_VIEWER_GRACE_S": "0",
+            "SESSION_IDLE_TIMEOUT_S": "0",
             **(env or {}),
         }
         self.group = ProcessGroup(tmp, self.env, ROOT, grace_s=15.0)

@@ -120,6 +120,22 @@ def test_the_split_migration_replaces_audit_maintenance_and_keeps_its_schedule()
     executor.migrate(latest)
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_viewer_rule_migration_seeds_its_row_on_a_database_seeded_before_it():
+    # Given: a database whose periodic tasks were seeded before the viewer rule existed
+    executor = MigrationExecutor(connection)
+    latest = executor.loader.graph.leaf_nodes("streams")
+    executor.migrate([("streams", "0006_job_deleted_at")])
+    assert not PeriodicTask.objects.filter(name="session viewers").exists()
+
+    # When: it migrates
+    executor = MigrationExecutor(connection)
+    executor.migrate(latest)
+
+    # Then: the row is the declared one
+    assert _rows()["session viewers"] == _declared()["session viewers"]
+
+
 @pytest.mark.django_db(transaction=True)  # the tasks close stale connections, as on a Celery worker
 def test_each_app_maintains_its_own_audit_data():
     # Given: a released worker billed for closed minutes, and chunk records past retention

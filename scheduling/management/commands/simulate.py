@@ -58,6 +58,19 @@ class Command(BaseCommand):
         )
         parser.add_argument("--job-round-steps", type=int, default=5, help="Δ: a round every Δ video steps")
         parser.add_argument(
+            "--viewer-grace-s",
+            type=float,
+            default=None,
+            help="the platform's viewer rule: a session whose trace marks its viewer gone (viewer_leave) "
+            "goes idle after this many seconds (default: off; docs/traces.md)",
+        )
+        parser.add_argument(
+            "--idle-timeout-s",
+            type=float,
+            default=None,
+            help="with the viewer rule: an idle session with its viewer gone departs after this many seconds",
+        )
+        parser.add_argument(
             "--option",
             action="append",
             default=[],
@@ -88,6 +101,8 @@ class Command(BaseCommand):
                 job_policy=opts["job_policy"],
                 job_profiles=opts["job_profile"],
                 job_round_steps=opts["job_round_steps"],
+                viewer_grace_s=opts["viewer_grace_s"],
+                idle_timeout_s=opts["idle_timeout_s"],
             )
         except CliError as exc:
             raise CommandError(str(exc)) from exc

@@ -27,6 +27,24 @@ class Command(BaseCommand):
             "--mean-period", type=float, default=60.0, help="mean active+idle cycle in seconds (default 60)"
         )
         parser.add_argument("--sample", type=float, default=10.0, help="seconds between memory samples")
+        parser.add_argument(
+            "--leave-share",
+            type=float,
+            default=0.0,
+            help="share of idle periods in which the viewer closes its socket instead of pausing (default 0)",
+        )
+        parser.add_argument(
+            "--viewer-grace-s",
+            type=float,
+            default=None,
+            help="the platform's SESSION_VIEWER_GRACE_S for the run (default: its setting)",
+        )
+        parser.add_argument(
+            "--idle-timeout-s",
+            type=float,
+            default=None,
+            help="the platform's SESSION_IDLE_TIMEOUT_S for the run (default: its setting)",
+        )
         bench.add_seed_argument(parser)
         add_platform_arguments(parser)
         bench.add_report_arguments(parser)
@@ -39,6 +57,9 @@ class Command(BaseCommand):
             "--active-fraction": 0 < options["active_fraction"] < 1,
             "--mean-period": options["mean_period"] > 0,
             "--sample": options["sample"] > 0,
+            "--leave-share": 0 <= options["leave_share"] <= 1,
+            "--viewer-grace-s": options["viewer_grace_s"] is None or options["viewer_grace_s"] >= 0,
+            "--idle-timeout-s": options["idle_timeout_s"] is None or options["idle_timeout_s"] >= 0,
         }
         for flag, ok in checks.items():
             if not ok:
@@ -51,6 +72,9 @@ class Command(BaseCommand):
                 active_fraction=options["active_fraction"],
                 mean_period_s=options["mean_period"],
                 sample_s=options["sample"],
+                leave_share=options["leave_share"],
+                viewer_grace_s=options["viewer_grace_s"],
+                idle_timeout_s=options["idle_timeout_s"],
                 seed=options["seed"],
                 **platform_options(options),
                 say=bench.quiet_unless_text(options["json"], self.stdout.write),
