@@ -25,6 +25,7 @@ from contracts.wire.channel import (
 )
 from contracts.wire.records import STREAM
 from workers.daemon.publisher import ChunkPublisher
+from workers.runtime.encoding import EncodedChunk
 
 
 @pytest.fixture
@@ -127,9 +128,13 @@ class FakeResult:
     width: int = 8
     height: int = 8
     fps: int = 8
+    frame_count: int = 1
 
     def frames(self, timeout: float) -> list[bytes]:
         return [b"frame"]
+
+    def encoding(self, timeout: float) -> EncodedChunk:
+        return EncodedChunk(frames=self.frames(timeout), mime="image/jpeg", encode_ms=0.1)
 
 
 @dataclass

@@ -16,6 +16,7 @@ from django.conf import settings
 from contracts.wire.frames import CHUNK_MESSAGE, group_name
 from contracts.wire.records import STREAM, row_parse
 from workers.daemon.publisher import ChunkPublisher
+from workers.runtime.encoding import EncodedChunk
 
 
 def a_result(session_id: str, index: int) -> SimpleNamespace:
@@ -27,7 +28,9 @@ def a_result(session_id: str, index: int) -> SimpleNamespace:
         width=64,
         height=64,
         fps=8,
+        frame_count=1,
         frames=lambda timeout: [b"\xff\xd8frame"],
+        encoding=lambda timeout: EncodedChunk(frames=[b"\xff\xd8frame"], mime="image/jpeg", encode_ms=0.1),
     )
 
 

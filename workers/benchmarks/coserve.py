@@ -66,6 +66,7 @@ def _worker_main(name: str, redis_url: str, preset: str, capacity: int, reports:
     django.setup()  # the chunk publisher's channel layer reads the settings
     import torch
 
+    # In the spawned worker process only, once Django is set up: the parent never loads torch.
     from workers.daemon import WorkerDaemon
     from workers.runtime.engine import ChunkEngine
 

@@ -52,6 +52,7 @@ def jpeg_frames(width: int, height: int, count: int, *, seed: int = 0, quality: 
 def h264_media(width: int, height: int, count: int, *, seed: int = 0) -> dict[str, Any]:
     """The same smooth-noise frames as one chunk's H.264 fragment (``chunk_message``'s ``media``),
     encoded as the worker encodes a chunk (``workers.runtime.media.FragmentEncoder``)."""
+    # PyAV loads only for an H.264 run: a JPEG run's publisher process stays as light as before.
     from workers.runtime.media import FragmentEncoder
 
     decoded = [Image.open(io.BytesIO(f)).convert("RGB") for f in jpeg_frames(width, height, count, seed=seed)]
