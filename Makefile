@@ -17,11 +17,15 @@ TORCH_PIN ?= torch==2.13.0
 TEST_WORKERS ?= 2
 XDIST  := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
-.PHONY: run test test-fast lint format venv services migrate demo-user bench clean
+.PHONY: run test test-fast test-durations lint format venv services migrate demo-user bench clean
 
 # DEBUG is off unless set (controlplane/settings.py); the development runner turns it on, which
 # also lets it run without a SECRET_KEY. `DEBUG=false SECRET_KEY=… make run` runs as in production.
 run migrate: export DEBUG ?= true
+
+# Some machines set PYTHONDONTWRITEBYTECODE=1: then every test process recompiles the project and
+# pytest rewrites every test module's assertions again (about 9 s of CPU per collection here).
+test test-fast test-durations: unexport PYTHONDONTWRITEBYTECODE
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -50,6 +54,12 @@ test: venv services
 test-fast: venv services
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest $(XDIST) -m "not e2e and not browser and not slow" $(PYTEST_ARGS)
+
+# Re-measure every test's seconds (the whole suite, as `make test` runs it) into tests/durations.json:
+# tests at SLOW_S or more (tests/markers.py) get the slow marker and leave `make test-fast`.
+test-durations: venv services
+	scripts/ensure_test_tools.sh
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS) --record-durations tests/durations.json
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -128,6 +128,30 @@ def pytest_runtest_logreport(report):
         _unmarked.add(report.nodeid)
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--record-durations",
+        metavar="PATH",
+        help="write each test's seconds (setup + call + teardown) to PATH (tests/durations.json: "
+        "the measured rule for the slow marker, tests/markers.py)",
+    )
+
+
+def pytest_sessionfinish(session):
+    path = session.config.getoption("record_durations", None)
+    if not path or isolation.SLOT_ENV in os.environ:  # the xdist controller writes, not its workers
+        return
+    import json
+    import sys
+
+    document = markers.durations_document(
+        _durations, command=" ".join(["pytest", *sys.argv[1:]]), machine=markers.machine()
+    )
+    with open(path, "w") as out:
+        json.dump(document, out, indent=1)
+        out.write("\n")
+
+
 def pytest_terminal_summary(terminalreporter):
     slow = sorted(
         (seconds, nodeid)

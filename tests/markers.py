@@ -9,9 +9,12 @@
   passing (``git``, ``make``, ``ldconfig`` …, ``INCIDENTAL_PROGRAMS``) do not count.
 - ``browser``: the test drives Chromium (``tests/browser/``, ``BROWSER_FIXTURES``); the guard
   knows Playwright's driver.
-- ``slow``: measured above ~3 s (setup + call + teardown) on the reference machine (2 shared cores),
-  by name (``SLOW``) or through an expensive fixture (``SLOW_FIXTURES``). The run's summary names
-  tests that took more than ``SLOW_REPORT_S`` without the marker.
+- ``slow``: by name (``SLOW``: above ~3 s, or slow by design), through an expensive fixture
+  (``SLOW_FIXTURES``), or measured: ``tests/durations.json`` holds each test's seconds (setup + call
+  + teardown) from a whole-suite run on the reference machine (2 shared cores, the suite's own two
+  xdist workers), and a test measured at ``SLOW_S`` or more is slow. ``make test-durations``
+  re-measures (``pytest --record-durations``). The run's summary names tests that took more than
+  ``SLOW_REPORT_S`` without the marker.
 
 ``make test-fast`` deselects all three. Entries are ``path::function`` (every parametrisation),
 ``path::function[id]`` (one) or ``path`` (a whole module); fixtures are ``<where defined>::<name>``,
@@ -20,10 +23,13 @@ where is the conftest's folder or the test module.
 
 from __future__ import annotations
 
+import functools
+import json
 import multiprocessing.process
 import os
 import subprocess
 from collections.abc import Iterable
+from pathlib import Path
 
 import pytest
 
@@ -145,6 +151,56 @@ SLOW_FIXTURES = frozenset({"tests/scheduling_core/test_reproduce.py::quick_repor
 
 SLOW_REPORT_S = 5.0  # above ~3 s with room for a loaded machine
 
+# The edit loop's bound: a test measured at a second or more (tests/durations.json) is left to
+# `make test`. Most of the suite's unit tests take well under 0.3 s; the ones above a second drive
+# the live loop, a solver or a model through many steps.
+SLOW_S = 1.0
+DURATIONS_FILE = Path(__file__).with_name("durations.json")
+RECORD_FLOOR_S = 0.5  # durations below this are not kept in the file
+
+
+@functools.cache
+def measured() -> dict[str, float]:
+    """Seconds per test node id from ``tests/durations.json`` (empty when the file is absent)."""
+    try:
+        data = json.loads(DURATIONS_FILE.read_text())
+    except FileNotFoundError:
+        return {}
+    return {str(nodeid): float(seconds) for nodeid, seconds in data["seconds"].items()}
+
+
+def measured_slow(nodeid: str) -> bool:
+    return measured().get(nodeid, 0.0) >= SLOW_S
+
+
+def machine() -> str:
+    """``x86_64, Intel(R) Xeon(R) … @ 2.50GHz, 2 CPUs``: where durations were measured."""
+    import platform
+
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return ", ".join(part for part in (platform.machine(), model, f"{os.cpu_count()} CPUs") if part)
+
+
+def durations_document(seconds: dict[str, float], *, command: str, machine: str) -> dict:
+    """What ``--record-durations`` writes: the tests at or above ``RECORD_FLOOR_S``, sorted."""
+    kept = {nodeid: round(s, 2) for nodeid, s in sorted(seconds.items()) if s >= RECORD_FLOOR_S}
+    return {
+        "about": "seconds per test (setup + call + teardown); tests/markers.py marks those at or above "
+        f"SLOW_S = {SLOW_S} s as slow. Regenerate with `make test-durations`.",
+        "command": command,
+        "machine": machine,
+        "tests_run": len(seconds),
+        "seconds": kept,
+    }
+
+
 # Programs that a test, a library or the standard library runs in passing (version stamps, the
 # Makefile's variables, ctypes' library search, platform's uname, matplotlib's first font-cache
 # build): not the processes ``e2e`` means.
@@ -183,7 +239,7 @@ def markers_for(item: pytest.Item) -> set[str]:
         markers.add("e2e")
     if nodeid.startswith(BROWSER_DIRS) or fixtures & BROWSER_FIXTURES:
         markers.add("browser")
-    if listed(nodeid, SLOW) or fixtures & SLOW_FIXTURES:
+    if listed(nodeid, SLOW) or fixtures & SLOW_FIXTURES or measured_slow(nodeid):
         markers.add("slow")
     return markers
 

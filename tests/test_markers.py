@@ -46,6 +46,22 @@ def test_every_listed_test_and_fixture_exists(request):
             assert key in used, f"{key} is listed in tests/markers.py but no collected test uses it"
 
 
+def test_every_test_measured_at_the_slow_bound_carries_the_marker(request):
+    items = collected(request)
+    assert markers.measured(), "tests/durations.json is missing or empty: run make test-durations"
+    for item in items:
+        if markers.measured().get(item.nodeid, 0.0) >= markers.SLOW_S:
+            assert item.get_closest_marker("slow"), item.nodeid
+
+
+def test_the_durations_document_keeps_what_the_rule_needs():
+    seconds = {"tests/a.py::test_quick": 0.01, "tests/a.py::test_slow[1]": 2.345}
+    document = markers.durations_document(seconds, command="pytest", machine="box")
+    assert document["seconds"] == {"tests/a.py::test_slow[1]": 2.35}
+    assert document["tests_run"] == 2 and document["machine"] == "box"
+    assert markers.SLOW_S >= markers.RECORD_FLOOR_S  # every test the rule marks is in the file
+
+
 def test_the_marker_a_started_program_needs():
     assert markers.needed_marker("python", ["/venv/bin/python", "-m", "uvicorn", "app"]) == "e2e"
     assert markers.needed_marker("lint-imports", ["lint-imports", "--no-cache"]) == "e2e"

@@ -258,6 +258,14 @@ def test_when_everything_fails_nothing_is_returned_and_downstream_fails_over(tmp
         receiver.close()
 
 
+def served_records(server, count: int, timeout_s: float = 30.0) -> list[dict]:
+    """The server's records once it has written ``count`` of them (or what it has at the timeout)."""
+    deadline = time.monotonic() + timeout_s
+    while len(server.served) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return list(server.served)
+
+
 def test_disk_alone_and_concurrent_receivers_from_one_holder(tmp_path):
     expected = reference_weights()
     path = tmp_path / "tiny.safetensors"
@@ -269,7 +277,8 @@ def test_disk_alone_and_concurrent_receivers_from_one_holder(tmp_path):
         results = [weights_receive(expected.manifest, sources=[server.address]) for _ in range(2)]
         for result in results:
             assert_identical(result, expected)
-        assert [record.get("ok") for record in server.served] == [True, True]
+        # the server records a request once it has read the receiver's "done", after the receiver returned
+        assert [record.get("ok") for record in served_records(server, 2)] == [True, True]
         # a receiver whose manifest cuts other pieces is refused (the cuts must agree on both sides)
         other_cut = PackedWeights.from_state_dict("tiny", expected.state_dict(), piece_bytes=PIECE_BYTES * 2)
         assert other_cut.manifest.weights_id == expected.manifest.weights_id
