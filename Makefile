@@ -23,9 +23,10 @@ XDIST  := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfil
 # also lets it run without a SECRET_KEY. `DEBUG=false SECRET_KEY=… make run` runs as in production.
 run migrate: export DEBUG ?= true
 
-# Some machines set PYTHONDONTWRITEBYTECODE=1: then every test process recompiles the project and
-# pytest rewrites every test module's assertions again (about 9 s of CPU per collection here).
-test test-fast test-durations: unexport PYTHONDONTWRITEBYTECODE
+# Some machines set PYTHONDONTWRITEBYTECODE=1 (an empty value is off): then every test process
+# recompiles the project and pytest rewrites every test module's assertions again (about 9 s of CPU
+# per collection here).
+test test-fast test-durations: export PYTHONDONTWRITEBYTECODE =
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
