@@ -8,7 +8,10 @@ Model (docs/scheduling.md has the full description):
 * each ready GPU runs coalesced steps back to back while it has resident sessions; a step's
   duration is the GPU type's ``latency_ms(load)`` at the load co-located when the step starts, and
   each session resident at that moment gets one chunk at its end; a session that joins mid-step
-  starts at the next step;
+  starts at the next step. With ``stream_period_ms`` set, steps are paced as a live worker paces
+  its streams: a GPU's next step starts one chunk period after its previous one started (or when
+  it ends, if later; a session joining an idle GPU starts one at once), and one-shot jobs may step
+  in the gap when ``contracts.coserve`` says the step fits the slack (``stream_demands``);
 * a chunk's latency is the step duration plus the session's pending stall: κ after a migration,
   the host→GPU copy after a resume, and the queue wait before its first chunk;
 * GPUs serve only after their provisioning delay; cost = price × (release or end − request).
@@ -38,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from contracts.coserve import StreamDemand
 from scheduling.core.pipeline import ONE_REGION, DecisionInputs, decision_run
 from scheduling.core.policy import Policy
 from scheduling.core.provisioning import FIXED, SCALE_OUT_PATHS
@@ -68,6 +72,11 @@ class SimConfig:
     # How new GPUs get their weights: None = each profile's own path (its scale_out.path, or the
     # constant provisioning_delay_s when it has no scale-out model); else one of SCALE_OUT_PATHS.
     scale_out: str | None = None
+    # A chunk period (ms): a GPU starts a coalesced step at most once per period, as a live worker
+    # paces its streams, so the time a step leaves is there for one-shot jobs beside the streams
+    # (contracts.coserve). None: steps back to back (every chunk as early as the GPU can make it;
+    # the stream-only model, whose chunk latencies are the same either way).
+    stream_period_ms: float | None = None
 
 
 @dataclass
@@ -147,6 +156,8 @@ class _Gpu:
         "id",
         "load",
         "members",
+        "next_start",
+        "pace_epoch",
         "ready_at",
         "released_at",
         "requested_at",
@@ -155,6 +166,7 @@ class _Gpu:
         "status",
         "step_extra",
         "step_members",
+        "step_started",
         "type_key",
     )
 
@@ -173,6 +185,11 @@ class _Gpu:
         self.busy = False
         self.step_members = 0
         self.step_extra: list[float] = []
+        # Paced streams (SimConfig.stream_period_ms): when the running or next step starts; the
+        # epoch invalidates a scheduled start that an earlier one (a session joining) replaced.
+        self.step_started = 0.0
+        self.next_start = 0.0
+        self.pace_epoch = 0
 
     def view(self) -> GpuView:
         return GpuView(self.id, self.type_key, self.status, self.ready_at, self.requested_at)
@@ -411,6 +428,8 @@ class Simulator:
         g.busy = True
         g.step_members = len(g.members)
         g.step_extra = extra
+        g.step_started = g.next_start = self.now
+        g.pace_epoch += 1
         self._push(self.now + dur / 1000.0, _STEP, ("step", g.id, dur))
 
     def _end_step(self, gid: str, dur: float) -> None:
@@ -427,7 +446,35 @@ class Simulator:
             self.extra_t.append(self.now)
         g.busy = False
         g.step_extra = []
-        self._start_step(g)
+        period = self.cfg.stream_period_ms
+        if period is None or not g.members:
+            self._start_step(g)
+            return
+        g.next_start = max(self.now, g.step_started + period / 1000.0)
+        if g.next_start <= self.now:
+            self._start_step(g)
+            return
+        self._push(g.next_start, _STEP, ("due", g.id, g.pace_epoch))
+        if self.jobs is not None:
+            self.jobs.fill_beside(g.id)  # the gap until then is the streams' slack
+
+    def _due(self, gid: str, epoch: int) -> None:
+        """A paced GPU's next step is due (unless a session joining started one already)."""
+        g = self.gpus.get(gid)
+        if g is not None and not g.busy and g.pace_epoch == epoch:
+            self._start_step(g)
+
+    def stream_demands(self, gid: str) -> list[StreamDemand]:
+        """What the streams of ``gid`` need of it next (``contracts.coserve``), for a GPU between two
+        paced steps: one coalesced step, to start at its paced time (so it ends no later than
+        without a job beside it) and take ``latency_ms`` at the load resident now. Empty when the
+        GPU has no session; a GPU whose step is running has no slack until it ends."""
+        g = self.gpus[gid]
+        if not g.members:
+            return []
+        generation_s = g.spec.latency_ms(g.load) / 1000.0
+        start = g.next_start if not g.busy else self.now
+        return [StreamDemand(finish_by=start + generation_s, generation_s=generation_s)]
 
     # -- decisions -------------------------------------------------------------------------------
     def _decide(self, event: Event) -> None:
@@ -599,6 +646,8 @@ class Simulator:
                 kind = payload[0]
                 if kind == "step":
                     self._end_step(payload[1], payload[2])
+                elif kind == "due":
+                    self._due(payload[1], payload[2])
                 elif kind == "ready":
                     g = self.gpus.get(payload[1])
                     if g is not None and g.status == "provisioning":
