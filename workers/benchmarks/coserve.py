@@ -239,6 +239,23 @@ def run_coserve_bench(
     }
 
 
+def _simulated_text(simulated: dict[str, Any] | None) -> str:
+    """The simulator's figures for one job (``--simulate``), if it ran."""
+    if simulated is None:
+        return ""
+    if simulated["sim_device_s"] is None:
+        return f"; simulated: not done in any of {simulated['phases']} phases"
+    text = f"; simulated {simulated['sim_device_s']:.2f} s on the device"
+    if simulated["sim_completion_s"] is not None:
+        text += (
+            f" + {simulated['overhead_s']:.2f} s overhead = {simulated['sim_completion_s']:.2f} s,"
+            f" {simulated['sim_ratio']:.2f}× live"
+        )
+    if simulated["unfinished"]:
+        text += f" ({simulated['unfinished']} of {simulated['phases']} phases not done)"
+    return text
+
+
 def format_coserve_bench(report: dict[str, Any]) -> str:
     lines = [f"bench_coserve_live: preset {report['args']['preset']}, {report['machine'].get('cpu', '')}"]
     for run in report["runs"]:
@@ -259,8 +276,9 @@ def format_coserve_bench(report: dict[str, Any]) -> str:
                     f"    {job['job_kind']:5} {size:11} {job['steps']} steps: NOT done in {job['timeout_s']:.0f} s"
                 )
                 continue
-            lines.append(
+            line = (
                 f"    {job['job_kind']:5} {size:11} {job['steps']} steps: done in {job['completion_s']:.2f} s"
-                f" for {job['run_s']:.3f} s of compute (target {job['target_s']:.2f} s)"
+                f" for {job['run_s']:.3f} s of compute (target {job.get('target_s', math.nan):.2f} s)"
             )
+            lines.append(line + _simulated_text(job.get("simulated")))
     return "\n".join(lines)

@@ -1,6 +1,7 @@
 """``manage.py bench_coserve_live``: one-shot jobs beside N live streams on a real worker process,
 each job's completion time against its compute time and the streams' chunk lateness with and without
-jobs (docs/jobs.md "Jobs beside streams", issue 32)."""
+jobs (docs/jobs.md "Jobs beside streams", issue 32); ``--simulate`` replays each run's mix in the
+simulator, beside the live figures (``workers.benchmarks.coserve_sim``)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,16 @@ class Command(BaseCommand):
         )
         parser.add_argument("--seconds", type=float, default=5.0, help="streams alone, measured (default 5)")
         parser.add_argument("--warmup", type=float, default=3.0, help="seconds before measuring (default 3)")
+        parser.add_argument(
+            "--simulate",
+            action="store_true",
+            help="also replay each run's mix in the simulator (contracts.coserve, measured step and chunk "
+            "times) and print simulated completion beside the live one; include 0 in --streams for the "
+            "per-job overhead outside the device loop",
+        )
+        parser.add_argument(
+            "--simulate-phases", type=int, default=8, help="submit phases per simulated job (default 8)"
+        )
         bench.add_report_arguments(parser)
 
     def handle(self, *args, **options):
@@ -35,6 +46,8 @@ class Command(BaseCommand):
             mix = [parse_job(s.strip()) for s in options["jobs"].split(",") if s.strip()]
         except ValueError as exc:
             raise CommandError(f"--jobs: {exc}") from exc
+        if options["simulate_phases"] < 1:
+            raise CommandError("--simulate-phases must be >= 1")
         report = run_coserve_bench(
             settings.REDIS_URL,
             preset=options["preset"],
@@ -43,6 +56,11 @@ class Command(BaseCommand):
             seconds=options["seconds"],
             warmup_s=options["warmup"],
         )
+        if options["simulate"]:
+            # The lab's simulator, imported only when asked for (it loads numpy and the job solver).
+            from workers.benchmarks.coserve_sim import add_simulation
+
+            report = add_simulation(report, phases=options["simulate_phases"])
         bench.emit(
             report,
             json_mode=options["json"],
