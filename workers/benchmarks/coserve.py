@@ -59,7 +59,9 @@ class _QueueReporter:
         pass
 
 
-def _worker_main(name: str, redis_url: str, preset: str, capacity: int, reports: Any) -> None:
+def _worker_main(
+    name: str, redis_url: str, preset: str, capacity: int, reports: Any, starved_after_chunks: float | None
+) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
     import django
 
@@ -78,6 +80,7 @@ def _worker_main(name: str, redis_url: str, preset: str, capacity: int, reports:
         reporter=_QueueReporter(reports),  # type: ignore[arg-type]
         capacity=capacity,
         heartbeat_s=3600.0,
+        starved_after_chunks=starved_after_chunks,
     )
     reports.put(("ready", (daemon.streams.chunk_s,), {}))
     daemon.run()
@@ -94,12 +97,16 @@ def parse_job(spec: str) -> dict[str, Any]:
 
 
 class _Worker:
-    def __init__(self, redis_url: str, preset: str, capacity: int) -> None:
+    def __init__(
+        self, redis_url: str, preset: str, capacity: int, starved_after_chunks: float | None
+    ) -> None:
         self.name = f"coserve-{uuid.uuid4().hex[:8]}"
         self.client = redis.Redis.from_url(redis_url)
         self.reports = CONTEXT.Queue()
         self.process = CONTEXT.Process(
-            target=_worker_main, args=(self.name, redis_url, preset, capacity, self.reports), daemon=True
+            target=_worker_main,
+            args=(self.name, redis_url, preset, capacity, self.reports, starved_after_chunks),
+            daemon=True,
         )
         self.process.start()
         self.chunk_s = float(self.expect("ready", timeout_s=120.0)[1][0])
@@ -178,8 +185,9 @@ def run_streams(
     seconds: float,
     warmup_s: float,
     job_timeout_s: float = 60.0,
+    starved_after_chunks: float | None = 4.0,
 ) -> dict[str, Any]:
-    worker = _Worker(redis_url, preset, capacity=max(1, streams))
+    worker = _Worker(redis_url, preset, capacity=max(1, streams), starved_after_chunks=starved_after_chunks)
     try:
         for seed in range(streams):
             worker.send("start", session=str(uuid.uuid4()), epoch=1, seed=seed, prompts=[[0, "a heron"]])
@@ -226,14 +234,29 @@ def run_coserve_bench(
     mix: list[dict[str, Any]],
     seconds: float,
     warmup_s: float,
+    starved_after_chunks: float | None = 4.0,
 ) -> dict[str, Any]:
     runs = [
-        run_streams(redis_url, preset=preset, streams=n, mix=mix, seconds=seconds, warmup_s=warmup_s)
+        run_streams(
+            redis_url,
+            preset=preset,
+            streams=n,
+            mix=mix,
+            seconds=seconds,
+            warmup_s=warmup_s,
+            starved_after_chunks=starved_after_chunks,
+        )
         for n in stream_counts
     ]
     return {
         "benchmark": "coserve_live",
-        "args": {"preset": preset, "streams": stream_counts, "seconds": seconds, "warmup_s": warmup_s},
+        "args": {
+            "preset": preset,
+            "streams": stream_counts,
+            "seconds": seconds,
+            "warmup_s": warmup_s,
+            "starved_after_chunks": starved_after_chunks,
+        },
         "mix": mix,
         "runs": runs,
     }

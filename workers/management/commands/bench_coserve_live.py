@@ -29,6 +29,12 @@ class Command(BaseCommand):
         parser.add_argument("--seconds", type=float, default=5.0, help="streams alone, measured (default 5)")
         parser.add_argument("--warmup", type=float, default=3.0, help="seconds before measuring (default 3)")
         parser.add_argument(
+            "--starved-after-chunks",
+            default="4",
+            help="the worker's starvation guard: chunk periods without a completed job step before one step "
+            "may take part of the streams' reserve (default 4; 'off': no guard)",
+        )
+        parser.add_argument(
             "--simulate",
             action="store_true",
             help="also replay each run's mix in the simulator (contracts.coserve, measured step and chunk "
@@ -46,6 +52,13 @@ class Command(BaseCommand):
             mix = [parse_job(s.strip()) for s in options["jobs"].split(",") if s.strip()]
         except ValueError as exc:
             raise CommandError(f"--jobs: {exc}") from exc
+        starved = options["starved_after_chunks"]
+        try:
+            starved_after = None if starved == "off" else float(starved)
+        except ValueError:
+            raise CommandError(
+                f"--starved-after-chunks: a number of chunk periods or 'off', got {starved!r}"
+            ) from None
         if options["simulate_phases"] < 1:
             raise CommandError("--simulate-phases must be >= 1")
         report = run_coserve_bench(
@@ -55,6 +68,7 @@ class Command(BaseCommand):
             mix=mix,
             seconds=options["seconds"],
             warmup_s=options["warmup"],
+            starved_after_chunks=starved_after,
         )
         if options["simulate"]:
             # The lab's simulator, imported only when asked for (it loads numpy and the job solver).
