@@ -14,8 +14,9 @@ module (:class:`JobSide`) on job events, on its own timers and after every strea
   ``contracts.coserve.job_step_fits``, the rule the live worker runs. The most urgent job that
   fits goes first (earliest deadline, then arrival), as on the worker (``workers.runtime.jobs``).
   Step times are exact here, so a step beside streams never delays a chunk; a session placed on
-  the GPU meanwhile abandons it (`claim`). One step at a time: after it the job is waiting again,
-  for a round or the next gap; a video's decode is one more such step.
+  the GPU meanwhile abandons it at its next block boundary (`claim`). One step at a time: after it
+  the job is waiting again, for a round or the next gap. A video's decode, which has no block
+  boundary (a claim would wait for its end), runs only on a GPU without streams.
 * **Abandoning a step for streams** (`JobSide.claim`, as the worker does: docs/jobs.md). A session
   placed on a GPU whose job step is in flight does not wait for the step's end: the step is
   abandoned at its next transformer-block boundary, ``min(remaining, step_time / blocks)`` from
@@ -332,7 +333,9 @@ class JobSide:
             key=lambda j: (j.deadline, j.arrival, j.id),
         )
         for lead in waiting:
-            if not job_step_fits(self._beside_step_s(lead), slack_s):
+            # A decode has no block boundary to stop at: a session claiming the GPU would wait for
+            # its end, so it runs only on a GPU without streams (a round's plan).
+            if lead.remaining == 0 or not job_step_fits(lead.step_s(), slack_s):
                 continue
             batch = [lead]
             if lead.kind == "image":
@@ -355,11 +358,6 @@ class JobSide:
             self.beside_gpu_s += alloc.step_end - alloc.step_start
             return True
         return False
-
-    @staticmethod
-    def _beside_step_s(job: _Job) -> float:
-        """The next step of ``job`` on one GPU: a denoising step, or a finished video's decode."""
-        return job.step_s() if job.remaining > 0 else job.decode
 
     def _fill_all(self) -> None:
         for gid in sorted(self.host.gpus):
