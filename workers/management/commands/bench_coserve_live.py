@@ -19,7 +19,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--preset", default="tiny", help="the worker's model preset (default tiny)")
         parser.add_argument(
-            "--streams", default="1,2,4", help="comma-separated stream counts (default 1,2,4)"
+            "--streams",
+            default="1,2,4",
+            help="comma-separated stream counts (default 1,2,4); 0: the jobs alone, the overhead --simulate adds",
         )
         parser.add_argument(
             "--jobs",
@@ -47,7 +49,7 @@ class Command(BaseCommand):
         bench.add_report_arguments(parser)
 
     def handle(self, *args, **options):
-        counts = list(list_option(options, "streams", int, minimum=1))
+        counts = list(list_option(options, "streams", int, minimum=0))
         try:
             mix = [parse_job(s.strip()) for s in options["jobs"].split(",") if s.strip()]
         except ValueError as exc:
