@@ -77,6 +77,11 @@ class SimConfig:
     # (contracts.coserve). None: steps back to back (every chunk as early as the GPU can make it;
     # the stream-only model, whose chunk latencies are the same either way).
     stream_period_ms: float | None = None
+    # With paced streams: how much later than its paced start plus its generation a step may end
+    # because a job step ran first — the part of a live worker's look-ahead its jobs may take (its
+    # chunks are made up to 1.25 periods ahead and due to be done half a period before they play).
+    # 0: none, every chunk exactly when it would be without jobs.
+    stream_lead_ms: float = 0.0
 
 
 @dataclass
@@ -157,6 +162,7 @@ class _Gpu:
         "load",
         "members",
         "next_start",
+        "overdue",
         "pace_epoch",
         "ready_at",
         "released_at",
@@ -166,6 +172,7 @@ class _Gpu:
         "status",
         "step_extra",
         "step_members",
+        "step_nominal",
         "step_started",
         "type_key",
     )
@@ -190,6 +197,10 @@ class _Gpu:
         self.step_started = 0.0
         self.next_start = 0.0
         self.pace_epoch = 0
+        # With a stream lead: the paced start of the running step, and whether the next one is
+        # past its paced start, waiting for a job step beside it to end.
+        self.step_nominal = 0.0
+        self.overdue = False
 
     def view(self) -> GpuView:
         return GpuView(self.id, self.type_key, self.status, self.ready_at, self.requested_at)
@@ -414,7 +425,7 @@ class Simulator:
         self._touch_gpu(g)
         return g
 
-    def _start_step(self, g: _Gpu) -> None:
+    def _start_step(self, g: _Gpu, nominal: float | None = None) -> None:
         if not g.members or g.status not in ("ready", "draining"):
             g.busy = False
             return
@@ -429,6 +440,8 @@ class Simulator:
         g.step_members = len(g.members)
         g.step_extra = extra
         g.step_started = g.next_start = self.now
+        g.step_nominal = self.now if nominal is None else nominal
+        g.overdue = False
         g.pace_epoch += 1
         self._push(self.now + dur / 1000.0, _STEP, ("step", g.id, dur))
 
@@ -450,7 +463,7 @@ class Simulator:
         if period is None or not g.members:
             self._start_step(g)
             return
-        g.next_start = max(self.now, g.step_started + period / 1000.0)
+        g.next_start = max(self.now, g.step_nominal + period / 1000.0)
         if g.next_start <= self.now:
             self._start_step(g)
             return
@@ -461,8 +474,18 @@ class Simulator:
     def _due(self, gid: str, epoch: int) -> None:
         """A paced GPU's next step is due (unless a session joining started one already)."""
         g = self.gpus.get(gid)
-        if g is not None and not g.busy and g.pace_epoch == epoch:
-            self._start_step(g)
+        if g is None or g.busy or g.pace_epoch != epoch:
+            return
+        if self.cfg.stream_lead_ms > 0 and self.jobs is not None and self.jobs.beside_on(gid):
+            g.overdue = True  # the job step beside it ends within the lead: then (`beside_ended`)
+            return
+        self._start_step(g, nominal=g.next_start)
+
+    def beside_ended(self, gid: str) -> None:
+        """A job step beside the streams of ``gid`` ended (or stopped): their step, if overdue, now."""
+        g = self.gpus.get(gid)
+        if g is not None and g.overdue and not g.busy:
+            self._start_step(g, nominal=g.next_start)
 
     def stream_demands(self, gid: str) -> list[StreamDemand]:
         """What the streams of ``gid`` need of it next (``contracts.coserve``), for a GPU between two
@@ -473,8 +496,10 @@ class Simulator:
         if not g.members:
             return []
         generation_s = g.spec.latency_ms(g.load) / 1000.0
-        start = g.next_start if not g.busy else self.now
-        return [StreamDemand(finish_by=start + generation_s, generation_s=generation_s)]
+        if g.busy:
+            return [StreamDemand(finish_by=self.now + generation_s, generation_s=generation_s)]
+        lead_s = self.cfg.stream_lead_ms / 1000.0
+        return [StreamDemand(finish_by=g.next_start + generation_s + lead_s, generation_s=generation_s)]
 
     # -- decisions -------------------------------------------------------------------------------
     def _decide(self, event: Event) -> None:

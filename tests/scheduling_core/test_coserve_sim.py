@@ -27,7 +27,7 @@ from scheduling.sim.traces import JobEvent, TraceEvent, merge_by_time
 DURATION_S = 6.0
 
 
-def _pool(generation_ms: float, period_ms: float) -> SimConfig:
+def _pool(generation_ms: float, period_ms: float, lead_ms: float = 0.0) -> SimConfig:
     """One GPU whose coalesced step takes ``generation_ms`` at any load, paced at ``period_ms``."""
     profile = replace(
         load_profiles("h100-1.3b")[0], latency_points=((0.0, generation_ms), (10.0, generation_ms))
@@ -40,6 +40,7 @@ def _pool(generation_ms: float, period_ms: float) -> SimConfig:
         duration_s=DURATION_S,
         tick_s=0.0,
         stream_period_ms=period_ms,
+        stream_lead_ms=lead_ms,
     )
 
 
@@ -167,3 +168,24 @@ def test_a_video_steps_in_the_gaps_but_decodes_only_on_a_gpu_without_streams():
     assert job.done_at is None and result.jobs["unfinished"] == 1
     # And the autoscaler is told of no GPU the job holds: the GPU is the streams'
     assert sim.jobs.demand().holders == ()
+
+
+@pytest.mark.parametrize("lead_ms", [0.0, 150.0])
+def test_with_a_stream_lead_a_step_longer_than_the_gap_runs_and_delays_the_chunk_within_the_lead(lead_ms):
+    # Given one stream, 200 ms steps every 500 ms (gaps of 300 ms), and a 400 ms image step
+    # submitted as a gap opens; the streams may end a step up to lead_ms late (a live worker's
+    # look-ahead) or not at all
+    config = _pool(200.0, 500.0, lead_ms)
+    job = JobEvent(0.2, "img", "submit", "image", None, 64, 64, None, 1, 60.0)
+    sim, result = _run(_streams(1), config, _jobs("image", 400.0), [job])
+    # Then the simulator decides as the pure rule does with that lead in the demand's finish-by
+    demand = StreamDemand(finish_by=0.5 + 0.2 + lead_ms / 1000.0, generation_s=0.2)
+    fits = job_step_fits(0.4, stream_slack_s([demand], now=0.2))
+    assert fits == (lead_ms > 0)
+    started = sim.jobs.jobs["img"].started_at
+    assert started == (pytest.approx(0.2) if fits else None)
+    # And the stream step it delays (0.5 → 0.6 s) keeps the paced schedule after it: as many
+    # chunks as without the job, none longer
+    _, alone = _run(_streams(1), config, _jobs("image", 400.0), [])
+    assert result.chunks == alone.chunks
+    assert result.worst_chunk_latency_ms == alone.worst_chunk_latency_ms == 200.0

@@ -46,9 +46,10 @@ def test_with_no_stream_the_simulated_job_takes_its_compute_and_the_overhead_com
 
 
 def test_a_step_longer_than_every_gap_never_finishes_in_the_simulator_either():
-    # Given one stream using 0.6 of a 0.5 s period (gaps of 0.2 s) and a video whose steps take 0.25 s
+    # Given one stream using 0.7 of a 0.5 s period (gaps of 0.15 s, a lead of 0.75 × 0.5 − 0.35 =
+    # 0.025 s) and a video whose steps take 0.25 s
     simulated = simulate_job(
-        VIDEO | {"run_s": 1.0}, streams=1, chunk_s=0.5, streams_busy=0.6, phases=3, horizon_s=10.0
+        VIDEO | {"run_s": 1.0}, streams=1, chunk_s=0.5, streams_busy=0.7, phases=3, horizon_s=10.0
     )
     # Then no phase finishes: the rule never lets such a step start
     assert simulated["sim_device_s"] is None and simulated["unfinished"] == 3

@@ -11,13 +11,17 @@ the live run measured:
 - each job: its own profile, one point, the step time it had live (``run_s / steps``), no decode
   (the live figure counts the decode and the MP4 outside ``run_s``: see ``overhead_s``);
 - the rule: a job step runs in the gap between two stream steps when ``contracts.coserve`` says it
-  fits, as the worker decides (``workers.daemon.worker``).
+  fits, as the worker decides (``workers.daemon.worker``), with the worker's lead: its streams'
+  chunks are made up to 1.25 periods before they play (one chunk of look-ahead, coalesced within a
+  quarter) and must be done half a period before (``job_reserve_chunks``), so a step may end up to
+  ``0.75 × period − generation`` after its paced start plus its generation
+  (``SimConfig.stream_lead_ms``).
 
 A job is submitted at ``phases`` evenly spread points of a chunk period (the live submit lands at a
 random phase), each a run of its own; ``sim_device_s`` is the mean submit → last step, and
 ``unfinished`` counts phases where it never finished within ``horizon_s``.
 
-Not modelled: the live worker's look-ahead (its streams run up to a chunk ahead and the reserve),
+Not modelled: the starvation guard (a starved job's step may take a quarter period more),
 staggered stream phases (several smaller batches per period, so smaller gaps), the unmeasured first
 step's probe, and every cost outside the device loop (command delivery, the decode and MP4 encode,
 the report): ``overhead_s``, what a job took beyond its compute with no stream (the ``--streams 0``
@@ -38,6 +42,9 @@ from scheduling.sim.simulator import SimConfig, Simulator
 from scheduling.sim.traces import JobEvent, TraceEvent, merge_by_time
 
 WARMUP_PERIODS = 4  # stream steps before a job is submitted: the pacing is settled
+# The worker's defaults (``WorkerDaemon``): look-ahead 1 chunk plus the quarter chunk within which
+# it coalesces, less the reserve job steps never take (0.5 chunk).
+LOOKAHEAD_CHUNKS, COALESCE_CHUNKS, RESERVE_CHUNKS = 1.0, 0.25, 0.5
 
 
 def _pool(streams: int, chunk_s: float, streams_busy: float, horizon_s: float) -> SimConfig:
@@ -57,6 +64,9 @@ def _pool(streams: int, chunk_s: float, streams_busy: float, horizon_s: float) -
         tick_s=0.0,
         duration_s=horizon_s,
         stream_period_ms=chunk_s * 1000.0,
+        stream_lead_ms=max(
+            0.0, (LOOKAHEAD_CHUNKS + COALESCE_CHUNKS - RESERVE_CHUNKS) * chunk_s * 1000.0 - step_ms
+        ),
     )
 
 

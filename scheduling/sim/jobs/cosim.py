@@ -359,6 +359,11 @@ class JobSide:
             return True
         return False
 
+    def beside_on(self, gid: str) -> bool:
+        """Whether a job step runs beside the streams of ``gid`` now."""
+        key = self.gpu_owner.get(gid)
+        return key is not None and self.allocations[key].beside
+
     def _fill_all(self) -> None:
         for gid in sorted(self.host.gpus):
             self.fill_beside(gid)
@@ -418,9 +423,13 @@ class JobSide:
 
     def _stop(self, key: str) -> _Allocation:
         alloc = self.allocations.pop(key)
+        gpus = list(alloc.gpus)
         self._release_gpus(alloc)
         for job in alloc.jobs:
             job.degree = 0
+        if alloc.beside:
+            for gid in gpus:
+                self.host.beside_ended(gid)  # a stream step it delayed (within their lead) starts
         return alloc
 
     def _requeue(self, key: str) -> None:
