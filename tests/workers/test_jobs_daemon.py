@@ -322,10 +322,9 @@ def test_on_a_fake_clock_the_daemon_runs_job_steps_in_the_slack_the_stream_leave
 
 @pytest.mark.parametrize("guard", [True, False])
 def test_on_a_fake_clock_a_starved_job_step_may_take_part_of_the_streams_reserve_only_with_the_guard(guard):
-    # Given a daemon on a fake clock with one stream and one image job whose step is known to be
-    # longer than the slack the stream leaves with its reserve (half a chunk) but shorter than the
-    # slack with the starvation reserve (a quarter chunk); the guard on at once (0 chunk periods
-    # without progress) or off
+    # Given a daemon on a fake clock with one stream and one image job whose step is estimated
+    # far longer than any slack the stream leaves (as a tiny video's was, scaled from an image's);
+    # the guard on at once (0 chunk periods without progress) or off
     torch.set_num_threads(1)
     client = redis.Redis.from_url(settings.REDIS_URL)
     clock, reports = FakeClock(100.0), queue.Queue()
@@ -352,13 +351,17 @@ def test_on_a_fake_clock_a_starved_job_step_may_take_part_of_the_streams_reserve
         normal = stream_slack_s(daemon.streams.demands(), now=clock.now)
         guarded = stream_slack_s(daemon.streams.demands(0.25), now=clock.now)
         assert guarded == pytest.approx(normal + 0.125)
-        daemon.jobs.times.record(daemon.jobs.jobs["j"].ticket.shape, 1, (normal + guarded) / 2)
+        shape = daemon.jobs.jobs["j"].ticket.shape
+        daemon.jobs.times.record(shape, 1, 10 * guarded)
         # When the daemon steps
         daemon.step()
-        # Then with the guard the job steps in the larger slack; without it, chunk 1 runs instead
+        # Then with the guard the job's step is probed, in the slack the smaller reserve leaves, and
+        # completes (a fake clock: it takes no time), its measurement replacing the estimate;
+        # without the guard chunk 1 runs instead
         progress = daemon.engine.next_chunk("s"), daemon.engine.job_progress("j")[0]
         assert progress == ((1, 1) if guard else (2, 0))
         assert daemon.guard_steps == (1 if guard else 0)
+        assert (daemon.jobs.times.estimate(shape, 1) < guarded) == guard
     finally:
         daemon.jobs.close()
         daemon.engine.close()

@@ -139,19 +139,23 @@ class WorkerDaemon:
         # Whether the next turn looks for a job step before blocking on commands: after a job step
         # (jobs are making progress) and after a chunk batch (the slack has changed).
         self._job_may_step = False
-        # The starvation guard (issue 32): a job step longer than any slack the streams leave
-        # with their reserve (a tiny video step beside streams using half the device) would never
-        # run. Once no job step has completed for `starved_after_chunks` chunk periods while jobs
-        # wait, one step may take part of the reserve too: its slack is computed with the chunks
-        # due `starved_reserve_chunks` (not `job_reserve_chunks`) before they play. Chunks still
-        # end before they are due (the step is abandoned at that slack's end), only their lead
-        # shrinks, and at most one such step runs per starvation period. None: no guard.
+        # The starvation guard (issue 32): a job whose step is estimated longer than any slack the
+        # streams leave with their reserve would never run — a tiny 128²×16 video beside two
+        # streams, its step estimated from a 64² image's by pixels × frames at 0.8 s, measured at
+        # 0.05 s once run. Once no job step has completed for `starved_after_chunks` chunk periods
+        # while jobs wait, the most urgent job's step is probed (run whatever its estimate, in a
+        # slack of at least a chunk's generation time: `plan_job_batch(probe=True)`) and may take
+        # part of the reserve: the slack is computed with chunks due `starved_reserve_chunks` (not
+        # `job_reserve_chunks`) before they play. Chunks still end before they are due (the step is
+        # abandoned at that slack's end, its work lost), only their lead shrinks; a step that
+        # completes sets its shape's estimate from the measurement. None: no guard.
         self.starved_after_s = (
             None if starved_after_chunks is None else starved_after_chunks * self.streams.chunk_s
         )
         self.starved_reserve_chunks = starved_reserve_chunks
         self._jobs_progressed_at: float | None = None  # the last completed job step (or first wait)
-        self.guard_steps = 0
+        self.guard_steps = 0  # steps the guard let run to completion
+        self.guard_abandoned = 0
 
     @property
     def sessions(self) -> dict[str, OwnedSession]:
@@ -299,18 +303,25 @@ class WorkerDaemon:
         once the streams' slack is spent (the step overran its estimate)."""
         self.claims.arm(self.commands.reader.last_id)
         abandoned_before = self.jobs.abandoned_steps
+        starved = self._starved(now)
         try:
             stepped = self.jobs.run_step(
                 now=now,
                 free_s=slack_s,
                 probe_s=self.streams.chunk_generation_s,
                 abandon=ClaimOrDeadline(self.claims.claimed, deadline=now + slack_s, clock=self.clock),
+                probe=starved,
             )
             if self.jobs.abandoned is not None and not self.claims.claimed.is_set():
                 self.jobs.abandoned = None  # the slack ran out: no stream's claim to answer with it
             if stepped and self.jobs.abandoned_steps == abandoned_before:  # a step completed
-                if self._starved(now):
-                    self.guard_steps += 1
+                self.guard_steps += starved
+                self._jobs_progressed_at = self.clock()
+            elif stepped and starved:
+                # The probe overran even that slack (or a stream claimed the device): the next one
+                # after another starvation period, so probes cost the streams' lead at most once a
+                # period.
+                self.guard_abandoned += 1
                 self._jobs_progressed_at = self.clock()
             return stepped
         finally:
