@@ -199,10 +199,12 @@ def run_streams(
     warmup_s: float,
     job_timeout_s: float = 60.0,
     starved_after_chunks: float | None = 4.0,
+    warm_up_jobs: bool = True,
 ) -> dict[str, Any]:
     worker = _Worker(redis_url, preset, capacity=max(1, streams), starved_after_chunks=starved_after_chunks)
     try:
-        _warm_up_jobs(worker, preset, mix, job_timeout_s)
+        if warm_up_jobs:
+            _warm_up_jobs(worker, preset, mix, job_timeout_s)
         for seed in range(streams):
             worker.send("start", session=str(uuid.uuid4()), epoch=1, seed=seed, prompts=[[0, "a heron"]])
             time.sleep(worker.chunk_s / max(1, streams))  # staggered phases
@@ -249,6 +251,7 @@ def run_coserve_bench(
     seconds: float,
     warmup_s: float,
     starved_after_chunks: float | None = 4.0,
+    warm_up_jobs: bool = True,
 ) -> dict[str, Any]:
     runs = [
         run_streams(
@@ -259,6 +262,7 @@ def run_coserve_bench(
             seconds=seconds,
             warmup_s=warmup_s,
             starved_after_chunks=starved_after_chunks,
+            warm_up_jobs=warm_up_jobs,
         )
         for n in stream_counts
     ]
@@ -270,6 +274,7 @@ def run_coserve_bench(
             "seconds": seconds,
             "warmup_s": warmup_s,
             "starved_after_chunks": starved_after_chunks,
+            "warm_up_jobs": warm_up_jobs,
         },
         "mix": mix,
         "runs": runs,

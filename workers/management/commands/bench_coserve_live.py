@@ -37,6 +37,11 @@ class Command(BaseCommand):
             "may take part of the streams' reserve (default 4; 'off': no guard)",
         )
         parser.add_argument(
+            "--cold",
+            action="store_true",
+            help="no unmeasured warm-up job of each kind first: the worker meets each job shape unmeasured",
+        )
+        parser.add_argument(
             "--simulate",
             action="store_true",
             help="also replay each run's mix in the simulator (contracts.coserve, measured step and chunk "
@@ -71,6 +76,7 @@ class Command(BaseCommand):
             seconds=options["seconds"],
             warmup_s=options["warmup"],
             starved_after_chunks=starved_after,
+            warm_up_jobs=not options["cold"],
         )
         if options["simulate"]:
             # The lab's simulator, imported only when asked for (it loads numpy and the job solver).
