@@ -7,7 +7,8 @@ the heartbeat, migrations' transfers, and the encoding of finished one-shot jobs
 time the streams leave: a step of denoising runs only when no chunk is due and it is expected to
 fit the slack the streams' next chunks leave (``contracts.coserve``, the rule the simulator
 measures); it is abandoned at a block boundary once that slack is spent, or when a stream claims
-the device.
+the device. A job that has made no progress for a few chunk periods has its step probed in a
+slightly larger slack (the starvation guard, ``WorkerDaemon.__init__``).
 """
 
 from __future__ import annotations
