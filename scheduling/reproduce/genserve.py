@@ -9,7 +9,10 @@ the stream simulator and its job side (``cosim``):
 2. **SLO scale** (Fig. 10): attainment against σ for fcfs, edf and genserve.
 3. **Beside the streams**: a session trace and a job mix on one TurboServe-autoscaled pool, against
    the streams alone (chunks over their SLO) and against the jobs alone on a dedicated fixed pool
-   whose cost equals what the shared pool spent beyond the streams alone.
+   whose cost equals what the shared pool spent beyond the streams alone. The streams are paced at
+   one chunk period (the SLO: ``SimConfig.stream_period_ms``), alone as with jobs, so jobs step on
+   the empty GPUs the round solver plans and beside the streams when ``contracts.coserve`` says a
+   step fits the slack they leave (issue 32: the rule the live worker runs).
 
 Experiments 1 and 2 also run every policy beside the streams (same jobs, one autoscaled pool with
 a Poisson session trace), reporting its attainment and the stream chunks over SLO there.
@@ -229,6 +232,8 @@ def with_streams(
                 "peak_gpus_shared": shared.peak_gpus,
                 "dedicated_gpus": dedicated_gpus,
                 "jobs_shared": {k: shared.jobs[k] for k in _KEYS},
+                "job_steps_beside_streams": shared.jobs["beside_steps"],
+                "job_gpu_s_beside_streams": shared.jobs["beside_gpu_s"],
                 "jobs_dedicated": {k: dedicated[k] for k in _KEYS},
             }
         )
@@ -239,7 +244,16 @@ def with_streams(
 
 
 def _autoscaled(profile: Any, duration_s: float) -> SimConfig:
-    return SimConfig(profiles=[profile], initial_gpus=GPUS, min_gpus=1, max_gpus=32, duration_s=duration_s)
+    """The shared pool, its streams paced at one chunk period: the SLO (a chunk plays for as long as
+    it may take to make), so the time their steps leave is there for jobs (issue 32)."""
+    return SimConfig(
+        profiles=[profile],
+        initial_gpus=GPUS,
+        min_gpus=1,
+        max_gpus=32,
+        duration_s=duration_s,
+        stream_period_ms=profile.default_slo_ms,
+    )
 
 
 def run_reproduction(
@@ -261,6 +275,7 @@ def run_reproduction(
             "window_s": window_s,
             "session_rate_per_min": session_rate_per_min,
             "stream_profile": STREAM_PROFILE,
+            "stream_period_ms": load_profiles(STREAM_PROFILE)[0].default_slo_ms,
             "job_profiles": "built-in, derived from the GenServe slides (docs/traces.md)",
         },
         "ladder": ladder(rates, seeds, window_s, log, session_rate_per_min),
@@ -351,8 +366,12 @@ def render_markdown(data: dict[str, Any], png_name: str) -> str:
         f"## Beside the streams ({STREAM_PROFILE} streams, Poisson {setup['session_rate_per_min']:g} sessions/min, "
         f"TurboServe autoscaling 1–32 GPUs; jobs {setup['rates_per_min'][0]:g}/min, σ = 1.0, genserve)",
         "",
-        "| seed | chunks over SLO: streams alone | shared | worst chunk alone / shared | cost alone / shared | dedicated job pool (same extra cost) | job SLO attainment shared | dedicated | ratio |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"Streams paced at one chunk period ({setup.get('stream_period_ms', 0):.0f} ms, the SLO) alone as beside jobs; "
+        "jobs step on the GPUs the streams leave empty and, when `contracts.coserve` says a step fits, in the "
+        "slack between the paced steps of a GPU with streams (steps beside streams: count and GPU-seconds).",
+        "",
+        "| seed | chunks over SLO: streams alone | shared | worst chunk alone / shared | cost alone / shared | dedicated job pool (same extra cost) | job SLO attainment shared | dedicated | ratio | job steps beside streams |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["streams"]:
         shared, dedicated = r["jobs_shared"]["slo_attainment"], r["jobs_dedicated"]["slo_attainment"]
@@ -362,7 +381,8 @@ def render_markdown(data: dict[str, Any], png_name: str) -> str:
             f"{r['stream_chunks_over_slo_shared']} of {r['stream_chunks_shared']} | "
             f"{r['worst_chunk_ms_alone']:.0f} / {r['worst_chunk_ms_shared']:.0f} ms (SLO {r['stream_slo_ms']:.0f}) | "
             f"${r['cost_usd_alone']:.2f} / ${r['cost_usd_shared']:.2f} | {r['dedicated_gpus']} GPUs | "
-            f"{_pct(shared)} | {_pct(dedicated)} | {ratio} |"
+            f"{_pct(shared)} | {_pct(dedicated)} | {ratio} | "
+            f"{r.get('job_steps_beside_streams', 0)} ({r.get('job_gpu_s_beside_streams', 0.0):.1f} GPU-s) |"
         )
     lines += ["", "## Targets (measured above)", ""]
     lines += _targets(data)

@@ -183,6 +183,7 @@ def build_config(
     duration_s: float | None = None,
     provisioning_delay_s: float | None = None,
     scale_out: str | None = None,
+    stream_period: str | None = None,
 ) -> SimConfig:
     try:
         profiles = load_profiles(profile)
@@ -224,6 +225,9 @@ def build_config(
     if tick_s < 0:
         raise CliError("tick-s", "must be >= 0")
     return SimConfig(
+        stream_period_ms=stream_period_ms(
+            stream_period, slo_ms if slo_ms is not None else profiles[0].default_slo_ms
+        ),
         profiles=profiles,
         initial_gpus=initial_gpus if initial_gpus is not None else min(8, max_gpus),
         min_gpus=min_gpus,
@@ -233,6 +237,22 @@ def build_config(
         duration_s=duration_s,
         scale_out=scale_out,
     )
+
+
+def stream_period_ms(value: str | None, slo_ms: float) -> float | None:
+    """``--stream-period-ms``: a number of ms, or ``slo`` (a chunk plays for as long as it may take
+    to make: the SLO); None keeps the streams' steps back to back."""
+    if value is None:
+        return None
+    if value == "slo":
+        return float(slo_ms)
+    try:
+        period = float(value)
+    except ValueError:
+        raise CliError("stream-period-ms", f"a number of ms or 'slo', got {value!r}") from None
+    if not (period > 0 and math.isfinite(period)):
+        raise CliError("stream-period-ms", f"must be > 0, got {value!r}")
+    return period
 
 
 def run_simulate(
@@ -257,6 +277,7 @@ def run_simulate(
     job_round_steps: int = 5,
     viewer_grace_s: float | None = None,
     idle_timeout_s: float | None = None,
+    stream_period: str | None = None,
 ) -> dict[str, Any]:
     """Simulate one policy on one trace. Static policies run ``budget`` GPUs (default --max-gpus).
 
@@ -266,7 +287,9 @@ def run_simulate(
 
     A trace with one-shot job events (docs/traces.md) runs them beside the streams under
     ``job_policy`` (docs/scheduling.md, "One-shot jobs"); the result then gains a ``jobs`` object.
-    Without job events the result is exactly the stream-only one.
+    Without job events the result is exactly the stream-only one. ``stream_period``
+    (``--stream-period-ms``: ms or ``slo``) paces each GPU's steps at one chunk period, so jobs also
+    step beside the streams in the slack they leave (``contracts.coserve``).
 
     ``scale_out`` (disk / host-cache / peer) computes each new GPU's delay from the pool's state by
     the scale planner; ``None`` keeps each profile's own path. The result's ``scale_out`` summarises
@@ -298,6 +321,7 @@ def run_simulate(
         duration_s=meta.get("duration_s"),
         provisioning_delay_s=provisioning_delay_s,
         scale_out=scale_out,
+        stream_period=stream_period,
     )
     policy_options = parse_options(options)
     pol = _make(policy, policy_options)

@@ -8,7 +8,10 @@ Model (docs/scheduling.md has the full description):
 * each ready GPU runs coalesced steps back to back while it has resident sessions; a step's
   duration is the GPU type's ``latency_ms(load)`` at the load co-located when the step starts, and
   each session resident at that moment gets one chunk at its end; a session that joins mid-step
-  starts at the next step;
+  starts at the next step. With ``stream_period_ms`` set, steps are paced as a live worker paces
+  its streams: a GPU's next step starts one chunk period after its previous one started (or when
+  it ends, if later; a session joining an idle GPU starts one at once), and one-shot jobs may step
+  in the gap when ``contracts.coserve`` says the step fits the slack (``stream_demands``);
 * a chunk's latency is the step duration plus the session's pending stall: κ after a migration,
   the host→GPU copy after a resume, and the queue wait before its first chunk;
 * GPUs serve only after their provisioning delay; cost = price × (release or end − request).
@@ -38,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from contracts.coserve import StreamDemand
 from scheduling.core.pipeline import ONE_REGION, DecisionInputs, decision_run
 from scheduling.core.policy import Policy
 from scheduling.core.provisioning import FIXED, SCALE_OUT_PATHS
@@ -68,6 +72,16 @@ class SimConfig:
     # How new GPUs get their weights: None = each profile's own path (its scale_out.path, or the
     # constant provisioning_delay_s when it has no scale-out model); else one of SCALE_OUT_PATHS.
     scale_out: str | None = None
+    # A chunk period (ms): a GPU starts a coalesced step at most once per period, as a live worker
+    # paces its streams, so the time a step leaves is there for one-shot jobs beside the streams
+    # (contracts.coserve). None: steps back to back (every chunk as early as the GPU can make it;
+    # the stream-only model, whose chunk latencies are the same either way).
+    stream_period_ms: float | None = None
+    # With paced streams: how much later than its paced start plus its generation a step may end
+    # because a job step ran first — the part of a live worker's look-ahead its jobs may take (its
+    # chunks are made up to 1.25 periods ahead and due to be done half a period before they play).
+    # 0: none, every chunk exactly when it would be without jobs.
+    stream_lead_ms: float = 0.0
 
 
 @dataclass
@@ -147,6 +161,9 @@ class _Gpu:
         "id",
         "load",
         "members",
+        "next_start",
+        "overdue",
+        "pace_epoch",
         "ready_at",
         "released_at",
         "requested_at",
@@ -155,6 +172,8 @@ class _Gpu:
         "status",
         "step_extra",
         "step_members",
+        "step_nominal",
+        "step_started",
         "type_key",
     )
 
@@ -173,6 +192,15 @@ class _Gpu:
         self.busy = False
         self.step_members = 0
         self.step_extra: list[float] = []
+        # Paced streams (SimConfig.stream_period_ms): when the running or next step starts; the
+        # epoch invalidates a scheduled start that an earlier one (a session joining) replaced.
+        self.step_started = 0.0
+        self.next_start = 0.0
+        self.pace_epoch = 0
+        # With a stream lead: the paced start of the running step, and whether the next one is
+        # past its paced start, waiting for a job step beside it to end.
+        self.step_nominal = 0.0
+        self.overdue = False
 
     def view(self) -> GpuView:
         return GpuView(self.id, self.type_key, self.status, self.ready_at, self.requested_at)
@@ -397,7 +425,7 @@ class Simulator:
         self._touch_gpu(g)
         return g
 
-    def _start_step(self, g: _Gpu) -> None:
+    def _start_step(self, g: _Gpu, nominal: float | None = None) -> None:
         if not g.members or g.status not in ("ready", "draining"):
             g.busy = False
             return
@@ -411,6 +439,10 @@ class Simulator:
         g.busy = True
         g.step_members = len(g.members)
         g.step_extra = extra
+        g.step_started = g.next_start = self.now
+        g.step_nominal = self.now if nominal is None else nominal
+        g.overdue = False
+        g.pace_epoch += 1
         self._push(self.now + dur / 1000.0, _STEP, ("step", g.id, dur))
 
     def _end_step(self, gid: str, dur: float) -> None:
@@ -427,7 +459,47 @@ class Simulator:
             self.extra_t.append(self.now)
         g.busy = False
         g.step_extra = []
-        self._start_step(g)
+        period = self.cfg.stream_period_ms
+        if period is None or not g.members:
+            self._start_step(g)
+            return
+        g.next_start = max(self.now, g.step_nominal + period / 1000.0)
+        if g.next_start <= self.now:
+            self._start_step(g)
+            return
+        self._push(g.next_start, _STEP, ("due", g.id, g.pace_epoch))
+        if self.jobs is not None:
+            self.jobs.fill_beside(g.id)  # the gap until then is the streams' slack
+
+    def _due(self, gid: str, epoch: int) -> None:
+        """A paced GPU's next step is due (unless a session joining started one already)."""
+        g = self.gpus.get(gid)
+        if g is None or g.busy or g.pace_epoch != epoch:
+            return
+        if self.cfg.stream_lead_ms > 0 and self.jobs is not None and self.jobs.beside_on(gid):
+            g.overdue = True  # the job step beside it ends within the lead: then (`beside_ended`)
+            return
+        self._start_step(g, nominal=g.next_start)
+
+    def beside_ended(self, gid: str) -> None:
+        """A job step beside the streams of ``gid`` ended (or stopped): their step, if overdue, now."""
+        g = self.gpus.get(gid)
+        if g is not None and g.overdue and not g.busy:
+            self._start_step(g, nominal=g.next_start)
+
+    def stream_demands(self, gid: str) -> list[StreamDemand]:
+        """What the streams of ``gid`` need of it next (``contracts.coserve``), for a GPU between two
+        paced steps: one coalesced step, to start at its paced time (so it ends no later than
+        without a job beside it) and take ``latency_ms`` at the load resident now. Empty when the
+        GPU has no session; a GPU whose step is running has no slack until it ends."""
+        g = self.gpus[gid]
+        if not g.members:
+            return []
+        generation_s = g.spec.latency_ms(g.load) / 1000.0
+        if g.busy:
+            return [StreamDemand(finish_by=self.now + generation_s, generation_s=generation_s)]
+        lead_s = self.cfg.stream_lead_ms / 1000.0
+        return [StreamDemand(finish_by=g.next_start + generation_s + lead_s, generation_s=generation_s)]
 
     # -- decisions -------------------------------------------------------------------------------
     def _decide(self, event: Event) -> None:
@@ -599,6 +671,8 @@ class Simulator:
                 kind = payload[0]
                 if kind == "step":
                     self._end_step(payload[1], payload[2])
+                elif kind == "due":
+                    self._due(payload[1], payload[2])
                 elif kind == "ready":
                     g = self.gpus.get(payload[1])
                     if g is not None and g.status == "provisioning":

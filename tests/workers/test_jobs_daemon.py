@@ -22,6 +22,7 @@ import redis
 import torch
 from django.conf import settings
 
+from contracts.coserve import stream_slack_s
 from contracts.wire.channel import send_command, stream_key
 from workers.daemon import WorkerDaemon
 from workers.ports import Reporter
@@ -313,6 +314,54 @@ def test_on_a_fake_clock_the_daemon_runs_job_steps_in_the_slack_the_stream_leave
         chunks_take(0.05)
         daemon.step()
         assert progress() == (2, 2)
+    finally:
+        daemon.jobs.close()
+        daemon.engine.close()
+        client.delete(stream_key(daemon.name))
+
+
+@pytest.mark.parametrize("guard", [True, False])
+def test_on_a_fake_clock_a_starved_job_step_may_take_part_of_the_streams_reserve_only_with_the_guard(guard):
+    # Given a daemon on a fake clock with one stream and one image job whose step is estimated
+    # far longer than any slack the stream leaves (as a tiny video's was, scaled from an image's);
+    # the guard on at once (0 chunk periods without progress) or off
+    torch.set_num_threads(1)
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    clock, reports = FakeClock(100.0), queue.Queue()
+    daemon = WorkerDaemon(
+        name=f"jobs-{uuid.uuid4().hex[:8]}",
+        engine=ChunkEngine.from_preset("tiny", encode_workers=1),
+        redis_client=client,
+        reporter=QueueReporter(reports),
+        capacity=2,
+        clock=clock,
+        starved_after_chunks=0.0 if guard else None,
+    )
+    try:
+        image = JOB | {"job_kind": "image", "frames": 1, "steps": 8}
+        send_command(client, daemon.name, {"id": "s", "kind": "start", "session": "s", "epoch": 1, "seed": 3,
+                                           "prompts": [[0, "a heron"]]})  # fmt: skip
+        send_command(client, daemon.name, {"id": "j", "kind": "job_run", "job": "j", "epoch": 1,
+                                           "deadline": time.time() + 60, **image})  # fmt: skip
+        for _ in range(10):
+            if "j" in daemon.jobs.jobs and daemon.engine.next_chunk("s") == 1:
+                break
+            daemon.step()
+        daemon.streams.chunk_generation_s = daemon.streams.batch_generation_s[1] = 0.05
+        normal = stream_slack_s(daemon.streams.demands(), now=clock.now)
+        guarded = stream_slack_s(daemon.streams.demands(0.25), now=clock.now)
+        assert guarded == pytest.approx(normal + 0.125)
+        shape = daemon.jobs.jobs["j"].ticket.shape
+        daemon.jobs.times.record(shape, 1, 10 * guarded)
+        # When the daemon steps
+        daemon.step()
+        # Then with the guard the job's step is probed, in the slack the smaller reserve leaves, and
+        # completes (a fake clock: it takes no time), its measurement replacing the estimate;
+        # without the guard chunk 1 runs instead
+        progress = daemon.engine.next_chunk("s"), daemon.engine.job_progress("j")[0]
+        assert progress == ((1, 1) if guard else (2, 0))
+        assert daemon.guard_steps == (1 if guard else 0)
+        assert (daemon.jobs.times.estimate(shape, 1) < guarded) == guard
     finally:
         daemon.jobs.close()
         daemon.engine.close()

@@ -2,7 +2,8 @@
 docs/jobs.md "Jobs beside streams", issue 32).
 
 For each stream count N, one worker process (the `WorkerDaemon` run loop, commanded through its Redis
-command stream, reporting through a queue) serves N streams started a quarter chunk apart (the
+command stream, reporting through a queue) first runs one unmeasured job of each kind in the mix
+(set-up costs paid once per process), then serves N streams started a chunk / N apart (the
 staggered phases of a live worker). After a warm-up the streams run alone for ``seconds``, then the
 job mix runs beside them, one job after another: for each job its completion time (``job_run`` sent
 → ``job_completed`` received) against its compute time (``run_s``: the seconds of its denoising
@@ -59,7 +60,9 @@ class _QueueReporter:
         pass
 
 
-def _worker_main(name: str, redis_url: str, preset: str, capacity: int, reports: Any) -> None:
+def _worker_main(
+    name: str, redis_url: str, preset: str, capacity: int, reports: Any, starved_after_chunks: float | None
+) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
     import django
 
@@ -78,6 +81,7 @@ def _worker_main(name: str, redis_url: str, preset: str, capacity: int, reports:
         reporter=_QueueReporter(reports),  # type: ignore[arg-type]
         capacity=capacity,
         heartbeat_s=3600.0,
+        starved_after_chunks=starved_after_chunks,
     )
     reports.put(("ready", (daemon.streams.chunk_s,), {}))
     daemon.run()
@@ -94,12 +98,16 @@ def parse_job(spec: str) -> dict[str, Any]:
 
 
 class _Worker:
-    def __init__(self, redis_url: str, preset: str, capacity: int) -> None:
+    def __init__(
+        self, redis_url: str, preset: str, capacity: int, starved_after_chunks: float | None
+    ) -> None:
         self.name = f"coserve-{uuid.uuid4().hex[:8]}"
         self.client = redis.Redis.from_url(redis_url)
         self.reports = CONTEXT.Queue()
         self.process = CONTEXT.Process(
-            target=_worker_main, args=(self.name, redis_url, preset, capacity, self.reports), daemon=True
+            target=_worker_main,
+            args=(self.name, redis_url, preset, capacity, self.reports, starved_after_chunks),
+            daemon=True,
         )
         self.process.start()
         self.chunk_s = float(self.expect("ready", timeout_s=120.0)[1][0])
@@ -169,6 +177,18 @@ def _stream_figures(
     }
 
 
+def _warm_up_jobs(worker: _Worker, preset: str, mix: list[dict[str, Any]], timeout_s: float) -> None:
+    """One job of each kind in the mix, before any stream and not measured: a worker's first image
+    and first video pay once for what later ones do not (encoder and codec set-up: the first image
+    of a fresh demo worker took 0.06 s against 0.02 s for the next), which would otherwise land on
+    whichever run's first job it is."""
+    for spec in {s["job_kind"]: s for s in reversed(mix)}.values():
+        job = str(uuid.uuid4())
+        fields = {"model": preset, "prompt": "warm-up", "seed": 0, "priority": 0}
+        worker.send("job_run", job=job, epoch=1, deadline=time.time() + 600, **fields, **spec)
+        worker.expect("job_completed", key=job, timeout_s=timeout_s)
+
+
 def run_streams(
     redis_url: str,
     *,
@@ -178,9 +198,13 @@ def run_streams(
     seconds: float,
     warmup_s: float,
     job_timeout_s: float = 60.0,
+    starved_after_chunks: float | None = 4.0,
+    warm_up_jobs: bool = True,
 ) -> dict[str, Any]:
-    worker = _Worker(redis_url, preset, capacity=max(1, streams))
+    worker = _Worker(redis_url, preset, capacity=max(1, streams), starved_after_chunks=starved_after_chunks)
     try:
+        if warm_up_jobs:
+            _warm_up_jobs(worker, preset, mix, job_timeout_s)
         for seed in range(streams):
             worker.send("start", session=str(uuid.uuid4()), epoch=1, seed=seed, prompts=[[0, "a heron"]])
             time.sleep(worker.chunk_s / max(1, streams))  # staggered phases
@@ -226,17 +250,52 @@ def run_coserve_bench(
     mix: list[dict[str, Any]],
     seconds: float,
     warmup_s: float,
+    starved_after_chunks: float | None = 4.0,
+    warm_up_jobs: bool = True,
 ) -> dict[str, Any]:
     runs = [
-        run_streams(redis_url, preset=preset, streams=n, mix=mix, seconds=seconds, warmup_s=warmup_s)
+        run_streams(
+            redis_url,
+            preset=preset,
+            streams=n,
+            mix=mix,
+            seconds=seconds,
+            warmup_s=warmup_s,
+            starved_after_chunks=starved_after_chunks,
+            warm_up_jobs=warm_up_jobs,
+        )
         for n in stream_counts
     ]
     return {
         "benchmark": "coserve_live",
-        "args": {"preset": preset, "streams": stream_counts, "seconds": seconds, "warmup_s": warmup_s},
+        "args": {
+            "preset": preset,
+            "streams": stream_counts,
+            "seconds": seconds,
+            "warmup_s": warmup_s,
+            "starved_after_chunks": starved_after_chunks,
+            "warm_up_jobs": warm_up_jobs,
+        },
         "mix": mix,
         "runs": runs,
     }
+
+
+def _simulated_text(simulated: dict[str, Any] | None) -> str:
+    """The simulator's figures for one job (``--simulate``), if it ran."""
+    if simulated is None:
+        return ""
+    if simulated["sim_device_s"] is None:
+        return f"; simulated: not done in any of {simulated['phases']} phases"
+    text = f"; simulated {simulated['sim_device_s']:.2f} s on the device"
+    if simulated["sim_completion_s"] is not None:
+        text += (
+            f" + {simulated['overhead_s']:.2f} s overhead = {simulated['sim_completion_s']:.2f} s,"
+            f" {simulated['sim_ratio']:.2f}× live"
+        )
+    if simulated["unfinished"]:
+        text += f" ({simulated['unfinished']} of {simulated['phases']} phases not done)"
+    return text
 
 
 def format_coserve_bench(report: dict[str, Any]) -> str:
@@ -259,8 +318,9 @@ def format_coserve_bench(report: dict[str, Any]) -> str:
                     f"    {job['job_kind']:5} {size:11} {job['steps']} steps: NOT done in {job['timeout_s']:.0f} s"
                 )
                 continue
-            lines.append(
+            line = (
                 f"    {job['job_kind']:5} {size:11} {job['steps']} steps: done in {job['completion_s']:.2f} s"
-                f" for {job['run_s']:.3f} s of compute (target {job['target_s']:.2f} s)"
+                f" for {job['run_s']:.3f} s of compute (target {job.get('target_s', math.nan):.2f} s)"
             )
+            lines.append(line + _simulated_text(job.get("simulated")))
     return "\n".join(lines)

@@ -290,7 +290,13 @@ class JobRunner:
         return [o for o in self.jobs.values() if o.parked is None and not self.engine.is_frozen(o.job_id)]
 
     def run_step(
-        self, *, now: float, free_s: float, probe_s: float, abandon: threading.Event | None = None
+        self,
+        *,
+        now: float,
+        free_s: float,
+        probe_s: float,
+        abandon: threading.Event | None = None,
+        probe: bool = False,
     ) -> bool:
         """Run one batched job step that fits in `free_s`; returns whether one ran.
 
@@ -302,7 +308,13 @@ class JobRunner:
         if not tickets:
             return False
         chosen = plan_job_batch(
-            tickets, now=now, free_s=free_s, times=self.times, max_batch=self.capacity, probe_s=probe_s
+            tickets,
+            now=now,
+            free_s=free_s,
+            times=self.times,
+            max_batch=self.capacity,
+            probe_s=probe_s,
+            probe=probe,
         )
         if not chosen:
             return False
@@ -336,7 +348,7 @@ class JobRunner:
             )
             return True
         step_s = report.step_ms / 1000.0
-        self.times.record(self.jobs[chosen[0]].ticket.shape, len(chosen), step_s)
+        self.times.record(self.jobs[chosen[0]].ticket.shape, len(chosen), step_s, replace=probe)
         for job_id, done in report.steps_done.items():
             owned = self.jobs[job_id]
             owned.step, owned.run_s = done, owned.run_s + step_s

@@ -100,18 +100,20 @@ class Streams:
         times = [o.next_due for o in self.sessions.values() if self.runnable(o)]
         return (min(times) - self.lookahead_chunks * self.chunk_s) if times else None
 
-    def demands(self) -> list[StreamDemand]:
+    def demands(self, reserve_chunks: float | None = None) -> list[StreamDemand]:
         """What the streams' next chunks need of the device (``contracts.coserve``): one demand per
         batch ``due`` will coalesce (sessions within a quarter chunk of the batch's first, at most
-        K), to be finished ``job_reserve_chunks`` before its first session's chunk is due to play
-        (``next_due``), expected to take what a batch of its size took last."""
+        K), to be finished ``reserve_chunks`` (default ``job_reserve_chunks``) before its first
+        session's chunk is due to play (``next_due``), expected to take what a batch of its size
+        took last."""
+        reserve = self.job_reserve_chunks if reserve_chunks is None else reserve_chunks
         pending = sorted(o.next_due for o in self.sessions.values() if self.runnable(o))
         demands = []
         while pending:
             first = pending[0]
             size = sum(1 for t in pending[: self.capacity] if t <= first + 0.25 * self.chunk_s)
             generation_s = self.batch_s(size)
-            finish_by = first - self.job_reserve_chunks * self.chunk_s
+            finish_by = first - reserve * self.chunk_s
             demands.append(StreamDemand(finish_by=finish_by, generation_s=generation_s))
             del pending[:size]
         return demands

@@ -7,7 +7,8 @@ the heartbeat, migrations' transfers, and the encoding of finished one-shot jobs
 time the streams leave: a step of denoising runs only when no chunk is due and it is expected to
 fit the slack the streams' next chunks leave (``contracts.coserve``, the rule the simulator
 measures); it is abandoned at a block boundary once that slack is spent, or when a stream claims
-the device.
+the device. A job that has made no progress for a few chunk periods has its step probed in a
+slightly larger slack (the starvation guard, ``WorkerDaemon.__init__``).
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ class WorkerDaemon:
         heartbeat_s: float = 1.0,
         lookahead_chunks: float = 1.0,
         job_reserve_chunks: float = 0.5,
+        starved_after_chunks: float | None = 4.0,
+        starved_reserve_chunks: float = 0.25,
         liveness_ttl_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         stage_host: StageHost | None = None,
@@ -137,6 +140,23 @@ class WorkerDaemon:
         # Whether the next turn looks for a job step before blocking on commands: after a job step
         # (jobs are making progress) and after a chunk batch (the slack has changed).
         self._job_may_step = False
+        # The starvation guard (issue 32): a job whose step is estimated longer than any slack the
+        # streams leave with their reserve would never run — a tiny 128²×16 video beside two
+        # streams, its step estimated from a 64² image's by pixels × frames at 0.8 s, measured at
+        # 0.05 s once run. Once no job step has completed for `starved_after_chunks` chunk periods
+        # while jobs wait, the most urgent job's step is probed (run whatever its estimate, in a
+        # slack of at least a chunk's generation time: `plan_job_batch(probe=True)`) and may take
+        # part of the reserve: the slack is computed with chunks due `starved_reserve_chunks` (not
+        # `job_reserve_chunks`) before they play. Chunks still end before they are due (the step is
+        # abandoned at that slack's end, its work lost), only their lead shrinks; a step that
+        # completes sets its shape's estimate from the measurement. None: no guard.
+        self.starved_after_s = (
+            None if starved_after_chunks is None else starved_after_chunks * self.streams.chunk_s
+        )
+        self.starved_reserve_chunks = starved_reserve_chunks
+        self._jobs_progressed_at: float | None = None  # the last completed job step (or first wait)
+        self.guard_steps = 0  # steps the guard let run to completion
+        self.guard_abandoned = 0
 
     @property
     def sessions(self) -> dict[str, OwnedSession]:
@@ -241,13 +261,13 @@ class WorkerDaemon:
         # which coalescing and staggered phases kept near zero, so jobs starved beside a mostly
         # idle device). Chunks the step delays are still done by their `finish_by`.
         if self.jobs.jobs:
-            slack_s = stream_slack_s(self.streams.demands(), now=now)
-            if self._job_step(now, slack_s):
+            if self._job_step(now, self._job_slack_s(now)):
                 self._job_may_step = True
                 return True
             now = self.clock()
         else:
             self.jobs.abandoned = None  # what a claim cost was answered by now
+            self._jobs_progressed_at = None
         due = self.streams.due(now)
         if not due:
             # Nothing fits and no chunk is due: the next turn blocks until a chunk or a command is
@@ -264,19 +284,46 @@ class WorkerDaemon:
         self._job_may_step = bool(self.jobs.jobs)
         return True
 
+    def _job_slack_s(self, now: float) -> float:
+        """The slack a job step may take now: what the streams leave with their reserve, or, for a
+        starved job (the guard above), with the smaller starvation reserve."""
+        if self._jobs_progressed_at is None:
+            self._jobs_progressed_at = now
+        reserve = self.starved_reserve_chunks if self._starved(now) else None
+        return stream_slack_s(self.streams.demands(reserve), now=now)
+
+    def _starved(self, now: float) -> bool:
+        return (
+            self.starved_after_s is not None
+            and self._jobs_progressed_at is not None
+            and now - self._jobs_progressed_at >= self.starved_after_s
+        )
+
     def _job_step(self, now: float, slack_s: float) -> bool:
         """One job step, abandoned at a block boundary if a stream claims the device meanwhile or
         once the streams' slack is spent (the step overran its estimate)."""
         self.claims.arm(self.commands.reader.last_id)
+        abandoned_before = self.jobs.abandoned_steps
+        starved = self._starved(now)
         try:
             stepped = self.jobs.run_step(
                 now=now,
                 free_s=slack_s,
                 probe_s=self.streams.chunk_generation_s,
                 abandon=ClaimOrDeadline(self.claims.claimed, deadline=now + slack_s, clock=self.clock),
+                probe=starved,
             )
             if self.jobs.abandoned is not None and not self.claims.claimed.is_set():
                 self.jobs.abandoned = None  # the slack ran out: no stream's claim to answer with it
+            if stepped and self.jobs.abandoned_steps == abandoned_before:  # a step completed
+                self.guard_steps += starved
+                self._jobs_progressed_at = self.clock()
+            elif stepped and starved:
+                # The probe overran even that slack (or a stream claimed the device): the next one
+                # after another starvation period, so probes cost the streams' lead at most once a
+                # period.
+                self.guard_abandoned += 1
+                self._jobs_progressed_at = self.clock()
             return stepped
         finally:
             self.claims.disarm()

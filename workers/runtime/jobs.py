@@ -66,9 +66,11 @@ class StepTimes:
     smoothing: float = 0.3
     _seconds: dict[tuple[Shape, int], float] = field(default_factory=dict)
 
-    def record(self, shape: Shape, batch: int, seconds: float) -> None:
+    def record(self, shape: Shape, batch: int, seconds: float, *, replace: bool = False) -> None:
+        """Fold a measurement into the average, or (`replace`: a probe's, taken because the average
+        was not to be trusted) start it again from this one."""
         key = (shape, batch)
-        previous = self._seconds.get(key)
+        previous = None if replace else self._seconds.get(key)
         self._seconds[key] = seconds if previous is None else previous + self.smoothing * (seconds - previous)
 
     def estimate(self, shape: Shape, batch: int) -> float | None:
@@ -108,20 +110,29 @@ def plan_job_batch(
     times: StepTimes,
     max_batch: int,
     probe_s: float = 0.0,
+    probe: bool = False,
 ) -> list[str]:
     """The job ids of the next batched step (empty when no step fits in `free_s` seconds).
 
     `free_s` is the slack the streams leave (``contracts.coserve.stream_slack_s``; infinite with none).
+    With `probe`, the most urgent job's step runs alone as if it had never been measured (in a
+    slack of at least `probe_s`; the caller abandons it at the slack's end): the daemon's
+    starvation guard, for an estimate no slack fits — an unmeasured shape's, scaled from another
+    shape by pixels × frames, can be ten times a tiny video's real step.
     """
     ordered = sorted(tickets, key=JobTicket.urgency)
     lead = next(
-        (t for t in ordered if t.steps_left > 0 and _fits(times.estimate(t.shape, 1), free_s, probe_s)),
+        (
+            t
+            for t in ordered
+            if t.steps_left > 0 and _fits(None if probe else times.estimate(t.shape, 1), free_s, probe_s)
+        ),
         None,
     )
     if lead is None:
         return []
     batch = [lead]
-    if lead.kind == "image":
+    if lead.kind == "image" and not probe:
         for candidate in ordered:
             if len(batch) >= max_batch:
                 break

@@ -58,6 +58,12 @@ class Command(BaseCommand):
         )
         parser.add_argument("--job-round-steps", type=int, default=5, help="Δ: a round every Δ video steps")
         parser.add_argument(
+            "--stream-period-ms",
+            default=None,
+            help="pace each GPU's steps at one chunk period (ms, or 'slo' for the SLO) so one-shot jobs step "
+            "beside the streams in the slack they leave (contracts.coserve); default: steps back to back",
+        )
+        parser.add_argument(
             "--viewer-grace-s",
             type=float,
             default=None,
@@ -103,6 +109,7 @@ class Command(BaseCommand):
                 job_round_steps=opts["job_round_steps"],
                 viewer_grace_s=opts["viewer_grace_s"],
                 idle_timeout_s=opts["idle_timeout_s"],
+                stream_period=opts["stream_period_ms"],
             )
         except CliError as exc:
             raise CommandError(str(exc)) from exc

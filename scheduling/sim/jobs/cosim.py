@@ -3,9 +3,20 @@
 The stream simulator (``scheduling/sim/simulator.py``) owns the pool and the streams; it calls this
 module (:class:`JobSide`) on job events, on its own timers and after every stream decision. Rules:
 
-* **Streams first.** Jobs run only on *ready GPUs with no resident session*: GPUs the stream
-  policy left empty, including those whose sessions it suspended. A GPU released (or failed) under
-  a job loses the step in flight; the job goes back to the queue.
+* **Streams first.** The round solver's plans run on *ready GPUs with no resident session*: GPUs
+  the stream policy left empty, including those whose sessions it suspended. A GPU released (or
+  failed) under a job loses the step in flight; the job goes back to the queue.
+* **Beside the streams** (issue 32, :meth:`JobSide.fill_beside`). When the streams are paced
+  (``SimConfig.stream_period_ms``), a GPU with resident sessions is idle between two of its steps;
+  a waiting job steps there (SP 1, images of one shape batched) when its step fits the slack the
+  streams leave — ``contracts.coserve.stream_slack_s`` of the GPU's stream demands
+  (``Simulator.stream_demands``: the next step's start and generation time) and
+  ``contracts.coserve.job_step_fits``, the rule the live worker runs. The most urgent job that
+  fits goes first (earliest deadline, then arrival), as on the worker (``workers.runtime.jobs``).
+  Step times are exact here, so a step beside streams never delays a chunk; a session placed on
+  the GPU meanwhile abandons it at its next block boundary (`claim`). One step at a time: after it
+  the job is waiting again, for a round or the next gap. A video's decode, which has no block
+  boundary (a claim would wait for its end), runs only on a GPU without streams.
 * **Abandoning a step for streams** (`JobSide.claim`, as the worker does: docs/jobs.md). A session
   placed on a GPU whose job step is in flight does not wait for the step's end: the step is
   abandoned at its next transformer-block boundary, ``min(remaining, step_time / blocks)`` from
@@ -41,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from contracts.coserve import job_step_fits, stream_slack_s
 from scheduling.core.jobs.job_profiles import JobCatalog, JobProfile, load_job_catalog
 from scheduling.core.jobs.solver import ImageRequest, RoundInput, RoundSolver, VideoRequest, round_solver
 from scheduling.core.pipeline import JobDemand
@@ -117,9 +129,20 @@ class _Job:
 class _Allocation:
     """GPUs running one video or one image batch; ``epoch`` invalidates timers of a stopped one."""
 
-    __slots__ = ("decoding", "epoch", "gpus", "jobs", "step_end", "step_start", "steps_run", "target")
+    __slots__ = (
+        "beside",
+        "decoding",
+        "epoch",
+        "gpus",
+        "jobs",
+        "step_end",
+        "step_start",
+        "steps_run",
+        "target",
+    )
 
-    def __init__(self, jobs: list[_Job], gpus: list[str], epoch: int):
+    def __init__(self, jobs: list[_Job], gpus: list[str], epoch: int, beside: bool = False):
+        self.beside = beside  # one step on a GPU with streams, in the slack they leave
         self.jobs = jobs
         self.gpus = gpus
         self.epoch = epoch
@@ -170,6 +193,8 @@ class JobSide:
         self.busy_until: dict[str, float] = {}
         self.abandoned_steps = 0
         self.abandoned_gpu_s = 0.0  # job work lost to abandoned steps (GPU-seconds)
+        self.beside_steps = 0  # steps (decodes included) run beside streams, in their slack
+        self.beside_gpu_s = 0.0
 
     # -- the GPUs jobs may use ----------------------------------------------------------------------
     def _usable(self) -> set[str]:
@@ -235,6 +260,8 @@ class JobSide:
         if lost or usable != self.usable_signature:
             self.usable_signature = usable
             self._round()
+        else:
+            self._fill_all()
 
     def on_timer(self, payload: tuple) -> None:
         _, key, epoch = payload
@@ -243,7 +270,10 @@ class JobSide:
             return  # a stopped allocation's step
         now = self.host.now
         if alloc.decoding:
-            self._finish(key, now)
+            self._finish(key, now)  # its round fills this GPU's gap too when it was beside streams
+            return
+        if alloc.beside:
+            self._end_beside(key, alloc)
             return
         for job in alloc.jobs:
             job.remaining -= 1
@@ -281,21 +311,101 @@ class JobSide:
         if lead.kind == "video" and alloc.steps_run % self.cfg.round_steps == 0:
             self._round()
 
+    # -- beside the streams ---------------------------------------------------------------------
+    def fill_beside(self, gid: str) -> bool:
+        """``gid`` has resident sessions and is between two of their steps: start the most urgent
+        waiting job's step there if it fits the slack the streams leave (``contracts.coserve``, as
+        on the worker). Returns whether a step started."""
+        g = self.host.gpus.get(gid)
+        now = self.host.now
+        if (
+            g is None
+            or not g.members
+            or g.busy
+            or g.status not in ("ready", "draining")
+            or gid in self.gpu_owner
+            or self.busy_until.get(gid, now) > now
+        ):
+            return False
+        slack_s = stream_slack_s(self.host.stream_demands(gid), now=now)
+        waiting = sorted(
+            (j for j in self.jobs.values() if j.state == "waiting"),
+            key=lambda j: (j.deadline, j.arrival, j.id),
+        )
+        for lead in waiting:
+            # A decode has no block boundary to stop at: a session claiming the GPU would wait for
+            # its end, so it runs only on a GPU without streams (a round's plan).
+            if lead.remaining == 0 or not job_step_fits(lead.step_s(), slack_s):
+                continue
+            batch = [lead]
+            if lead.kind == "image":
+                for other in waiting:
+                    if len(batch) >= self.solver.max_batch:
+                        break
+                    if other is lead or (other.profile, other.width, other.height) != (
+                        lead.profile,
+                        lead.width,
+                        lead.height,
+                    ):
+                        continue
+                    if not job_step_fits(lead.step_s(batch=len(batch) + 1), slack_s):
+                        break
+                    batch.append(other)
+            self.batches += 1
+            self._open(f"beside:{self.batches}", batch, [gid], beside=True)
+            alloc = self.allocations[f"beside:{self.batches}"]
+            self.beside_steps += 1
+            self.beside_gpu_s += alloc.step_end - alloc.step_start
+            return True
+        return False
+
+    def beside_on(self, gid: str) -> bool:
+        """Whether a job step runs beside the streams of ``gid`` now."""
+        key = self.gpu_owner.get(gid)
+        return key is not None and self.allocations[key].beside
+
+    def _fill_all(self) -> None:
+        for gid in sorted(self.host.gpus):
+            self.fill_beside(gid)
+
+    def _end_beside(self, key: str, alloc: _Allocation) -> None:
+        """A step beside streams ended: the jobs advance and wait again (for a round, or the next
+        gap: this GPU's first, right now)."""
+        for job in alloc.jobs:
+            job.remaining -= 1
+        lead = alloc.jobs[0]
+        gid = alloc.gpus[0]
+        if lead.remaining == 0 and lead.decode == 0:
+            self._finish(key, self.host.now)
+        else:
+            self._requeue(key)
+            if self._free(self._usable()):
+                self._round()
+        self.fill_beside(gid)
+
     # -- allocations ------------------------------------------------------------------------------
     def _start_step(self, key: str, alloc: _Allocation) -> None:
         lead = alloc.jobs[0]
-        duration = (
-            lead.step_s(sp=len(alloc.gpus)) if lead.kind == "video" else lead.step_s(batch=len(alloc.jobs))
-        )
+        if lead.kind == "video" and lead.remaining == 0:
+            # A finished video put back in the queue before its decode (beside streams, or its
+            # GPU lost): the decode is what is left.
+            alloc.decoding = True
+            duration = lead.decode
+        else:
+            duration = (
+                lead.step_s(sp=len(alloc.gpus))
+                if lead.kind == "video"
+                else lead.step_s(batch=len(alloc.jobs))
+            )
         now = self.host.now
         # A GPU still finishing an abandoned step's block starts this step after it.
         alloc.step_start = max([now] + [self.busy_until.get(g, now) for g in alloc.gpus])
         alloc.step_end = alloc.step_start + duration
         self.schedule(alloc.step_end, ("job", key, alloc.epoch))
 
-    def _open(self, key: str, jobs: list[_Job], gpus: list[str]) -> None:
+    def _open(self, key: str, jobs: list[_Job], gpus: list[str], beside: bool = False) -> None:
         self.epoch += 1
-        alloc = _Allocation(jobs, gpus, self.epoch)
+        alloc = _Allocation(jobs, gpus, self.epoch, beside)
         self.allocations[key] = alloc
         for gid in gpus:
             self.gpu_owner[gid] = key
@@ -313,9 +423,13 @@ class JobSide:
 
     def _stop(self, key: str) -> _Allocation:
         alloc = self.allocations.pop(key)
+        gpus = list(alloc.gpus)
         self._release_gpus(alloc)
         for job in alloc.jobs:
             job.degree = 0
+        if alloc.beside:
+            for gid in gpus:
+                self.host.beside_ended(gid)  # a stream step it delayed (within their lead) starts
         return alloc
 
     def _requeue(self, key: str) -> None:
@@ -352,6 +466,11 @@ class JobSide:
 
     # -- rounds -----------------------------------------------------------------------------------
     def _round(self) -> None:
+        """A policy round on the GPUs without streams, then what it left waiting beside them."""
+        self._plan()
+        self._fill_all()
+
+    def _plan(self) -> None:
         waiting_images = [j for j in self.jobs.values() if j.kind == "image" and j.state == "waiting"]
         videos = [j for j in self.jobs.values() if j.kind == "video" and j.state in ("waiting", "running")]
         if not waiting_images and not videos:
@@ -362,6 +481,7 @@ class JobSide:
             j.id
             for j in videos
             if j.state == "running"
+            and j.id in self.allocations  # not a step beside streams (keyed "beside:<n>")
             and not self.allocations[j.id].decoding
             and all(g in usable for g in self.allocations[j.id].gpus)
         }
@@ -417,7 +537,9 @@ class JobSide:
             for j in self.jobs.values()
             if j.state in ("waiting", "running")
         ]
-        return JobDemand(open_jobs={None: open_jobs}, holders=tuple(self.gpu_owner), slots_per_gpu=1.0)
+        # A GPU whose streams lend a job their slack is the streams' GPU, not one the jobs hold.
+        holders = tuple(g for g, key in self.gpu_owner.items() if not self.allocations[key].beside)
+        return JobDemand(open_jobs={None: open_jobs}, holders=holders, slots_per_gpu=1.0)
 
     def result(self, end: float) -> dict[str, Any]:
         jobs = [j for j in self.jobs.values() if j.arrival <= end and j.state != "cancelled"]
@@ -450,4 +572,6 @@ class JobSide:
             "met": sum(met(j) for j in jobs),
             "abandoned_steps": self.abandoned_steps,
             "abandoned_gpu_s": round(self.abandoned_gpu_s, 3),
+            "beside_steps": self.beside_steps,
+            "beside_gpu_s": round(self.beside_gpu_s, 3),
         }
