@@ -65,6 +65,30 @@ def test_bench_delivery_delivers_every_chunk_to_every_stream():
     assert not GenerationSession.objects.exists()
 
 
+def test_bench_delivery_at_the_models_size_delivers_photo_fragments_sent_beside_their_messages():
+    from contracts.wire.frames import PAYLOAD_INLINE_MAX_BYTES
+
+    report = run(
+        "bench_delivery",
+        streams="2",
+        chunks_per_stream=3,
+        warmup=0,
+        period=0.75,
+        width=832,
+        height=480,
+        frames=12,
+        codec="h264",
+    )
+
+    (result,) = report["runs"]
+    assert report["shape"]["content"] == "photo"
+    assert (result["received"], result["lost"], result["skipped"]) == (6, 0, 0)
+    # The fragments are over the inline limit: each reached its viewer through its Redis key
+    assert min(result["publisher"]["each"][0]["chunk_bytes"]) > PAYLOAD_INLINE_MAX_BYTES
+    assert result["chunk_bytes_mean"] > PAYLOAD_INLINE_MAX_BYTES
+    assert result["redis_bytes_per_s"]["out"] > 0
+
+
 def test_bench_activation_measures_the_control_plane_share():
     from gpu.models import GpuWorker
     from sessions.models import GenerationSession
