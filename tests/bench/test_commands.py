@@ -89,6 +89,24 @@ def test_bench_delivery_at_the_models_size_delivers_photo_fragments_sent_beside_
     assert result["redis_bytes_per_s"]["out"] > 0
 
 
+def test_bench_glass_reports_glass_to_glass_for_each_transport_in_chromium():
+    from sessions.models import GenerationSession
+
+    report = run("bench_glass", chunks=6, warmup=2, period=0.5, width=64, height=64, frames=4)
+
+    assert report["benchmark"] == "glass" and "one machine" in report["clock"]
+    assert [r["transport"] for r in report["runs"]] == ["mse", "jpeg"]
+    for result in report["runs"]:
+        assert result["page_errors"] == [] and result["player_stats"]["decodeErrors"] == 0, result
+        positive_summary(result["arrival_ms"])
+        positive_summary(result["glass_ms"])
+        # A frame is on screen after its chunk arrived, never before
+        assert result["glass_ms"]["p50"] >= result["arrival_ms"]["p50"]
+        assert result["publisher"]["published"] == 6
+    assert set(report["target_met"]) == {"mse", "jpeg"}
+    assert not GenerationSession.objects.exists()
+
+
 def test_bench_activation_measures_the_control_plane_share():
     from gpu.models import GpuWorker
     from sessions.models import GenerationSession

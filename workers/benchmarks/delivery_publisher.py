@@ -41,7 +41,7 @@ def jpeg_frames(width: int, height: int, count: int, *, seed: int = 0, quality: 
 
 
 def chunk_variants(
-    content: str, codec: str, width: int, height: int, frames_per_chunk: int
+    content: str, codec: str, width: int, height: int, frames_per_chunk: int, fps: float = 16.0
 ) -> list[tuple[list[bytes], dict[str, Any] | None]]:
     """``CHUNK_VARIANTS`` chunks of ``content`` (``workers.benchmarks.content``: ``photo`` is a
     pan over a photograph, consecutive chunks continuing it) as the worker encodes them for viewers
@@ -57,7 +57,7 @@ def chunk_variants(
     variants = []
     for index, clip in enumerate(clips):
         encoded = encode_chunk(
-            np.ascontiguousarray(clip), codecs=frozenset({codec}), fps=16.0, chunk_index=index
+            np.ascontiguousarray(clip), codecs=frozenset({codec}), fps=fps, chunk_index=index
         )
         media = None
         if encoded.fragment is not None:
@@ -66,6 +66,7 @@ def chunk_variants(
                 "fragment": encoded.fragment.data,
                 "mime": encoded.fragment.mime,
                 "encoder": encoded.fragment.encoder,
+                "placed": encoded.fragment,  # not sent: what the fragment is re-placed from per index
             }
         variants.append((encoded.frames, media))
     return variants
@@ -112,7 +113,10 @@ def run_publisher(
     record = worker_id is not None
     layer = get_channel_layer()
     loop = asyncio.new_event_loop()
-    variants = chunk_variants(content, codec, width, height, frames_per_chunk)
+    # The presets play a chunk in one period (tiny: 4 frames at 8 fps every 0.5 s; 832×480: 12 at 16
+    # every 0.75 s): the frame rate the header says and the fragments are stamped with.
+    fps = frames_per_chunk / period_s
+    variants = chunk_variants(content, codec, width, height, frames_per_chunk, fps)
     # Warm up (connections, Lua script load) before the schedule starts, as a running worker would be.
     client.ping()
     loop.run_until_complete(layer.group_send(group_name("bench-warmup"), chunk_message({}, [])))
@@ -137,7 +141,8 @@ def run_publisher(
             "batch_size": 1,
             "width": width,
             "height": height,
-            "fps": 8,
+            "fps": fps,
+            "frames_per_chunk": frames_per_chunk,
             "mime": "image/jpeg",
             "generated_at": time.time(),
         }
@@ -146,6 +151,13 @@ def run_publisher(
         if record:
             chunk_record_append(client, header)
         frames, media = variants[index % len(variants)]
+        if media is not None:
+            # Chunk k re-sends variant k mod 4: moved to k's place on the timeline, as the worker
+            # places each fragment, so a player (bench_glass's browser) presents it as chunk k.
+            from workers.runtime.media import fragment_placed
+
+            placed = fragment_placed(media["placed"], chunk_index=index, fps=fps)
+            media = {key: value for key, value in media.items() if key != "placed"} | {"fragment": placed}
         # Large payloads beside the message, as the worker's publisher sends them (contracts.wire.frames).
         message = chunk_message_offloaded(header, frames, media=media, store=store_payloads)
         loop.run_until_complete(layer.group_send(group_name(sid), message))
