@@ -19,6 +19,11 @@ carries the init segment first (``"init": true``, two payloads). Chunks generate
 reached the worker are not sent to it: its stream starts at the first chunk that has a fragment;
 likewise a JPEG viewer is sent no chunk that was encoded without JPEG frames.
 
+A chunk's large payload (JPEG frames or fragment over 16 KiB) arrives as a reference to a Redis key
+(``contracts.wire.frames``, docs/media.md): the socket reads it only when the chunk leaves its
+outbox (``sessions.payloads``), so chunks it drops are never read; one that cannot be read any more
+is a ``skipped`` frame.
+
 Each socket shows one stream, in order (``StreamPosition``): a chunk from an epoch older than the
 newest it has seen comes from a previous owner that is still running (fenced out by its publish
 lease, but a chunk may already have been on its way), and an index it has already passed is a

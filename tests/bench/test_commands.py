@@ -89,6 +89,7 @@ def test_bench_delivery_at_the_models_size_delivers_photo_fragments_sent_beside_
     assert result["redis_bytes_per_s"]["out"] > 0
 
 
+@pytest.mark.browser  # it drives Chromium through Playwright
 def test_bench_glass_reports_glass_to_glass_for_each_transport_in_chromium():
     from sessions.models import GenerationSession
 
