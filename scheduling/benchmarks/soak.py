@@ -95,8 +95,9 @@ def run_soak(
     warmup_s: float | None = None,
 ) -> dict[str, Any]:
     """``codec``: what every client reads (``?codec=``; ``h264``: fragments, docs/media.md).
-    ``warmup_s``: memory samples before it are left out of each process's RSS slope (default a
-    fifth of the run)."""
+    ``warmup_s``: each process's memory samples in its first ``warmup_s`` seconds (from its first
+    sample: workers started mid-run warm up then) are left out of its RSS slope (default a fifth
+    of the run)."""
     warmup_s = minutes * 60.0 / 5 if warmup_s is None else warmup_s
     logging.getLogger("httpx").setLevel(logging.WARNING)
     rule_env = {
@@ -355,7 +356,9 @@ async def _sample_memory(
             "first": points[0][1],
             "last": points[-1][1],
             "max": max(p[1] for p in points),
-            "slope_mb_per_min": rss_slope(points, since_s=warmup_s),
+            # Warm-up counted from each process's first sample: a worker the autoscaler starts
+            # mid-run loads its model then, and that is not growth.
+            "slope_mb_per_min": rss_slope(points, since_s=points[0][0] + warmup_s),
             "samples": points,
         }
         for name, points in sorted(series.items())

@@ -55,7 +55,7 @@ class Command(BaseCommand):
             "--warmup-minutes",
             type=float,
             default=None,
-            help="memory samples before this are left out of each process's RSS slope (default a fifth of --minutes)",
+            help="each process's memory samples in its first minutes are left out of its RSS slope (default a fifth of --minutes)",
         )
         bench.add_seed_argument(parser)
         add_platform_arguments(parser)
