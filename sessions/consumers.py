@@ -19,6 +19,11 @@ carries the init segment first (``"init": true``, two payloads). Chunks generate
 reached the worker are not sent to it: its stream starts at the first chunk that has a fragment;
 likewise a JPEG viewer is sent no chunk that was encoded without JPEG frames.
 
+A chunk's large payload (JPEG frames or fragment over 16 KiB) arrives as a reference to a Redis key
+(``contracts.wire.frames``, docs/media.md): the socket reads it only when the chunk leaves its
+outbox (``sessions.payloads``), so chunks it drops are never read; one that cannot be read any more
+is a ``skipped`` frame.
+
 Each socket shows one stream, in order (``StreamPosition``): a chunk from an epoch older than the
 newest it has seen comes from a previous owner that is still running (fenced out by its publish
 lease, but a chunk may already have been on its way), and an index it has already passed is a
@@ -49,11 +54,18 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from contracts.wire.codecs import CODEC_REFRESH_S, CODECS, H264, JPEG, codec_leave, codec_want
-from contracts.wire.frames import CHUNK_MESSAGE, STATUS_MESSAGE, encode_chunk_frame, group_name
+from contracts.wire.frames import (
+    CHUNK_MESSAGE,
+    STATUS_MESSAGE,
+    chunk_has_jpeg,
+    encode_chunk_frame,
+    group_name,
+)
 from contracts.wire.records import chunk_row
 from contracts.wire.viewers import VIEWER_REFRESH_S, viewer_leave, viewer_register
 from sessions import jobs, services, viewers
 from sessions.models import GenerationSession, Job
+from sessions.payloads import payload_read
 from sessions.selectors import (
     job_queue_positions,
     job_status_message,
@@ -248,17 +260,18 @@ class SessionConsumer(AsyncWebsocketConsumer):
                 self.position,
             )
             return
-        frames = event["frames"]
+        frames, ref, init = event["frames"], event.get("frames_ref"), None
         if self.codec == H264:
             media = event.get("media")
             if media is None:
                 if self.init_sent is not None:  # its stream had begun: say what it misses
                     await self._enqueue_text({"type": "skipped", "index": header["index"]})
                 return
-            header.update(codec=H264, mime=media["mime"], init=media["init"] != self.init_sent)
-            frames = [media["init"], media["fragment"]] if header["init"] else [media["fragment"]]
-            self.init_sent = media["init"]
-        elif not frames and event.get("media") is not None:
+            header.update(codec=H264, mime=media["mime"])
+            ref = media.get("fragment_ref")
+            frames = [] if ref is not None else [media["fragment"]]
+            init = media["init"]
+        elif not chunk_has_jpeg(event) and event.get("media") is not None:
             # Encoded before this JPEG viewer's codec reached the worker: H.264 only, nothing to show.
             if self.jpeg_sent:
                 await self._enqueue_text({"type": "skipped", "index": header["index"]})
@@ -267,7 +280,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
             self.jpeg_sent = True
         if self.pending_chunks >= MAX_PENDING_CHUNKS:
             self._drop_oldest_chunk()
-        self.outbox.append(("chunk", (header, frames)))
+        self.outbox.append(("chunk", (header, frames, ref, init)))
         self.pending_chunks += 1
         self.wakeup.set()
 
@@ -277,7 +290,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
     def _drop_oldest_chunk(self) -> None:
         for i, (kind, payload) in enumerate(self.outbox):
             if kind == "chunk":
-                header, _ = payload
+                header = payload[0]
                 del self.outbox[i]
                 self.pending_chunks -= 1
                 self.outbox.append(("text", json.dumps({"type": "skipped", "index": header["index"]})))
@@ -300,7 +313,20 @@ class SessionConsumer(AsyncWebsocketConsumer):
                     await self.send(text_data=payload)
                     continue
                 self.pending_chunks -= 1
-                header, frames = payload
+                header, frames, ref, init = payload
+                if ref is not None:
+                    # Read only now, when it will be sent (sessions.payloads); gone means skipped.
+                    payloads = await payload_read(ref)
+                    if payloads is None:
+                        await self.send(text_data=json.dumps({"type": "skipped", "index": header["index"]}))
+                        continue
+                    frames = [*frames, *payloads]
+                if init is not None:
+                    # Decided as it is sent, not as it is queued: a chunk dropped or skipped on the
+                    # way must not take the init segment the viewer has yet to receive with it.
+                    header["init"] = init != self.init_sent
+                    frames = [init, *frames] if header["init"] else frames
+                    self.init_sent = init
                 generated_at = header.get("generated_at")
                 if generated_at is not None:
                     header["delivery_ms"] = max(0.0, (time.time() - generated_at) * 1000.0)

@@ -40,6 +40,7 @@ PROCESS_FIXTURES = frozenset(
     {
         "tests/e2e::platform",
         "tests/e2e/test_chaos.py::chaos_platform",
+        "tests/e2e/test_chaos_h264.py::h264_platform",
         "tests/e2e::demo_platform",
         "tests/browser::asgi_server",
         "tests/gpu/test_local_orphans.py::started_pids",
@@ -63,6 +64,8 @@ PROCESS_TESTS = frozenset(
     {
         "tests/bench/test_commands.py::test_bench_activation_measures_the_control_plane_share",
         "tests/bench/test_commands.py::test_bench_delivery_delivers_every_chunk_to_every_stream",
+        "tests/bench/test_commands.py::test_bench_delivery_at_the_models_size_delivers_photo_fragments_sent_beside_their_messages",
+        "tests/bench/test_commands.py::test_bench_glass_reports_glass_to_glass_for_each_transport_in_chromium",
         "tests/bench/test_commands.py::test_soak_reports_what_its_clients_saw_and_every_process_memory",
         "tests/controlplane/test_layers.py::test_every_contract_holds",
         "tests/controlplane/test_layers.py::test_a_forbidden_import_breaks_its_contract",

@@ -91,7 +91,14 @@ def run_soak(
     leave_share: float = 0.0,
     viewer_grace_s: float | None = None,
     idle_timeout_s: float | None = None,
+    codec: str = "jpeg",
+    warmup_s: float | None = None,
 ) -> dict[str, Any]:
+    """``codec``: what every client reads (``?codec=``; ``h264``: fragments, docs/media.md).
+    ``warmup_s``: each process's memory samples in its first ``warmup_s`` seconds (from its first
+    sample: workers started mid-run warm up then) are left out of its RSS slope (default a fifth
+    of the run)."""
+    warmup_s = minutes * 60.0 / 5 if warmup_s is None else warmup_s
     logging.getLogger("httpx").setLevel(logging.WARNING)
     rule_env = {
         name: str(value)
@@ -131,6 +138,8 @@ def run_soak(
                     rng=rng,
                     say=say,
                     leave_share=leave_share,
+                    codec=codec,
+                    warmup_s=warmup_s,
                 )
             )
             dead = platform.processes.dead()
@@ -150,6 +159,8 @@ def run_soak(
         "leave_share": leave_share,
         "viewer_rule_env": rule_env,
         "seed": seed,
+        "codec": codec,
+        "warmup_s": warmup_s,
         **report,
         "memory_mb": memory,
         "load_before": load_before,
@@ -174,6 +185,8 @@ async def _drive(
     rng: random.Random,
     say: Callable[[str], Any],
     leave_share: float = 0.0,
+    codec: str = "jpeg",
+    warmup_s: float = 0.0,
 ) -> tuple[list[ClientLog], dict[str, Any]]:
     deadline = time.monotonic() + duration_s
     async with httpx.AsyncClient(
@@ -199,11 +212,12 @@ async def _drive(
                     mean_period_s,
                     random.Random(rng.random()),
                     leave_share,
+                    codec,
                 )
             )
             for log in logs
         ]
-        memory = await _sample_memory(platform, deadline, sample_s, logs, say)
+        memory = await _sample_memory(platform, deadline, sample_s, logs, say, warmup_s=warmup_s)
         await asyncio.gather(*clients)
     return logs, memory
 
@@ -217,12 +231,13 @@ async def _client(
     mean_period_s: float,
     rng: random.Random,
     leave_share: float = 0.0,
+    codec: str = "jpeg",
 ) -> None:
     """Stream until the deadline, alternating active and idle periods (exponential lengths with the
     given mean cycle and active share), then terminate the session. An idle period is a pause
     message, or with probability ``leave_share`` the viewer leaving: the socket closes and a new
     one opens when the period ends."""
-    url = f"{ws_base}/ws/sessions/{log.session}/?token={token}"
+    url = f"{ws_base}/ws/sessions/{log.session}/?token={token}&codec={codec}"
     active = True
     switch_at = time.monotonic() + rng.expovariate(1.0 / (mean_period_s * active_fraction))
     try:
@@ -313,7 +328,13 @@ def _flag(cmdline: list[str], flag: str) -> str | None:
 
 
 async def _sample_memory(
-    platform: LivePlatform, deadline: float, sample_s: float, logs: list[ClientLog], say: Callable[[str], Any]
+    platform: LivePlatform,
+    deadline: float,
+    sample_s: float,
+    logs: list[ClientLog],
+    say: Callable[[str], Any],
+    *,
+    warmup_s: float = 0.0,
 ) -> dict[str, Any]:
     series: dict[str, list[list[float]]] = defaultdict(list)
     began = time.monotonic()
@@ -335,10 +356,30 @@ async def _sample_memory(
             "first": points[0][1],
             "last": points[-1][1],
             "max": max(p[1] for p in points),
+            # Warm-up counted from each process's first sample: a worker the autoscaler starts
+            # mid-run loads its model then, and that is not growth.
+            "slope_mb_per_min": rss_slope(points, since_s=points[0][0] + warmup_s),
             "samples": points,
         }
         for name, points in sorted(series.items())
     }
+
+
+def rss_slope(points: list[list[float]], *, since_s: float) -> float | None:
+    """Least-squares growth of resident memory in MB per minute over the samples ``[t_s, mb]`` taken
+    at or after ``since_s`` (after warm-up: imports, caches and pools filling are not growth);
+    ``None`` with fewer than three such samples."""
+    after = [(t, mb) for t, mb in points if t >= since_s]
+    if len(after) < 3:
+        return None
+    n = len(after)
+    mean_t = sum(t for t, _ in after) / n
+    mean_mb = sum(mb for _, mb in after) / n
+    spread = sum((t - mean_t) ** 2 for t, _ in after)
+    if spread == 0:
+        return None
+    slope_per_s = sum((t - mean_t) * (mb - mean_mb) for t, mb in after) / spread
+    return round(slope_per_s * 60.0, 3)
 
 
 def _compare(logs: list[ClientLog], *, since: float) -> dict[str, Any]:
@@ -432,7 +473,8 @@ def _compare(logs: list[ClientLog], *, since: float) -> dict[str, Any]:
 
 def format_soak(report: dict[str, Any]) -> str:
     lines = [
-        f"{report['sessions']} sessions for {report['minutes']} min (≤ {report['max_workers']} workers):"
+        f"{report['sessions']} sessions for {report['minutes']} min (≤ {report['max_workers']} workers,"
+        f" {report.get('codec', 'jpeg')} viewers):"
         f" {report['chunks_received']} chunks received",
         f"  duplicates {report['duplicates']}  skips {report['skips']}  out of order {report['out_of_order']}"
         f"  lost records {report['lost_records']}  client errors {report['client_error_count']}"
@@ -443,10 +485,14 @@ def format_soak(report: dict[str, Any]) -> str:
         f"  events {report['session_events']}",
         f"  viewers left {report.get('viewer_leaves', 0)} times (missed while away"
         f" {report.get('missed_while_away', 0)}); idle by reason {report.get('idle_reasons', {})}",
-        "  memory (MB, first → last, max):",
+        f"  memory (MB, first → last, max; slope after {report.get('warmup_s', 0):.0f} s of warm-up, MB/min):",
     ]
     for name, m in report["memory_mb"].items():
-        lines.append(f"    {name:<40} {m['first']:8.1f} → {m['last']:8.1f}   max {m['max']:8.1f}")
+        slope = m.get("slope_mb_per_min")
+        lines.append(
+            f"    {name:<40} {m['first']:8.1f} → {m['last']:8.1f}   max {m['max']:8.1f}"
+            f"   slope {'–' if slope is None else f'{slope:+.2f}'}"
+        )
     if report.get("platform_died"):
         lines.append(f"  a platform process died: {report['platform_died']}")
     return "\n".join(lines)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import redis
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import close_old_connections
@@ -45,7 +46,7 @@ from workers.benchmarks.live import (
 )
 
 TARGET_P99_MS = 10.0
-DEFAULT_SHAPE = {"width": 64, "height": 64, "frames": 4, "codec": "jpeg"}
+DEFAULT_SHAPE = {"width": 64, "height": 64, "frames": 4, "codec": "jpeg", "content": "photo"}
 TARGET_STREAMS = 200
 CLIENTS_MODULE = "sessions.benchmarks.delivery_clients"
 PUBLISHER_MODULE = "workers.benchmarks.delivery_publisher"
@@ -65,8 +66,9 @@ def run_delivery(
     say: Callable[[str], Any],
     shape: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``shape``: each chunk's ``width``, ``height``, ``frames`` and the viewers' ``codec`` (default
-    the tiny preset's: 64×64, 4 frames, JPEG). The whole benchmark; raises ``ServiceUnavailable`` when PostgreSQL or Redis does not answer."""
+    """``shape``: each chunk's ``width``, ``height``, ``frames``, the viewers' ``codec`` and the
+    frames' ``content`` (default the tiny preset's: 64×64, 4 frames, JPEG, of the panned photograph;
+    ``workers.benchmarks.content``). The whole benchmark; raises ``ServiceUnavailable`` when PostgreSQL or Redis does not answer."""
     check_redis(settings.REDIS_URL)
     db = use_bench_database(database)
     run = uuid.uuid4().hex[:8]
@@ -176,6 +178,8 @@ def format_run(result: dict[str, Any]) -> str:
         f"        received {result['received']}/{result['expected']}, lost {result['lost']},"
         f" skipped {result['skipped']}; publisher behind schedule p99 {late:.1f} ms;"
         f" mean chunk {result['chunk_bytes_mean']} B\n"
+        f"        Redis MB/s in {result['redis_bytes_per_s']['in'] / 1e6:.1f} out"
+        f" {result['redis_bytes_per_s']['out'] / 1e6:.1f}\n"
         f"        CPU s: server {result['server_cpu_s']} ({result['server_cpu_core_share']:.0%} of a core,"
         f" {result['server_cpu_ms_per_chunk']} ms/chunk incl. connects), clients {result['clients_cpu_s']},"
         f" publisher {result['publisher']['cpu_s']}\n"
@@ -204,6 +208,8 @@ def _measure(
     ready, client_out = tmp / f"{tag}.ready", tmp / f"{tag}-clients.json"
     load_before = machine_load()
     server = psutil.Process(processes.processes["web"].pid)
+    redis_client = redis.Redis.from_url(settings.REDIS_URL)
+    redis_net_before = _redis_net_bytes(redis_client)
     server_cpu_before, began = sum(server.cpu_times()[:2]), time.monotonic()
     processes.spawn(
         f"{tag}-clients",
@@ -222,7 +228,9 @@ def _measure(
         "--ready-file",
         str(ready),
         "--timeout",
-        str(chunks * period + 10),
+        # The publisher encodes its chunks after the clients are ready (seconds at 832×480 on a
+        # loaded core): the deadline leaves it that, and a late chunk shows in the delay figures.
+        str(chunks * period + 30),
         "--codec",
         shape["codec"],
         service=False,
@@ -260,6 +268,8 @@ def _measure(
             str(shape["frames"]),
             "--codec",
             shape["codec"],
+            "--content",
+            shape["content"],
             service=False,
         )
     wait_until(
@@ -271,6 +281,8 @@ def _measure(
     )
     server_cpu = sum(server.cpu_times()[:2]) - server_cpu_before
     wall = time.monotonic() - began
+    redis_net = _redis_net_bytes(redis_client)
+    redis_bytes_per_s = {k: round((redis_net[k] - redis_net_before[k]) / wall) for k in redis_net}
     processes.processes.pop(f"{tag}-clients").wait(timeout=10)
     for p in range(publishers):
         processes.processes.pop(f"{tag}-publisher-{p}").wait(timeout=10)
@@ -293,10 +305,18 @@ def _measure(
         "server_cpu_s": round(server_cpu, 3),
         "server_cpu_core_share": round(server_cpu / wall, 3),
         "server_cpu_ms_per_chunk": round(1000.0 * server_cpu / max(figures["received"], 1), 3),
+        # The whole Redis server's network bytes over the phase (in: written to it, out: read from
+        # it), connects and the clients' setup included: exact only on a Redis nobody else uses.
+        "redis_bytes_per_s": redis_bytes_per_s,
         "publisher": publisher,
         "load_before": load_before,
         "load_after": machine_load(),
     }
+
+
+def _redis_net_bytes(client: redis.Redis) -> dict[str, int]:
+    stats = client.info("stats")
+    return {"in": int(stats["total_net_input_bytes"]), "out": int(stats["total_net_output_bytes"])}
 
 
 def _create_rows(run: str, count: int) -> tuple[str, int, list[str]]:

@@ -38,6 +38,7 @@ from contracts.wire.viewers import VIEWER_REFRESH_S, viewer_leave, viewer_regist
 from sessions import services, viewers
 from sessions.consumers import CodecLease, StreamPosition
 from sessions.models import GenerationSession
+from sessions.payloads import payload_read
 from sessions.realtime import protocol
 
 logger = logging.getLogger(__name__)
@@ -223,7 +224,14 @@ class RealtimeVideoConsumer(AsyncWebsocketConsumer):
             return
         # The init segment first (and again should a migration bring another encoder's), then the
         # fragment: the binary frames concatenated are one fragmented MP4.
-        body = media["fragment"] if media["init"] == self.init_sent else media["init"] + media["fragment"]
+        if "fragment_ref" in media:  # a large fragment travels beside the message (sessions.payloads)
+            payloads = await payload_read(media["fragment_ref"])
+            if payloads is None:
+                return  # expired or unreadable: this protocol has no skip notice, the next chunk follows
+            fragment = payloads[0]
+        else:
+            fragment = media["fragment"]
+        body = fragment if media["init"] == self.init_sent else media["init"] + fragment
         self.init_sent = media["init"]
         index = int(header["index"])
         await self.send(

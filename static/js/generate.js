@@ -26,7 +26,14 @@ const page = {
   codecChoice: new URLSearchParams(location.search).get("codec") === "jpeg" ? "jpeg" : "auto",
   codec: "jpeg", // what the socket asks for: "h264" or "jpeg"
   codecNote: "",
+  // Glass to glass: per chunk, wall-clock ms (epoch) from its encode finishing on the worker (the
+  // header's generated_at) to its arrival here and to its first frame on screen. The worker and
+  // this page read the same clock only on one machine (bench_glass); across machines the figure
+  // carries their clock offset.
+  arrivals: new Map(), // index → {generatedAt, receivedAt}
+  glass: [], // {index, codec, arrivalMs, glassMs}, the newest GLASS_KEPT
 };
+const GLASS_KEPT = 1000;
 
 // Each player reports its state while it is the one the socket feeds (`player`, set by usePlayer;
 // still null while the first one is constructed).
@@ -34,6 +41,7 @@ let player = null;
 let msePlayer = null; // made on first use: it owns a MediaSource
 const jpegPlayer = new StreamPlayer($("video"), {
   onState: (p) => player !== null && player === jpegPlayer && renderPlayback(p),
+  onPresented: (index, time) => player === jpegPlayer && recordGlass(index, time),
 });
 
 function mseSupported() {
@@ -54,6 +62,7 @@ function usePlayer(codec, note) {
     msePlayer = new MsePlayer($("mse-video"), {
       onState: (p) => player !== null && player === msePlayer && renderPlayback(p),
       onError: fallBackToJpeg,
+      onPresented: (index, time) => player === msePlayer && recordGlass(index, time),
     });
   }
   player = codec === "h264" ? msePlayer : jpegPlayer;
@@ -269,6 +278,18 @@ function renderPlayback(p) {
   surface.dataset.chunk = p.shownChunkIndex ?? "";
 }
 
+// `time` is on the performance.now() clock; the wall clock now minus its age is when it happened.
+function recordGlass(index, time) {
+  const arrival = page.arrivals.get(index);
+  if (!arrival) return;
+  page.arrivals.delete(index);
+  const presentedAt = Date.now() - (performance.now() - time);
+  const glassMs = presentedAt - arrival.generatedAt;
+  page.glass.push({ index, codec: page.codec, arrivalMs: arrival.receivedAt - arrival.generatedAt, glassMs });
+  if (page.glass.length > GLASS_KEPT) page.glass.shift();
+  $("stat-glass").textContent = formatMs(glassMs);
+}
+
 function renderChunkStats(header) {
   $("stat-chunk").textContent = `#${header.index}`;
   $("stat-generation").textContent = formatMs(header.generation_ms);
@@ -383,6 +404,10 @@ const socketHandlers = {
   onChunk({ header, frames }) {
     if (!page.session || header.session !== page.session.id) return;
     if ((header.codec || "jpeg") !== page.codec) return; // sent before a fallback took effect
+    if (header.generated_at) {
+      page.arrivals.set(header.index, { generatedAt: header.generated_at * 1000, receivedAt: Date.now() });
+      for (const old of page.arrivals.keys()) if (old < header.index - 16) page.arrivals.delete(old);
+    }
     page.session.chunks_generated = Math.max(page.session.chunks_generated || 0, header.index + 1);
     if (header.worker) page.session.worker = header.worker;
     renderChunkStats(header);

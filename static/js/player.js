@@ -30,8 +30,14 @@ export function smoothArrival(previous, gapMs, chunkMs, weight = 0.3) {
 }
 
 export class StreamPlayer {
-  constructor(canvas, { prebufferChunks = 1, maxBufferChunks = 4, maxSlowdown = 1.5, onState = () => {} } = {}) {
+  // onPresented(index, time): the first frame of chunk `index` is on screen; `time` is on the
+  // performance.now() clock (the animation frame that drew it).
+  constructor(
+    canvas,
+    { prebufferChunks = 1, maxBufferChunks = 4, maxSlowdown = 1.5, onState = () => {}, onPresented = () => {} } = {},
+  ) {
     this.canvas = canvas;
+    this.onPresented = onPresented;
     this.ctx = canvas.getContext("2d");
     this.prebufferChunks = prebufferChunks;
     this.maxBufferChunks = maxBufferChunks;
@@ -49,6 +55,7 @@ export class StreamPlayer {
     this.queue = [];
     this.decodeChain = Promise.resolve();
     this.lastQueuedIndex = -1;
+    this.lastPresentedIndex = -1;
     this.lastArrival = 0;
     this.arrivalMs = 0;
     this.state = "idle"; // idle → buffering → playing ⇄ stalled
@@ -163,6 +170,10 @@ export class StreamPlayer {
     this.nextDue = now - this.nextDue > interval ? now + interval : this.nextDue + interval;
     this.stats.framesShown += 1;
     this.stats.shownChunkIndex = frame.chunk;
+    if (frame.chunk > this.lastPresentedIndex) {
+      this.lastPresentedIndex = frame.chunk;
+      this.onPresented(frame.chunk, now);
+    }
     this._emit();
   }
 
@@ -222,8 +233,14 @@ export function liveSeekTarget(ranges, currentTime, { chunkS, maxBehindChunks = 
 }
 
 export class MsePlayer {
-  constructor(video, { maxBehindChunks = 2, keepChunks = 2, onState = () => {}, onError = () => {} } = {}) {
+  // onPresented(index, time): as StreamPlayer's; `time` is the frame's presentationTime from
+  // requestVideoFrameCallback (not reported where the browser lacks it).
+  constructor(
+    video,
+    { maxBehindChunks = 2, keepChunks = 2, onState = () => {}, onError = () => {}, onPresented = () => {} } = {},
+  ) {
     this.video = video;
+    this.onPresented = onPresented;
     this.maxBehindChunks = maxBehindChunks;
     this.keepChunks = keepChunks;
     this.onState = onState;
@@ -261,6 +278,7 @@ export class MsePlayer {
     this._detach();
     this.operations = []; // {kind: "append"|"remove", ..., resolve, reject}
     this.lastQueuedIndex = -1;
+    this.lastPresentedIndex = -1;
     this.appendedInit = null; // the init segment the SourceBuffer was last given
     this.mime = null;
     this.state = "idle"; // idle → buffering → playing ⇄ stalled
@@ -294,6 +312,7 @@ export class MsePlayer {
     const init = header.init ? frames[0] : null;
     if (init) this.pendingInit = { mime: header.mime, bytes: init };
     if (header.fps) this.fps = header.fps;
+    if (header.frames_per_chunk) this.framesPerChunk = header.frames_per_chunk;
     if (header.index <= this.lastQueuedIndex) return Promise.resolve(); // a duplicate after a reconnect
     this.lastQueuedIndex = header.index;
     if (this.pendingInit) {
@@ -465,7 +484,12 @@ export class MsePlayer {
       const delta = meta.presentedFrames - this._presented;
       this._presented = meta.presentedFrames;
       this.stats.framesShown += delta > 0 ? delta : 1;
-      this.stats.shownChunkIndex = Math.floor((meta.mediaTime * this.fps + 0.5) / this.framesPerChunk);
+      const index = Math.floor((meta.mediaTime * this.fps + 0.5) / this.framesPerChunk);
+      this.stats.shownChunkIndex = index;
+      if (index > this.lastPresentedIndex) {
+        this.lastPresentedIndex = index;
+        this.onPresented(index, meta.presentationTime);
+      }
       this._emit();
       video.requestVideoFrameCallback(onFrame);
     };

@@ -65,6 +65,49 @@ def test_bench_delivery_delivers_every_chunk_to_every_stream():
     assert not GenerationSession.objects.exists()
 
 
+def test_bench_delivery_at_the_models_size_delivers_photo_fragments_sent_beside_their_messages():
+    from contracts.wire.frames import PAYLOAD_INLINE_MAX_BYTES
+
+    report = run(
+        "bench_delivery",
+        streams="2",
+        chunks_per_stream=3,
+        warmup=0,
+        period=0.75,
+        width=832,
+        height=480,
+        frames=12,
+        codec="h264",
+    )
+
+    (result,) = report["runs"]
+    assert report["shape"]["content"] == "photo"
+    assert (result["received"], result["lost"], result["skipped"]) == (6, 0, 0)
+    # The fragments are over the inline limit: each reached its viewer through its Redis key
+    assert min(result["publisher"]["each"][0]["chunk_bytes"]) > PAYLOAD_INLINE_MAX_BYTES
+    assert result["chunk_bytes_mean"] > PAYLOAD_INLINE_MAX_BYTES
+    assert result["redis_bytes_per_s"]["out"] > 0
+
+
+@pytest.mark.browser  # it drives Chromium through Playwright
+def test_bench_glass_reports_glass_to_glass_for_each_transport_in_chromium():
+    from sessions.models import GenerationSession
+
+    report = run("bench_glass", chunks=6, warmup=2, period=0.5, width=64, height=64, frames=4)
+
+    assert report["benchmark"] == "glass" and "one machine" in report["clock"]
+    assert [r["transport"] for r in report["runs"]] == ["mse", "jpeg"]
+    for result in report["runs"]:
+        assert result["page_errors"] == [] and result["player_stats"]["decodeErrors"] == 0, result
+        positive_summary(result["arrival_ms"])
+        positive_summary(result["glass_ms"])
+        # A frame is on screen after its chunk arrived, never before
+        assert result["glass_ms"]["p50"] >= result["arrival_ms"]["p50"]
+        assert result["publisher"]["published"] == 6
+    assert set(report["target_met"]) == {"mse", "jpeg"}
+    assert not GenerationSession.objects.exists()
+
+
 def test_bench_activation_measures_the_control_plane_share():
     from gpu.models import GpuWorker
     from sessions.models import GenerationSession

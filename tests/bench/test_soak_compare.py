@@ -32,3 +32,17 @@ def test_one_connection_counts_as_before():
     report = _compare([log], since=time.time())
 
     assert (report["skips"], report["missed_while_away"]) == (1, 0)
+
+
+def test_the_rss_slope_leaves_out_the_warm_up_and_reads_megabytes_per_minute():
+    from scheduling.benchmarks.soak import rss_slope
+
+    # Given a process that grows 50 MB in its first minute (warm-up), then 1 MB per minute
+    points = [[0.0, 100.0], [30.0, 130.0], [60.0, 150.0]] + [
+        [60.0 + 30 * k, 150.0 + 0.5 * k] for k in range(1, 9)
+    ]
+    # Then the slope after the warm-up is the steady growth, and the whole run's is far steeper
+    assert rss_slope(points, since_s=60.0) == pytest.approx(1.0)
+    assert rss_slope(points, since_s=0.0) > 5.0
+    # and fewer than three samples after the warm-up give no slope
+    assert rss_slope(points, since_s=270.0) is None

@@ -53,6 +53,7 @@ class ClientView:
 
     url: str
     headers: list[dict] = field(default_factory=list)
+    payloads: list[list[bytes]] = field(default_factory=list)  # each chunk's, beside its header
     texts: list[dict] = field(default_factory=list)
     connections: int = 0
 
@@ -86,7 +87,9 @@ class ClientView:
         with contextlib.suppress(websockets.ConnectionClosed):
             async for message in ws:
                 if isinstance(message, bytes):
-                    self.headers.append(decode_chunk_frame(message)[0])
+                    header, payloads = decode_chunk_frame(message)
+                    self.headers.append(header)
+                    self.payloads.append(payloads)
                 else:
                     self.texts.append(json.loads(message))
 
@@ -99,6 +102,43 @@ class ClientView:
         assert indices == expected, f"indices skipped or out of order: {indices} texts={self.texts}"
         assert not [t for t in self.texts if t.get("type") == "skipped"], self.texts
         assert [h["epoch"] for h in self.headers] == sorted(h["epoch"] for h in self.headers), self.headers
+
+    def assert_h264_decodes(self) -> None:
+        """For a ``?codec=h264`` client: what it received is one H.264 stream that PyAV decodes into
+        exactly the received chunks' frames — each chunk's fragment after the init segment it came
+        with, every frame's presentation time ``index × frames_per_chunk + k`` for its chunk (so no
+        frame twice, none missing, the indices contiguous). A new init segment (another encoder
+        after a move) starts a new decode; the same one sent again (a reconnect) does not."""
+        from workers.runtime.media import decode_fragments
+
+        assert self.headers, f"the client received no chunk: {self.texts}"
+        assert {h.get("codec") for h in self.headers} == {"h264"}, [h.get("codec") for h in self.headers]
+        assert self.headers[0]["init"], "the first chunk came without the init segment"
+        runs: list[tuple[bytes, list[bytes], list[dict]]] = []
+        for header, payloads in zip(self.headers, self.payloads, strict=True):
+            if header["init"]:
+                init, fragment = payloads
+                if not runs or runs[-1][0] != init:
+                    runs.append((init, [], []))
+            else:
+                (fragment,) = payloads
+            runs[-1][1].append(fragment)
+            runs[-1][2].append(header)
+        decoded = []
+        for init, fragments, headers in runs:
+            frames, pts = decode_fragments(init, fragments)  # a decoder error raises here
+            expected = [
+                int(h["index"]) * int(h["frames_per_chunk"]) + k
+                for h in headers
+                for k in range(int(h["frames_per_chunk"]))
+            ]
+            assert pts == expected, f"decoded frames {pts} against the chunks' {expected}"
+            assert frames.shape[0] == len(expected) and frames.shape[1:3] == (
+                headers[0]["height"],
+                headers[0]["width"],
+            )
+            decoded.extend(pts)
+        assert len(decoded) == len(set(decoded)), "a frame decoded twice"
 
 
 async def until(predicate, timeout: float, what: str) -> None:

@@ -52,11 +52,20 @@ def assert_recorded(views: dict[str, ClientView], records) -> None:
 
 
 async def stream_through(
-    platform: Platform, token: str, sids: list[str], fault, *, redis_url: str, settle_s: float = 3.0
+    platform: Platform,
+    token: str,
+    sids: list[str],
+    fault,
+    *,
+    redis_url: str,
+    settle_s: float = 3.0,
+    codec: str = "jpeg",
 ) -> tuple[dict[str, ClientView], OwnerProbe]:
-    """Clients and the probe on ``sids``; once each client has 3 chunks, ``await fault(views)``;
-    then keep listening ``settle_s`` for late or duplicate chunks."""
-    views = {sid: ClientView(f"{platform.ws_url}/ws/sessions/{sid}/?token={token}") for sid in sids}
+    """Clients (reading ``codec``) and the probe on ``sids``; once each client has 3 chunks,
+    ``await fault(views)``; then keep listening ``settle_s`` for late or duplicate chunks."""
+    views = {
+        sid: ClientView(f"{platform.ws_url}/ws/sessions/{sid}/?token={token}&codec={codec}") for sid in sids
+    }
     probe = OwnerProbe(redis_url, sids)
     stop = asyncio.Event()
     tasks = [asyncio.ensure_future(v.run(stop)) for v in views.values()]

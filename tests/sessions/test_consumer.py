@@ -309,3 +309,84 @@ async def test_a_jpeg_viewer_beside_an_h264_one_asks_for_jpeg_and_gets_no_chunk_
     assert json.loads(await communicator.receive_from()) == {"type": "skipped", "index": 2}
     await communicator.disconnect()
     client.delete(f"ss:codecs:{session.pk}")
+
+
+# --- payloads beside the message (contracts.wire.frames, sessions.payloads) ------------------------
+
+
+def a_large_chunk(session, index: int, *, store) -> dict:
+    from contracts.wire.frames import PAYLOAD_INLINE_MAX_BYTES, chunk_message_offloaded
+
+    message = a_chunk(session, index)
+    frames = [b"\xff\xd8" + bytes([index]) * PAYLOAD_INLINE_MAX_BYTES, b"\xff\xd8second"]
+    return chunk_message_offloaded(message["header"], frames, store=store)
+
+
+async def test_a_large_chunk_is_read_from_its_key_and_an_expired_one_is_skipped():
+    from contracts.wire.frames import PAYLOAD_TTL_S
+
+    user = await sync_to_async(UserFactory)()
+    session = await sync_to_async(SessionFactory)(owner=user)
+    communicator = await connect(session, user)
+    await communicator.receive_from()  # status
+    client = redis.Redis.from_url(settings.REDIS_URL)
+
+    def store(payloads):
+        for key, blob in payloads.items():
+            client.set(key, blob, ex=PAYLOAD_TTL_S)
+
+    # Given chunk 0 whose payload waits in Redis, and chunk 1 whose key is gone (expired)
+    first = a_large_chunk(session, 0, store=store)
+    second = a_large_chunk(session, 1, store=store)
+    assert first["frames"] == [] and "frames_ref" in first
+    client.delete(second["frames_ref"]["key"])
+    layer = get_channel_layer()
+    await layer.group_send(group_name(str(session.pk)), first)
+    await layer.group_send(group_name(str(session.pk)), second)
+
+    # Then the viewer gets chunk 0's frames as they were, and is told chunk 1 was skipped
+    header, frames = decode_chunk_frame(await communicator.receive_from())
+    assert header["index"] == 0 and frames[1] == b"\xff\xd8second" and len(frames[0]) > 16_000
+    assert json.loads(await communicator.receive_from()) == {"type": "skipped", "index": 1}
+    await communicator.disconnect()
+    client.delete(first["frames_ref"]["key"])
+
+
+async def test_an_h264_viewer_whose_first_fragment_expired_gets_the_init_segment_with_the_next():
+    from contracts.wire.frames import PAYLOAD_INLINE_MAX_BYTES
+
+    user = await sync_to_async(UserFactory)()
+    session = await sync_to_async(SessionFactory)(owner=user)
+    communicator = await connect_as(user, f"/ws/sessions/{session.pk}/?codec=h264")
+    await communicator.receive_from()  # status
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    layer = get_channel_layer()
+    # Given chunk 1's fragment referenced but expired, chunk 2's inline
+    expired = a_chunk(session, 1)
+    expired["frames"] = []
+    expired["media"] = {
+        "init": b"init-segment",
+        "mime": "video/mp4",
+        "encoder": "libx264",
+        "fragment_ref": {
+            "key": f"chunk-payload:{session.pk}:1:1:h264",
+            "sizes": [PAYLOAD_INLINE_MAX_BYTES + 1],
+        },
+    }
+    inline = a_chunk(session, 2)
+    inline["frames"] = []
+    inline["media"] = {
+        "init": b"init-segment",
+        "fragment": b"moof2",
+        "mime": "video/mp4",
+        "encoder": "libx264",
+    }
+    await layer.group_send(group_name(str(session.pk)), expired)
+    await layer.group_send(group_name(str(session.pk)), inline)
+
+    # Then chunk 1 is skipped, and chunk 2 carries the init segment the viewer never received
+    assert json.loads(await communicator.receive_from()) == {"type": "skipped", "index": 1}
+    header, payloads = decode_chunk_frame(await communicator.receive_from())
+    assert (header["index"], header["init"], payloads) == (2, True, [b"init-segment", b"moof2"])
+    await communicator.disconnect()
+    client.delete(f"ss:codecs:{session.pk}")

@@ -39,3 +39,40 @@ def test_a_truncated_frame_is_refused():
         decode_chunk_frame(wire[:-1])
     with pytest.raises(ValueError, match="shorter"):
         decode_chunk_frame(wire[:2])
+
+
+# --- large payloads beside the message (contracts.wire.frames.chunk_message_offloaded) ----------
+
+
+def test_a_small_chunk_stays_inline_and_stores_nothing():
+    from contracts.wire.frames import chunk_message_offloaded
+
+    stored = []
+    header = {"session": "s", "epoch": 2, "index": 5}
+    message = chunk_message_offloaded(header, [b"\xff\xd8tiny"], store=stored.append)
+    assert message == chunk_message(header, [b"\xff\xd8tiny"]) and stored == []
+
+
+def test_a_large_chunk_travels_by_reference_per_codec_and_splits_back():
+    from contracts.wire.frames import (
+        PAYLOAD_INLINE_MAX_BYTES,
+        chunk_has_jpeg,
+        chunk_message_offloaded,
+        payload_split,
+    )
+
+    stored = []
+    header = {"session": "s", "epoch": 2, "index": 5}
+    frames = [bytes([i]) * (PAYLOAD_INLINE_MAX_BYTES // 2 + 1) for i in range(3)]
+    fragment = b"\x00" * (PAYLOAD_INLINE_MAX_BYTES + 1)
+    media = {"init": b"moov", "fragment": fragment, "mime": "video/mp4", "encoder": "libx264"}
+    message = chunk_message_offloaded(header, frames, media=media, store=stored.append)
+    # One store call, before sending, one key per codec: the message holds only references
+    assert len(stored) == 1 and sorted(stored[0]) == ["chunk-payload:s:2:5:h264", "chunk-payload:s:2:5:jpeg"]
+    assert message["frames"] == [] and chunk_has_jpeg(message)
+    assert "fragment" not in message["media"] and message["media"]["init"] == b"moov"
+    ref = message["frames_ref"]
+    assert payload_split(stored[0][ref["key"]], ref["sizes"]) == frames
+    assert stored[0][message["media"]["fragment_ref"]["key"]] == fragment
+    with pytest.raises(ValueError, match="reference says"):
+        payload_split(b"short", ref["sizes"])

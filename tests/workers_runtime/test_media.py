@@ -103,3 +103,18 @@ def test_a_gpu_worker_without_a_usable_nvenc_falls_back_to_x264_and_says_why(cap
         assert select_h264_encoder(gpu=True, available={"libx264"}) == "libx264"
     assert "h264_nvenc is not in this FFmpeg build" in caplog.text
     assert select_h264_encoder(gpu=False) in ("libx264", "libopenh264")
+
+
+def test_a_fragment_placed_at_another_index_is_the_one_encoded_there():
+    from workers.runtime.media import FragmentEncoder, decode_fragments, fragment_placed
+
+    # Given a chunk encoded as chunk 0
+    frames = np.full((4, 32, 32, 3), 90, np.uint8)
+    encoder = FragmentEncoder()
+    first = encoder.encode(frames, fps=16, chunk_index=0)
+    # When it is placed at chunk 5 (bench_delivery and bench_glass re-send a few encoded chunks)
+    placed = fragment_placed(first, chunk_index=5, fps=16)
+    # Then it is byte for byte the fragment encoded as chunk 5, and a run of them decodes in order
+    assert placed == encoder.encode(frames, fps=16, chunk_index=5).data
+    _, pts = decode_fragments(first.init, [fragment_placed(first, chunk_index=k, fps=16) for k in (0, 1, 2)])
+    assert pts == list(range(12))

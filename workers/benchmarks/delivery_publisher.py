@@ -3,7 +3,9 @@
 
 Publishes chunks exactly as ``workers.daemon.publisher.ChunkPublisher`` does — header with
 ``generated_at = time.time()``, the delivered-index write to Redis, then ``group_send`` of
-``session.chunk`` with real JPEG frames through the configured channel layer — one chunk per session
+``session.chunk`` through the configured channel layer, its payload (real JPEG frames or one H.264
+fragment of ``--content``, a panned photograph by default) beside the message when large, as the
+worker sends it — one chunk per session
 every ``--period`` seconds, sessions' phases spread evenly over the period. It is the worker's side,
 so it lives with the workers (and, given ``--worker-id``, appends each chunk's record to the record
 stream before the send, as the worker's publisher does).
@@ -13,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import io
 import json
 import os
 import time
@@ -21,49 +22,57 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
 
 from contracts.bench import summarize
-from contracts.wire.frames import chunk_message, group_name
+from contracts.wire.frames import PAYLOAD_TTL_S, chunk_message, chunk_message_offloaded, group_name
 from contracts.wire.records import chunk_record_append
+from workers.benchmarks.content import CONTENTS, content_frames, noise_frames
 
 # --- frames ------------------------------------------------------------------------------------
+
+CHUNK_VARIANTS = 4  # distinct chunks per run, sent in turn (encoded once, before the schedule starts)
 
 
 def jpeg_frames(width: int, height: int, count: int, *, seed: int = 0, quality: int = 85) -> list[bytes]:
     """``count`` real JPEG frames of ``width``×``height`` (smooth noise, like a generated frame's texture)."""
-    rng = np.random.default_rng(seed)
-    frames = []
-    for _ in range(count):
-        coarse = rng.integers(0, 256, size=(max(height // 4, 1), max(width // 4, 1), 3), dtype=np.uint8)
-        image = Image.fromarray(coarse, mode="RGB").resize((width, height), Image.BILINEAR)
-        fine = np.asarray(image, dtype=np.int16) + rng.integers(-28, 29, size=(height, width, 3))
-        buffer = io.BytesIO()
-        Image.fromarray(fine.clip(0, 255).astype(np.uint8), mode="RGB").save(
-            buffer, format="JPEG", quality=quality
+    from workers.runtime.encoding import encode_jpeg_frames
+
+    return encode_jpeg_frames(noise_frames(width, height, count, seed=seed), quality).frames
+
+
+def chunk_variants(
+    content: str, codec: str, width: int, height: int, frames_per_chunk: int, fps: float = 16.0
+) -> list[tuple[list[bytes], dict[str, Any] | None]]:
+    """``CHUNK_VARIANTS`` chunks of ``content`` (``workers.benchmarks.content``: ``photo`` is a
+    pan over a photograph, consecutive chunks continuing it) as the worker encodes them for viewers
+    of ``codec`` (``encode_chunk``: JPEG frames, or one closed-GOP H.264 fragment and no JPEG):
+    ``(frames, media)`` per chunk, as ``chunk_message`` takes them."""
+    from workers.runtime.encoding import encode_chunk
+
+    if content == "noise":  # new noise every chunk (seeded), as before there was a photograph
+        clips = [noise_frames(width, height, frames_per_chunk, seed=seed) for seed in range(CHUNK_VARIANTS)]
+    else:
+        frames = content_frames(content, width, height, CHUNK_VARIANTS * frames_per_chunk)
+        clips = [frames[k * frames_per_chunk : (k + 1) * frames_per_chunk] for k in range(CHUNK_VARIANTS)]
+    variants = []
+    for index, clip in enumerate(clips):
+        encoded = encode_chunk(
+            np.ascontiguousarray(clip), codecs=frozenset({codec}), fps=fps, chunk_index=index
         )
-        frames.append(buffer.getvalue())
-    return frames
+        media = None
+        if encoded.fragment is not None:
+            media = {
+                "init": encoded.fragment.init,
+                "fragment": encoded.fragment.data,
+                "mime": encoded.fragment.mime,
+                "encoder": encoded.fragment.encoder,
+                "placed": encoded.fragment,  # not sent: what the fragment is re-placed from per index
+            }
+        variants.append((encoded.frames, media))
+    return variants
 
 
 # --- publisher ---------------------------------------------------------------------------------
-
-
-def h264_media(width: int, height: int, count: int, *, seed: int = 0) -> dict[str, Any]:
-    """The same smooth-noise frames as one chunk's H.264 fragment (``chunk_message``'s ``media``),
-    encoded as the worker encodes a chunk (``workers.runtime.media.FragmentEncoder``)."""
-    # PyAV loads only for an H.264 run: a JPEG run's publisher process stays as light as before.
-    from workers.runtime.media import FragmentEncoder
-
-    decoded = [Image.open(io.BytesIO(f)).convert("RGB") for f in jpeg_frames(width, height, count, seed=seed)]
-    frames = np.stack([np.asarray(image) for image in decoded])
-    fragment = FragmentEncoder().encode(frames, fps=16, chunk_index=0)
-    return {
-        "init": fragment.init,
-        "fragment": fragment.data,
-        "mime": fragment.mime,
-        "encoder": fragment.encoder,
-    }
 
 
 def run_publisher(
@@ -78,6 +87,7 @@ def run_publisher(
     worker_id: int | None = None,
     phase: float = 0.0,
     codec: str = "jpeg",
+    content: str = "photo",
 ) -> dict[str, Any]:
     """ChunkPublisher's per-chunk work, on the preset's real-time schedule; returns lateness figures."""
     # Django is loaded and set up here, when the publisher's process starts: the channel layer
@@ -93,15 +103,20 @@ def run_publisher(
     from contracts.wire.channel import delivered_key
 
     client = redis.Redis.from_url(settings.REDIS_URL)
+
+    def store_payloads(payloads: dict[str, bytes]) -> None:
+        pipe = client.pipeline(transaction=False)
+        for key, blob in payloads.items():
+            pipe.set(key, blob, ex=PAYLOAD_TTL_S)
+        pipe.execute()
+
     record = worker_id is not None
     layer = get_channel_layer()
     loop = asyncio.new_event_loop()
-    if codec == "h264":  # what the worker publishes when every viewer reads H.264: no JPEG frames
-        variants = [[] for _ in range(4)]
-        media = [h264_media(width, height, frames_per_chunk, seed=seed) for seed in range(4)]
-    else:
-        variants = [jpeg_frames(width, height, frames_per_chunk, seed=seed) for seed in range(4)]
-        media = [None] * 4
+    # The presets play a chunk in one period (tiny: 4 frames at 8 fps every 0.5 s; 832×480: 12 at 16
+    # every 0.75 s): the frame rate the header says and the fragments are stamped with.
+    fps = frames_per_chunk / period_s
+    variants = chunk_variants(content, codec, width, height, frames_per_chunk, fps)
     # Warm up (connections, Lua script load) before the schedule starts, as a running worker would be.
     client.ping()
     loop.run_until_complete(layer.group_send(group_name("bench-warmup"), chunk_message({}, [])))
@@ -126,7 +141,8 @@ def run_publisher(
             "batch_size": 1,
             "width": width,
             "height": height,
-            "fps": 8,
+            "fps": fps,
+            "frames_per_chunk": frames_per_chunk,
             "mime": "image/jpeg",
             "generated_at": time.time(),
         }
@@ -134,12 +150,17 @@ def run_publisher(
         client.set(delivered_key(sid), index, ex=3600)
         if record:
             chunk_record_append(client, header)
-        loop.run_until_complete(
-            layer.group_send(
-                group_name(sid),
-                chunk_message(header, variants[index % len(variants)], media=media[index % len(media)]),
-            )
-        )
+        frames, media = variants[index % len(variants)]
+        if media is not None:
+            # Chunk k re-sends variant k mod 4: moved to k's place on the timeline, as the worker
+            # places each fragment, so a player (bench_glass's browser) presents it as chunk k.
+            from workers.runtime.media import fragment_placed
+
+            placed = fragment_placed(media["placed"], chunk_index=index, fps=fps)
+            media = {key: value for key, value in media.items() if key != "placed"} | {"fragment": placed}
+        # Large payloads beside the message, as the worker's publisher sends them (contracts.wire.frames).
+        message = chunk_message_offloaded(header, frames, media=media, store=store_payloads)
+        loop.run_until_complete(layer.group_send(group_name(sid), message))
         send_ms.append((time.time() - header["generated_at"]) * 1000.0)
     loop.close()
     client.delete(*[delivered_key(sid) for sid in session_ids])
@@ -147,8 +168,12 @@ def run_publisher(
         "published": len(schedule),
         "late_ms": summarize(late_ms),
         "publish_call_ms": summarize(send_ms),
-        "frame_bytes": [len(f) for f in variants[0]],
-        "fragment_bytes": len(media[0]["fragment"]) if media[0] else None,
+        "content": content,
+        "frame_bytes": [len(f) for f in variants[0][0]],
+        "chunk_bytes": [
+            sum(map(len, frames)) + (len(media["fragment"]) if media else 0) for frames, media in variants
+        ],
+        "fragment_bytes": len(variants[0][1]["fragment"]) if variants[0][1] else None,
         "cpu_s": round(time.process_time(), 3),
     }
 
@@ -164,6 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--height", type=int, default=64)
     parser.add_argument("--frames", type=int, default=4)
     parser.add_argument("--codec", choices=("jpeg", "h264"), default="jpeg")
+    parser.add_argument("--content", choices=CONTENTS, default="photo")
     parser.add_argument("--phase", type=float, default=0.0, help="offset of this publisher's phases (slots)")
     parser.add_argument("--worker-id", type=int, default=None, help="append chunk records (as a worker does)")
     args = parser.parse_args(argv)
@@ -178,6 +204,7 @@ def main(argv: list[str] | None = None) -> None:
         worker_id=args.worker_id,
         phase=args.phase,
         codec=args.codec,
+        content=args.content,
     )
     tmp = Path(args.out + ".tmp")
     tmp.write_text(json.dumps(result))

@@ -23,34 +23,13 @@ from typing import Any
 import numpy as np
 
 from contracts import bench
+from workers.benchmarks.content import photo_frames
 from workers.runtime.encoding import encode_jpeg_frames
 from workers.runtime.generate import generate_frames
 from workers.runtime.media import FragmentEncoder, H264Options, decode_fragments
 from workers.runtime.models import build_model
 
 CONTENTS = ("photo", "demo")
-
-
-def photo_frames(width: int, height: int, count: int) -> np.ndarray:
-    """The sample photograph seen through a moving, zooming camera: ``count`` frames [T, H, W, 3]."""
-    import matplotlib.cbook
-    from PIL import Image
-
-    with matplotlib.cbook.get_sample_data("grace_hopper.jpg") as handle:
-        image = Image.open(io.BytesIO(handle.read())).convert("RGB")
-    aspect = width / height
-    frames = []
-    for t in range(count):
-        progress = t / max(count - 1, 1)
-        # The crop shrinks from the widest window of the output's aspect to 70 % of it (zoom in)
-        # while its centre drifts left to right and a little down (pan).
-        crop_w = min(image.width, image.height * aspect) * (1.0 - 0.3 * progress)
-        crop_h = crop_w / aspect
-        cx = crop_w / 2 + (image.width - crop_w) * progress
-        cy = crop_h / 2 + (image.height - crop_h) * (0.3 + 0.2 * progress)
-        box = (cx - crop_w / 2, cy - crop_h / 2, cx + crop_w / 2, cy + crop_h / 2)
-        frames.append(np.asarray(image.resize((width, height), Image.Resampling.BICUBIC, box=box)))
-    return np.stack(frames)
 
 
 def demo_frames(width: int, height: int, count: int, frames_per_chunk: int, *, seed: int = 0) -> np.ndarray:

@@ -22,7 +22,7 @@ import redis
 
 from contracts.wire.channel import PublishFence, Verdict
 from contracts.wire.codecs import DEFAULT_CODECS, codecs_wanted_many
-from contracts.wire.frames import chunk_message, group_name
+from contracts.wire.frames import PAYLOAD_TTL_S, chunk_message_offloaded, group_name
 from contracts.wire.records import chunk_record_append
 from workers.daemon.outage import REDIS_DOWN, retry_delay
 from workers.runtime.engine import ChunkResult
@@ -216,11 +216,19 @@ class ChunkPublisher(threading.Thread):
                 "mime": fragment.mime,
                 "encoder": fragment.encoder,
             }
-        loop.run_until_complete(layer.group_send(group_name(sid), chunk_message(header, frames, media=media)))
+        # Payloads of a real frame size go beside the message (contracts.wire.frames), before it.
+        message = chunk_message_offloaded(header, frames, media=media, store=self._store_payloads)
+        loop.run_until_complete(layer.group_send(group_name(sid), message))
         # Marked only now that the channel layer has it: a takeover resumes after the last chunk
         # actually sent, never after one announced and then lost with a frozen or dead worker.
         self.fence.mark_delivered(sid, epoch, index)
         self.published += 1
+
+    def _store_payloads(self, payloads: dict[str, bytes]) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        for key, blob in payloads.items():
+            pipe.set(key, blob, ex=PAYLOAD_TTL_S)
+        pipe.execute()
 
     def _await_subscribers(self, channel: str | None, sid: str) -> None:
         """After a Redis outage, hold the session's next chunk until its viewers have subscribed

@@ -283,6 +283,19 @@ def _place_fragments(data: bytearray, *, base_decode_time: int, sequence: int) -
         raise ValueError("no fragment (moof) in the media segment")
 
 
+def fragment_placed(fragment: Fragment, *, chunk_index: int, fps: float) -> bytes:
+    """``fragment``'s media segment moved to chunk ``chunk_index``'s place on the timeline (as if
+    encoded for that index): how a benchmark sends a few encoded chunks as one long stream that a
+    player presents chunk after chunk."""
+    rate = Fraction(fps).limit_denominator(1001)
+    base = round(Fraction(chunk_index * fragment.frames) * fragment.timescale / rate)
+    data = bytearray(fragment.data)
+    _place_fragments(
+        data, base_decode_time=base - fragment.base_decode_time, sequence=chunk_index * fragment.frames + 1
+    )
+    return bytes(data)
+
+
 def fragment_decode_time(data: bytes) -> int:
     """The first ``tfdt`` of a media segment (what a player places it by)."""
     for path, offset, _size, header in _walk(data):
@@ -320,6 +333,7 @@ __all__ = [
     "H264Options",
     "decode_fragments",
     "fragment_decode_time",
+    "fragment_placed",
     "media_timescale",
     "mime_type",
     "select_h264_encoder",

@@ -45,6 +45,18 @@ class Command(BaseCommand):
             default=None,
             help="the platform's SESSION_IDLE_TIMEOUT_S for the run (default: its setting)",
         )
+        parser.add_argument(
+            "--codec",
+            choices=("jpeg", "h264"),
+            default="jpeg",
+            help="what every viewer reads: JPEG frames or H.264 fragments (docs/media.md; default jpeg)",
+        )
+        parser.add_argument(
+            "--warmup-minutes",
+            type=float,
+            default=None,
+            help="each process's memory samples in its first minutes are left out of its RSS slope (default a fifth of --minutes)",
+        )
         bench.add_seed_argument(parser)
         add_platform_arguments(parser)
         bench.add_report_arguments(parser)
@@ -57,6 +69,8 @@ class Command(BaseCommand):
             "--active-fraction": 0 < options["active_fraction"] < 1,
             "--mean-period": options["mean_period"] > 0,
             "--sample": options["sample"] > 0,
+            "--warmup-minutes": options["warmup_minutes"] is None
+            or 0 <= options["warmup_minutes"] < options["minutes"],
             "--leave-share": 0 <= options["leave_share"] <= 1,
             "--viewer-grace-s": options["viewer_grace_s"] is None or options["viewer_grace_s"] >= 0,
             "--idle-timeout-s": options["idle_timeout_s"] is None or options["idle_timeout_s"] >= 0,
@@ -75,6 +89,8 @@ class Command(BaseCommand):
                 leave_share=options["leave_share"],
                 viewer_grace_s=options["viewer_grace_s"],
                 idle_timeout_s=options["idle_timeout_s"],
+                codec=options["codec"],
+                warmup_s=None if options["warmup_minutes"] is None else options["warmup_minutes"] * 60.0,
                 seed=options["seed"],
                 **platform_options(options),
                 say=bench.quiet_unless_text(options["json"], self.stdout.write),

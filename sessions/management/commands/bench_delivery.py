@@ -7,6 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 from contracts import bench
 from contracts.cli import list_option
 from sessions.benchmarks.delivery import format_verdict, run_delivery
+from workers.benchmarks.content import CONTENTS
 from workers.benchmarks.live import ServiceUnavailable
 
 
@@ -51,6 +52,13 @@ class Command(BaseCommand):
             default="jpeg",
             help="what the viewers read: JPEG frames, or one H.264 fmp4 fragment per chunk (docs/media.md)",
         )
+        parser.add_argument(
+            "--content",
+            choices=CONTENTS,
+            default="photo",
+            help="the chunks' frames: photo, a panned and zoomed photograph (natural content, default);"
+            " noise, smooth noise no codec compresses (the worst case for bytes)",
+        )
         parser.add_argument("--publishers", type=int, default=1, help="publisher processes (like workers)")
         parser.add_argument("--keep-logs", default=None, help="copy the processes' logs to this folder")
         bench.add_report_arguments(parser)
@@ -74,7 +82,7 @@ class Command(BaseCommand):
                 asgi_app=options["asgi_app"],
                 publishers=options["publishers"],
                 keep_logs=options["keep_logs"],
-                shape={key: options[key] for key in ("width", "height", "frames", "codec")},
+                shape={key: options[key] for key in ("width", "height", "frames", "codec", "content")},
                 say=bench.quiet_unless_text(options["json"], self.stdout.write),
             )
         except ServiceUnavailable as exc:
