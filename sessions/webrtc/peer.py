@@ -155,6 +155,8 @@ class WebRtcViewer:
         self.track.offer(header, self.cache.units(key, media["init"], media["fragment"]))
 
     async def close(self) -> None:
+        """Closed by its socket (gone, or a new offer): nobody is left to tell of the state."""
+        self.on_state = lambda state: None
         self.track.stop()
         await self.pc.close()
 
