@@ -75,3 +75,39 @@ def test_a_session_plays_over_webrtc(browser_context, asgi_server, worker_stand_
     expect(page.locator("#stat-codec")).to_have_text("H.264 (WebRTC)")  # no fallback happened
     screenshot(page, "generate-webrtc")
     page_problems.assert_clean()
+
+
+# Rewrites the page's offers on their way out so that they cannot receive H.264 (a browser without
+# it): the server refuses them with a bad_sdp error frame.
+OFFER_WITHOUT_H264 = """
+const send = WebSocket.prototype.send;
+WebSocket.prototype.send = function (data) {
+  if (typeof data === 'string' && data.includes('"webrtc.offer"')) {
+    const message = JSON.parse(data);
+    message.sdp = message.sdp.split('\\r\\n').filter((line) => !/ H264\\//.test(line)).join('\\r\\n');
+    data = JSON.stringify(message);
+  }
+  return send.call(this, data);
+};
+"""
+
+
+def test_a_refused_offer_falls_back_to_the_socket(
+    browser_context, asgi_server, worker_stand_in, page_problems
+):
+    # Given a viewer that picked WebRTC in a browser whose offer the server cannot answer with H.264
+    browser_context.add_init_script(OFFER_WITHOUT_H264)
+    session, page = _watch_executing_session(
+        browser_context, asgi_server, page_problems, username="rtc-refused", url="&codec=webrtc"
+    )
+
+    # Then the page says why and carries on over the socket, through MSE
+    expect(page.locator("#stat-codec")).to_have_text("H.264 (MSE)")
+    expect(page.locator("#codec-note")).to_contain_text("WebRTC failed")
+    expect(page.locator("#page-message")).to_contain_text("H.264")
+    expect(page.locator("#mse-video")).to_be_visible()
+    expect(page.locator("#rtc-video")).to_be_hidden()
+    expect(page.locator("#connection-state")).to_have_text("Live")
+    _send(worker_stand_in, session, 0, 1)
+    page.wait_for_function("document.getElementById('mse-video').dataset.chunk === '0'")
+    page_problems.assert_clean()
