@@ -6,6 +6,7 @@ value raises ImproperlyConfigured naming the variable, at start, never later.
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from urllib.parse import urlparse
@@ -92,6 +93,42 @@ def _model_paths(name: str) -> dict[str, str]:
             )
         paths[preset] = path
     return paths
+
+
+def _ice_servers(name: str) -> list[dict]:
+    """STUN/TURN servers as a JSON list in RTCIceServer's shape, e.g.
+    ``[{"urls": "stun:stun.example.org:3478"}, {"urls": ["turn:turn.example.org:3478"],
+    "username": "u", "credential": "p"}]``; empty (the default) is enough on one host or a LAN."""
+    raw = env.str(name, default="").strip()
+    if raw == "":
+        return []
+    try:
+        servers = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ImproperlyConfigured(f"Environment variable {name} is malformed: not JSON: {exc.msg}") from exc
+    problem = None
+    if not isinstance(servers, list):
+        problem = "expected a JSON list of {urls, username, credential} objects"
+    else:
+        for server in servers:
+            urls = server.get("urls") if isinstance(server, dict) else None
+            urls = [urls] if isinstance(urls, str) else urls
+            if not urls or not all(
+                isinstance(url, str) and url.split(":", 1)[0] in ("stun", "stuns", "turn", "turns")
+                for url in urls
+            ):
+                problem = f"each server needs 'urls' of stun:, stuns:, turn: or turns: URLs, got {server!r}"
+            elif set(server) - {"urls", "username", "credential"}:
+                problem = f"unknown keys {sorted(set(server) - {'urls', 'username', 'credential'})}"
+            elif any(url.startswith("turn") for url in urls) and not (
+                isinstance(server.get("username"), str) and isinstance(server.get("credential"), str)
+            ):
+                problem = f"a TURN server needs a 'username' and a 'credential' string: {urls}"
+            if problem:
+                break
+    if problem:
+        raise ImproperlyConfigured(f"Environment variable {name} is malformed: {problem}")
+    return servers
 
 
 # Model presets served from local checkpoint directories, each registered as a preset of its own.
@@ -404,6 +441,8 @@ STREAMSERVE = {
     # vLLM-Omni's realtime video socket (/v1/realtime/video, docs/openai.md): a session with no
     # chunk and no session.ping for this long is ended with a stall error, as vLLM-Omni's is (~60 s).
     "REALTIME_STALL_TIMEOUT_S": _typed("REALTIME_STALL_TIMEOUT_S", env.float, 60.0),
+    # STUN/TURN servers for WebRTC viewers (docs/media.md#webrtc), given to aiortc and to the page.
+    "WEBRTC_ICE_SERVERS": _ice_servers("WEBRTC_ICE_SERVERS"),
     # The job dispatcher's policy (scheduling.core.jobs.policy): `edf`, `genserve` or
     # package.module:ClassName.
     "JOB_POLICY": env.str("JOB_POLICY", default="edf"),

@@ -30,6 +30,13 @@ lease, but a chunk may already have been on its way), and an index it has alread
 copy (a new owner regenerates the chunks after the last one marked delivered). Both are dropped,
 so a client never sees an index twice, nor two owners' streams interleaved.
 
+A viewer may take its video over WebRTC instead (``?transport=webrtc``, H.264 only): the socket
+then carries the signalling (the browser's ``webrtc.offer`` and ``webrtc.ice``, our
+``webrtc.answer``), status and a ``webrtc.chunk`` text frame as each chunk's first picture leaves on
+the peer connection (its header, for the page's figures); the pictures themselves go over the peer
+connection (``sessions.webrtc``), admitted by the same ``StreamPosition`` and with the same H.264
+codec lease as a socket viewer. Until the peer connection is up no chunk is sent at all.
+
 Each socket is a viewer of its session (``contracts.wire.viewers``): registered once accepted,
 refreshed every ``VIEWER_REFRESH_S``, gone on disconnect. A session nobody watches goes idle and
 ends (``sessions.viewers``); a socket that connects to one made idle that way resumes it.
@@ -72,12 +79,18 @@ from sessions.selectors import (
     session_status_message,
     sessions_visible_to,
 )
+from sessions.webrtc.access_units import process_cache
+from sessions.webrtc.peer import SignallingError, WebRtcViewer
 
 logger = logging.getLogger(__name__)
 
 MAX_PENDING_CHUNKS = 8
 DELIVERY_FLUSH_S = 1.0
-CLIENT_MESSAGE_TYPES = ("prompt", "pause", "resume", "terminate")
+SESSION_COMMAND_TYPES = ("prompt", "pause", "resume", "terminate")
+WEBRTC_MESSAGE_TYPES = ("webrtc.offer", "webrtc.ice")
+CLIENT_MESSAGE_TYPES = SESSION_COMMAND_TYPES + WEBRTC_MESSAGE_TYPES
+SOCKET, WEBRTC = "socket", "webrtc"
+TRANSPORTS = (SOCKET, WEBRTC)
 # The largest client message: a prompt of MAX_PROMPT_CHARS written as JSON escapes (6 characters
 # each) plus its envelope fits in 16 KiB at the default 2,000; longer frames are refused unparsed.
 MAX_CLIENT_MESSAGE_CHARS = 16_384
@@ -125,6 +138,9 @@ class StreamPosition:
 
 class SessionConsumer(AsyncWebsocketConsumer):
     codec = JPEG
+    transport = SOCKET
+    webrtc: WebRtcViewer | None = None
+    webrtc_started = False  # whether a chunk has left on this viewer's peer connection
     init_sent: bytes | None = None  # the init segment this H.264 viewer last received
     jpeg_sent = False  # whether this JPEG viewer's stream has begun
     codec_lease: CodecLease | None = None
@@ -144,13 +160,17 @@ class SessionConsumer(AsyncWebsocketConsumer):
             return
         self.group = group_name(self.session_id)
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
-        self.codec = (query.get("codec") or [JPEG])[0]
+        asked_codec = (query.get("codec") or [None])[0]
+        self.codec = asked_codec or JPEG
         codec_problem = None
         if self.codec not in CODECS:
             codec_problem = (
                 f"unknown codec {self.codec!r}; choose one of {', '.join(CODECS)} (sending {JPEG})"
             )
             self.codec = JPEG
+        transport_problem = self._choose_transport(
+            (query.get("transport") or [SOCKET])[0], codec_given=asked_codec is not None
+        )
         self.outbox: collections.deque[tuple[str, object]] = collections.deque()
         self.pending_chunks = 0
         self.position = StreamPosition()
@@ -171,6 +191,20 @@ class SessionConsumer(AsyncWebsocketConsumer):
         await self._enqueue_text({"type": "status", **status})
         if codec_problem is not None:
             await self._error("bad_codec", codec_problem)
+        if transport_problem is not None:
+            await self._error("bad_transport", transport_problem)
+
+    def _choose_transport(self, transport: str, *, codec_given: bool) -> str | None:
+        """``?transport=``: the socket itself (default) or WebRTC, which carries H.264 only. Returns
+        why the choice was refused (the socket then stays on the socket transport)."""
+        if transport not in TRANSPORTS:
+            return f"unknown transport {transport!r}; choose one of {', '.join(TRANSPORTS)} (using {SOCKET})"
+        if transport == WEBRTC:
+            if codec_given and self.codec != H264:
+                return f"WebRTC carries {H264} only, not {self.codec} (using {SOCKET})"
+            self.codec = H264
+        self.transport = transport
+        return None
 
     async def _refuse(self, code: int, error: str, detail: str) -> None:
         """Accept only to say why, then close with an application close code (4401/4404)."""
@@ -187,6 +221,8 @@ class SessionConsumer(AsyncWebsocketConsumer):
                 task.cancel()
         if self.codec_lease is not None:
             await self.codec_lease.end()
+        if self.webrtc is not None:
+            await self.webrtc.close()
         if hasattr(self, "watcher"):
             await self._viewer_call(viewer_leave)
         if getattr(self, "deliveries", None):
@@ -212,6 +248,9 @@ class SessionConsumer(AsyncWebsocketConsumer):
             await self._error("bad_message", problem)
             return
         kind = message["type"]
+        if kind in WEBRTC_MESSAGE_TYPES:
+            await self._signal(kind, message)
+            return
         if kind == "prompt" and not isinstance(message.get("text"), str):
             await self._error("bad_message", "a prompt message needs a 'text' string")
             return
@@ -226,6 +265,63 @@ class SessionConsumer(AsyncWebsocketConsumer):
             return
         if kind == "prompt":
             await self._enqueue_text({"type": "prompt", "text": result.text, "from_chunk": result.from_chunk})
+
+    async def _signal(self, kind: str, message: dict) -> None:
+        """WebRTC signalling: a bad message is an ``error`` frame naming the problem; the socket, and
+        a peer connection already up, carry on."""
+        if self.transport != WEBRTC:
+            await self._error("bad_signal", "open the socket with ?transport=webrtc to signal WebRTC")
+            return
+        try:
+            if kind == "webrtc.offer":
+                await self._answer(message.get("sdp"))
+            elif self.webrtc is None:
+                await self._error("bad_signal", "send a webrtc.offer before its candidates")
+            else:
+                await self.webrtc.add_candidate(
+                    message.get("candidate"), message.get("sdpMid"), message.get("sdpMLineIndex")
+                )
+        except SignallingError as exc:
+            await self._error(exc.code, str(exc))
+
+    async def _answer(self, sdp: object) -> None:
+        """A new offer replaces this socket's peer connection (a page retrying)."""
+        if self.webrtc is not None:
+            previous, self.webrtc = self.webrtc, None
+            await previous.close()
+        viewer = WebRtcViewer(
+            ice=settings.STREAMSERVE["WEBRTC_ICE_SERVERS"],
+            cache=process_cache(),
+            on_started=self._webrtc_started,
+            on_skipped=self._webrtc_skipped,
+            on_state=self._webrtc_state,
+        )
+        try:
+            answer = await viewer.answer(sdp)
+        except SignallingError:
+            await viewer.close()
+            raise
+        self.webrtc = viewer
+        await self._enqueue_text({"type": "webrtc.answer", "sdp": answer})
+
+    def _webrtc_started(self, header: dict) -> None:
+        """A chunk's first picture left on the peer connection: its delivery, and the page's figures."""
+        self.webrtc_started = True
+        header = dict(header)
+        generated_at = header.get("generated_at")
+        if generated_at is not None:
+            header["delivery_ms"] = max(0.0, (time.time() - generated_at) * 1000.0)
+            self.deliveries.append(header)
+        self.outbox.append(("text", json.dumps({**header, "type": "webrtc.chunk"})))
+        self.wakeup.set()
+
+    def _webrtc_skipped(self, index: int) -> None:
+        self.outbox.append(("text", json.dumps({"type": "skipped", "index": index})))
+        self.wakeup.set()
+
+    def _webrtc_state(self, state: str) -> None:
+        self.outbox.append(("text", json.dumps({"type": "webrtc.state", "state": state})))
+        self.wakeup.set()
 
     @database_sync_to_async
     def _apply(self, kind: str, text: str | None):
@@ -261,6 +357,9 @@ class SessionConsumer(AsyncWebsocketConsumer):
             )
             return
         frames, ref, init = event["frames"], event.get("frames_ref"), None
+        if self.transport == WEBRTC:
+            self._offer_webrtc(header, event.get("media"))
+            return
         if self.codec == H264:
             media = event.get("media")
             if media is None:
@@ -283,6 +382,19 @@ class SessionConsumer(AsyncWebsocketConsumer):
         self.outbox.append(("chunk", (header, frames, ref, init)))
         self.pending_chunks += 1
         self.wakeup.set()
+
+    def _offer_webrtc(self, header: dict, media: dict | None) -> None:
+        """An admitted chunk to the peer connection, once it is up; before that nothing is sent (the
+        stream starts at the first chunk after, each a closed GOP)."""
+        if self.webrtc is None or not self.webrtc.live:
+            return
+        if media is None:
+            if self.webrtc_started:  # its stream had begun: say what it misses
+                self._webrtc_skipped(int(header["index"]))
+            return
+        header.update(codec=H264, mime=media["mime"], transport=WEBRTC)
+        key = (self.session_id, header.get("epoch"), header["index"], media.get("encoder"))
+        self.webrtc.offer_chunk(key, header, media)
 
     async def session_status(self, event: dict) -> None:
         await self._enqueue_text({k: v for k, v in event.items() if k != "type"} | {"type": "status"})

@@ -19,7 +19,12 @@ def generate(request: HttpRequest):
     return render(
         request,
         "sessions/generate.html",
-        {"max_prompt_chars": settings.STREAMSERVE["MAX_PROMPT_CHARS"], "page": "generate"},
+        {
+            "max_prompt_chars": settings.STREAMSERVE["MAX_PROMPT_CHARS"],
+            # The browser's side of WebRTC needs the same STUN/TURN servers as the server's.
+            "webrtc_ice_servers": settings.STREAMSERVE["WEBRTC_ICE_SERVERS"],
+            "page": "generate",
+        },
     )
 
 

@@ -3,7 +3,7 @@
 // live stream (chunks and status) only, so every command gets a plain HTTP answer with field errors.
 
 import { ApiError, api, el, fieldErrors, formatMs, formatTime, showMessage, wsUrl } from "./common.js";
-import { MsePlayer, StreamPlayer } from "./player.js";
+import { MsePlayer, StreamPlayer, WebRtcPlayer } from "./player.js";
 import { parseChunkFrame } from "./protocol.js";
 
 const $ = (id) => document.getElementById(id);
@@ -22,9 +22,12 @@ const page = {
   latencies: [],
   lastChunk: null,
   framesShown: 0,
-  // "auto" (H.264 where MSE can play it) or "jpeg": the select, first set from ?codec= on the URL.
-  codecChoice: new URLSearchParams(location.search).get("codec") === "jpeg" ? "jpeg" : "auto",
+  // "auto" (H.264 where MSE can play it), "webrtc" or "jpeg": the select, first set from ?codec= on the URL.
+  codecChoice: ["jpeg", "webrtc"].includes(new URLSearchParams(location.search).get("codec"))
+    ? new URLSearchParams(location.search).get("codec")
+    : "auto",
   codec: "jpeg", // what the socket asks for: "h264" or "jpeg"
+  transport: "socket", // how the pictures come: on the socket, or over WebRTC (H.264 only)
   codecNote: "",
   // Glass to glass: per chunk, wall-clock ms (epoch) from its encode finishing on the worker (the
   // header's generated_at) to its arrival here and to its first frame on screen. The worker and
@@ -39,6 +42,9 @@ const GLASS_KEPT = 1000;
 // still null while the first one is constructed).
 let player = null;
 let msePlayer = null; // made on first use: it owns a MediaSource
+let rtcPlayer = null; // made on first use: it owns a peer connection
+// STUN/TURN servers (WEBRTC_ICE_SERVERS), rendered into the page.
+const ICE_SERVERS = JSON.parse($("webrtc-ice-servers")?.textContent || "[]");
 const jpegPlayer = new StreamPlayer($("video"), {
   onState: (p) => player !== null && player === jpegPlayer && renderPlayback(p),
   onPresented: (index, time) => player === jpegPlayer && recordGlass(index, time),
@@ -51,29 +57,46 @@ function mseSupported() {
 // Which codec to ask the server for, and why (shown beside the stats).
 function chooseCodec() {
   if (page.codecChoice === "jpeg") return { codec: "jpeg", note: "(chosen)" };
+  if (page.codecChoice === "webrtc") {
+    if (window.RTCPeerConnection) return { codec: "h264", note: "", transport: "webrtc" };
+    const fallback = mseSupported() ? "h264" : "jpeg";
+    return { codec: fallback, note: "(this browser has no WebRTC)" };
+  }
   if (!mseSupported()) return { codec: "jpeg", note: "(this browser cannot play H.264 through Media Source Extensions)" };
   return { codec: "h264", note: "" };
 }
 
-function usePlayer(codec, note) {
+function usePlayer(codec, note, transport = "socket") {
   page.codec = codec;
   page.codecNote = note;
-  if (codec === "h264" && !msePlayer) {
+  page.transport = transport;
+  const webrtc = transport === "webrtc";
+  if (webrtc && !rtcPlayer) {
+    rtcPlayer = new WebRtcPlayer($("rtc-video"), {
+      iceServers: ICE_SERVERS,
+      onState: (p) => player !== null && player === rtcPlayer && renderPlayback(p),
+      onError: fallBackFromWebRtc,
+    });
+  }
+  if (codec === "h264" && !webrtc && !msePlayer) {
     msePlayer = new MsePlayer($("mse-video"), {
       onState: (p) => player !== null && player === msePlayer && renderPlayback(p),
       onError: fallBackToJpeg,
       onPresented: (index, time) => player === msePlayer && recordGlass(index, time),
     });
   }
-  player = codec === "h264" ? msePlayer : jpegPlayer;
+  player = webrtc ? rtcPlayer : codec === "h264" ? msePlayer : jpegPlayer;
   $("video").hidden = codec !== "jpeg";
-  $("mse-video").hidden = codec !== "h264";
-  if (codec !== "h264" && msePlayer) msePlayer.reset(); // releases its MediaSource
+  $("mse-video").hidden = codec !== "h264" || webrtc;
+  $("rtc-video").hidden = !webrtc;
+  if ((codec !== "h264" || webrtc) && msePlayer) msePlayer.reset(); // releases its MediaSource
+  if (!webrtc && rtcPlayer) rtcPlayer.reset(); // closes its peer connection
   renderCodec();
 }
 
 function renderCodec() {
-  $("stat-codec").textContent = page.codec === "h264" ? "H.264 (MSE)" : "JPEG";
+  const h264 = page.transport === "webrtc" ? "H.264 (WebRTC)" : "H.264 (MSE)";
+  $("stat-codec").textContent = page.codec === "h264" ? h264 : "JPEG";
   $("codec-note").textContent = page.codecNote;
   $("codec-choice").value = page.codecChoice;
 }
@@ -84,6 +107,17 @@ function fallBackToJpeg(reason) {
   if (page.codec !== "h264") return;
   usePlayer("jpeg", "(H.264 playback failed: fell back)");
   message(`H.264 playback failed (${reason}); switched to JPEG frames.`, "warning");
+  if (page.session) openSession(page.session, { pushUrl: false });
+}
+
+// WebRTC brought no picture (no connection, or none presented within its timeout after the server
+// sent one, or the server refused the signalling): the same session continues on the socket, as
+// H.264 through MSE where the browser can, else JPEG.
+function fallBackFromWebRtc(reason) {
+  if (page.transport !== "webrtc") return;
+  const codec = mseSupported() ? "h264" : "jpeg";
+  usePlayer(codec, "(WebRTC failed: fell back to the socket)");
+  message(`WebRTC playback failed (${reason}); the stream continues over the socket.`, "warning");
   if (page.session) openSession(page.session, { pushUrl: false });
 }
 
@@ -118,7 +152,9 @@ class SessionSocket {
     clearTimeout(this.timer);
     this.timer = null;
     this.handlers.onConnection(this.attempt ? "reconnecting" : "connecting");
-    const ws = new WebSocket(wsUrl(`/ws/sessions/${this.sessionId}/?codec=${this.handlers.codec()}`));
+    const transport = this.handlers.transport();
+    const query = `?codec=${this.handlers.codec()}${transport === "webrtc" ? "&transport=webrtc" : ""}`;
+    const ws = new WebSocket(wsUrl(`/ws/sessions/${this.sessionId}/${query}`));
     ws.binaryType = "arraybuffer";
     this.ws = ws;
     ws.onopen = () => {
@@ -126,6 +162,7 @@ class SessionSocket {
       this.attempt = 0;
       this.lastHeardAt = performance.now();
       this.handlers.onConnection("live");
+      this.handlers.onOpen?.(this);
     };
     ws.onmessage = (event) => {
       if (this.ws !== ws) return;
@@ -172,6 +209,11 @@ class SessionSocket {
     this.attempt += 1;
     this.timer = setTimeout(() => this.open(), delay);
     return delay;
+  }
+
+  // One JSON message to the server (WebRTC signalling), on the socket that is open now.
+  send(message) {
+    if (this.live) this.ws.send(JSON.stringify(message));
   }
 
   reconnectNow() {
@@ -273,7 +315,7 @@ function renderPlayback(p) {
   if (p.state !== "playing" && page.session?.activity === "idle") word = "paused";
   if (p.state === "playing" && p.rate > 1.05) word = `playing at ${(1 / p.rate).toFixed(2)}×`; // matching a slow stream
   $("stat-playback").textContent = `${word}${p.stalls ? ` · ${p.stalls} stall${p.stalls === 1 ? "" : "s"}` : ""}`;
-  const surface = page.codec === "h264" ? $("mse-video") : $("video");
+  const surface = page.transport === "webrtc" ? $("rtc-video") : page.codec === "h264" ? $("mse-video") : $("video");
   surface.dataset.framesShown = String(p.framesShown);
   surface.dataset.chunk = p.shownChunkIndex ?? "";
 }
@@ -353,9 +395,21 @@ const SOCKET_ERRORS = {
   terminated: "The session has ended",
 };
 
+// Error frames that mean this socket cannot carry WebRTC for this page: fall back to the socket.
+const WEBRTC_ERRORS = ["bad_sdp", "bad_candidate", "bad_signal", "bad_transport"];
+
 const socketHandlers = {
   codec() {
     return page.codec;
+  },
+  transport() {
+    return page.transport;
+  },
+  onOpen(socket) {
+    // Each socket offers afresh: the server's peer connection lives and dies with its socket.
+    if (page.transport === "webrtc" && player === rtcPlayer) {
+      rtcPlayer.connect((msg) => socket.send(msg)).catch((err) => fallBackFromWebRtc(`the offer failed: ${err.message}`));
+    }
   },
   silenceLimitMs() {
     // Only while chunks should be flowing: executing for an active user. Eight chunks' worth of
@@ -396,6 +450,17 @@ const socketHandlers = {
       // The server dropped a chunk this connection was too slow to take (bounded outbox).
       page.skippedChunks = (page.skippedChunks || 0) + 1;
       $("stat-chunk").textContent = `#${msg.index} skipped (${page.skippedChunks} so far)`;
+    } else if (String(msg.type).startsWith("webrtc.")) {
+      if (page.transport !== "webrtc") return;
+      rtcPlayer.handleMessage(msg);
+      if (msg.type === "webrtc.chunk" && page.session && msg.session === page.session.id) {
+        page.session.chunks_generated = Math.max(page.session.chunks_generated || 0, msg.index + 1);
+        if (msg.worker) page.session.worker = msg.worker;
+        renderChunkStats(msg);
+        renderSession();
+      }
+    } else if (msg.type === "error" && page.transport === "webrtc" && WEBRTC_ERRORS.includes(msg.code)) {
+      fallBackFromWebRtc(msg.detail || msg.code);
     } else if (msg.type === "error") {
       const what = SOCKET_ERRORS[msg.code] || `Stream error (${msg.code})`;
       message(msg.detail ? `${what}: ${msg.detail}` : `${what}.`);
@@ -604,15 +669,15 @@ async function loadSessions() {
 function replaceUrl() {
   const params = new URLSearchParams();
   if (page.session) params.set("session", page.session.id);
-  if (page.codecChoice === "jpeg") params.set("codec", "jpeg");
+  if (page.codecChoice !== "auto") params.set("codec", page.codecChoice);
   const query = params.toString();
   history.replaceState(null, "", query ? `?${query}` : location.pathname);
 }
 
 $("codec-choice").addEventListener("change", (event) => {
   page.codecChoice = event.currentTarget.value;
-  const { codec, note } = chooseCodec();
-  usePlayer(codec, note);
+  const { codec, note, transport } = chooseCodec();
+  usePlayer(codec, note, transport);
   replaceUrl();
   if (page.session) openSession(page.session, { pushUrl: false });
 });
@@ -693,8 +758,8 @@ async function boot() {
 }
 
 {
-  const { codec, note } = chooseCodec();
-  usePlayer(codec, note);
+  const { codec, note, transport } = chooseCodec();
+  usePlayer(codec, note, transport);
 }
 
 // For the browser tests and the curious: the player's counters and the session the page shows.

@@ -514,3 +514,207 @@ function sameBytes(a, b) {
   for (let i = 0; i < a.length; i += 1) if (a[i] !== b[i]) return false;
   return true;
 }
+
+// WebRtcPlayer: plays a session's H.264 over a WebRTC peer connection whose signalling rides on the
+// session socket (`?transport=webrtc`), with the same surface as the other players (reset, destroy,
+// configure, onState) plus `connect(send)` and `handleMessage(message)` for the socket's signalling.
+//
+//  * The browser offers (receive-only video) and the server answers: the server sends the worker's
+//    H.264 as it was encoded, paced by its timestamps; its answer carries all its candidates, ours
+//    trickle as `webrtc.ice`.
+//  * No media within a timeout falls back (`onError`, the page reopens the socket without WebRTC):
+//    not connected `connectTimeoutMs` after the offer, or the server announced a chunk
+//    (`webrtc.chunk`, sent as its first picture leaves) and no picture was presented within
+//    `mediaTimeoutMs`. A session that is queued or paused sends no chunk and so never trips it.
+//  * Counters: pictures presented (requestVideoFrameCallback), stalls (the receiver's freezeCount),
+//    buffer (the jitter buffer's delay, in frames), from getStats once a second. The chunk shown is
+//    the last one announced before the picture was received (exact to within the jitter buffer).
+
+const WEBRTC_STATS_MS = 1000;
+
+export class WebRtcPlayer {
+  constructor(video, { iceServers = [], connectTimeoutMs = 10000, mediaTimeoutMs = 5000, onState = () => {}, onError = () => {} } = {}) {
+    this.video = video;
+    this.iceServers = iceServers;
+    this.connectTimeoutMs = connectTimeoutMs;
+    this.mediaTimeoutMs = mediaTimeoutMs;
+    this.onState = onState;
+    this.onError = onError;
+    this.fps = 16;
+    this.framesPerChunk = 12;
+    this.video.muted = true;
+    this.video.playsInline = true;
+    this.pc = null;
+    this.reset();
+    this._timer = setInterval(() => this._check(), WEBRTC_STATS_MS / 2);
+  }
+
+  get frameMs() {
+    return 1000 / this.fps;
+  }
+
+  get chunkMs() {
+    return this.framesPerChunk * this.frameMs;
+  }
+
+  configure({ fps, framesPerChunk }) {
+    if (fps) this.fps = fps;
+    if (framesPerChunk) this.framesPerChunk = framesPerChunk;
+  }
+
+  reset() {
+    this._close();
+    this.state = "idle";
+    this.failed = false;
+    this.announced = []; // [{index, at}] of the last chunks the server said it sent
+    this.waitingSince = null; // a chunk was announced and no picture presented since
+    this.lastFrameAt = 0;
+    this.lastStatsAt = 0;
+    this.jitter = { delay: 0, emitted: 0 };
+    this.stats = {
+      framesShown: 0,
+      decodedFrames: 0,
+      stalls: 0,
+      chunksDecoded: 0,
+      decodeErrors: 0,
+      bufferedFrames: 0,
+      shownChunkIndex: null,
+      connectionState: "new",
+    };
+    this._emit();
+  }
+
+  destroy() {
+    clearInterval(this._timer);
+    this._close();
+  }
+
+  // A new socket is open: a new peer connection, offered over it (`send` posts one JSON message).
+  async connect(send) {
+    this._close();
+    this.failed = false;
+    const pc = new RTCPeerConnection({ iceServers: this.iceServers });
+    this.pc = pc;
+    this.offeredAt = performance.now();
+    pc.addTransceiver("video", { direction: "recvonly" });
+    pc.ontrack = (event) => {
+      if (this.pc !== pc) return;
+      this.video.srcObject = event.streams[0] || new MediaStream([event.track]);
+      this.video.play().catch(() => {}); // muted: autoplay is allowed
+      this._watchFrames(pc);
+    };
+    pc.onicecandidate = (event) => {
+      if (this.pc !== pc) return;
+      const c = event.candidate;
+      send({ type: "webrtc.ice", candidate: c ? c.candidate : "", sdpMid: c ? c.sdpMid : null, sdpMLineIndex: c ? c.sdpMLineIndex : null });
+    };
+    pc.onconnectionstatechange = () => {
+      if (this.pc !== pc) return;
+      this.stats.connectionState = pc.connectionState;
+      if (pc.connectionState === "failed") this._fail("the peer connection failed");
+      this._emit();
+    };
+    const offer = await pc.createOffer();
+    await pc.setLocalDescription(offer);
+    if (this.pc !== pc) return;
+    send({ type: "webrtc.offer", sdp: pc.localDescription.sdp });
+  }
+
+  // The socket's WebRTC messages: the answer, the server's view of the connection, chunk announcements.
+  async handleMessage(message) {
+    const pc = this.pc;
+    if (!pc) return;
+    if (message.type === "webrtc.answer") {
+      try {
+        await pc.setRemoteDescription({ type: "answer", sdp: message.sdp });
+      } catch (err) {
+        this._fail(`the server's answer was refused: ${err.message}`);
+      }
+    } else if (message.type === "webrtc.state" && message.state === "failed") {
+      this._fail("the server's side of the peer connection failed");
+    } else if (message.type === "webrtc.chunk") {
+      if (message.fps) this.fps = message.fps;
+      this.announced.push({ index: message.index, at: performance.now() });
+      if (this.announced.length > 8) this.announced.shift();
+      this.stats.chunksDecoded += 1;
+      if (this.waitingSince === null) this.waitingSince = performance.now();
+    }
+  }
+
+  _close() {
+    if (this.pc) this.pc.close();
+    this.pc = null;
+    if (this.video.srcObject) this.video.srcObject = null;
+  }
+
+  _fail(reason) {
+    if (this.failed) return;
+    this.failed = true;
+    this.stats.decodeErrors += 1;
+    this._close();
+    this._emit();
+    this.onError(reason);
+  }
+
+  _watchFrames(pc) {
+    if (!("requestVideoFrameCallback" in HTMLVideoElement.prototype)) return;
+    const video = this.video;
+    const onFrame = (now, meta) => {
+      if (this.pc !== pc) return;
+      this.stats.framesShown += 1;
+      this.lastFrameAt = now;
+      this.waitingSince = null;
+      // The chunk this picture belongs to: the last one announced before the picture arrived.
+      const received = meta.receiveTime ?? meta.presentationTime ?? now;
+      const shown = this.announced.filter((a) => a.at <= received + 20).pop();
+      if (shown) this.stats.shownChunkIndex = shown.index;
+      if (this.state !== "playing") this.state = "playing";
+      this._emit();
+      video.requestVideoFrameCallback(onFrame);
+    };
+    video.requestVideoFrameCallback(onFrame);
+  }
+
+  async _check() {
+    const pc = this.pc;
+    if (!pc || this.failed) return;
+    const now = performance.now();
+    if (pc.connectionState !== "connected" && now - this.offeredAt > this.connectTimeoutMs) {
+      this._fail(`the peer connection did not connect within ${this.connectTimeoutMs / 1000} s`);
+      return;
+    }
+    if (this.waitingSince !== null && now - this.waitingSince > this.mediaTimeoutMs) {
+      this._fail(`no picture arrived within ${this.mediaTimeoutMs / 1000} s of the server sending one`);
+      return;
+    }
+    if (this.state === "playing" && now - this.lastFrameAt > 3 * this.frameMs) this.state = "stalled";
+    if (now - this.lastStatsAt >= WEBRTC_STATS_MS) {
+      this.lastStatsAt = now;
+      await this._readStats(pc);
+    }
+    this._emit();
+  }
+
+  async _readStats(pc) {
+    let report;
+    try {
+      report = await pc.getStats();
+    } catch {
+      return;
+    }
+    for (const s of report.values()) {
+      if (s.type !== "inbound-rtp" || s.kind !== "video") continue;
+      this.stats.decodedFrames = s.framesDecoded ?? this.stats.decodedFrames;
+      this.stats.stalls = s.freezeCount ?? this.stats.stalls;
+      // The jitter buffer's delay over the last second, in frames.
+      const delay = (s.jitterBufferDelay ?? 0) - this.jitter.delay;
+      const emitted = (s.jitterBufferEmittedCount ?? 0) - this.jitter.emitted;
+      if (emitted > 0) this.stats.bufferedFrames = Math.round((delay / emitted) * this.fps);
+      this.jitter = { delay: s.jitterBufferDelay ?? 0, emitted: s.jitterBufferEmittedCount ?? 0 };
+    }
+  }
+
+  _emit() {
+    this.onState({ state: this.state, rate: 1, framesSkipped: 0, ...this.stats });
+  }
+}

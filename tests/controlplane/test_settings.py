@@ -69,6 +69,11 @@ def load_settings(expression: str = "settings.DEBUG", **env: str) -> subprocess.
         ("OPENAI_IMAGES_TIMEOUT_S", "7200"),
         ("STORAGES_DEFAULT_OPTIONS", "{not json"),
         ("STORAGES_DEFAULT_OPTIONS", "[1, 2]"),
+        ("WEBRTC_ICE_SERVERS", "stun:stun.example.org"),
+        ("WEBRTC_ICE_SERVERS", '{"urls": "stun:stun.example.org"}'),
+        ("WEBRTC_ICE_SERVERS", '[{"urls": "http://stun.example.org"}]'),
+        ("WEBRTC_ICE_SERVERS", '[{"urls": ["turn:turn.example.org:3478"]}]'),
+        ("WEBRTC_ICE_SERVERS", '[{"urls": "stun:a", "password": "x"}]'),
     ],
 )
 def test_malformed_variable_fails_at_start_naming_it(variable, value):
@@ -146,3 +151,14 @@ def test_every_variable_is_read_into_settings_once():
         "settings.STREAMSERVE['K8S_NAMESPACE']", POD_NAMESPACE="pods", K8S_NAMESPACE="gpus"
     )
     assert explicit.stdout.strip() == "gpus"
+
+
+def test_webrtc_ice_servers_are_read_as_rtc_ice_servers():
+    servers = '[{"urls": "stun:stun.example.org:3478"}, {"urls": ["turn:t.example.org"], "username": "u", "credential": "c"}]'
+    result = load_settings("settings.STREAMSERVE['WEBRTC_ICE_SERVERS']", WEBRTC_ICE_SERVERS=servers)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == (
+        "[{'urls': 'stun:stun.example.org:3478'}, "
+        "{'urls': ['turn:t.example.org'], 'username': 'u', 'credential': 'c'}]"
+    )
+    assert load_settings("settings.STREAMSERVE['WEBRTC_ICE_SERVERS']").stdout.strip() == "[]"

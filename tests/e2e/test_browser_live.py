@@ -1,6 +1,6 @@
 """The generation page in real Chromium against the whole real platform (no stand-in for any part):
 uvicorn, Celery worker + beat, the local provisioner's CPU worker generating the frames, encoded as
-H.264 (played through MSE) and, once the user picks it, as JPEG."""
+H.264 (played through MSE) and, once the user picks them, as JPEG and over WebRTC."""
 
 from __future__ import annotations
 
@@ -79,6 +79,12 @@ def test_a_real_worker_streams_frames_that_render_and_change(platform, creator):
         page.get_by_label("Play as").select_option("jpeg")
         expect(page.locator("#stat-codec")).to_have_text("JPEG")
         _two_pictures(page, "video")
+
+        # and then WebRTC: the web process sends the worker's H.264 over a peer connection
+        page.get_by_label("Play as").select_option("webrtc")
+        expect(page.locator("#stat-codec")).to_have_text("H.264 (WebRTC)")
+        _two_pictures(page, "rtc-video")
+        assert page.evaluate("window.streamserve.player.stats.decodeErrors") == 0
         browser.close()
     session = GenerationSession.objects.get(owner=creator)
     assert session.worker is not None and session.worker.name.startswith("local-cpu")
