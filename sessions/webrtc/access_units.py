@@ -30,6 +30,8 @@ import weakref
 from dataclasses import dataclass
 from fractions import Fraction
 
+from sessions.payloads import payload_read
+
 RTP_CLOCK = 90_000
 RTP_TIME_BASE = Fraction(1, RTP_CLOCK)
 START_CODE = b"\x00\x00\x00\x01"
@@ -135,8 +137,6 @@ class PayloadGone(LookupError):
 
 async def _units(init: bytes, fragment: bytes | None, ref: dict | None) -> list:
     if fragment is None:
-        from sessions.payloads import payload_read
-
         payloads = await payload_read(ref or {"key": "", "sizes": []})
         if not payloads:
             raise PayloadGone(f"chunk payload {ref and ref.get('key')!r} expired or unreadable")

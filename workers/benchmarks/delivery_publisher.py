@@ -27,6 +27,7 @@ from contracts.bench import summarize
 from contracts.wire.frames import PAYLOAD_TTL_S, chunk_message, chunk_message_offloaded, group_name
 from contracts.wire.records import chunk_record_append
 from workers.benchmarks.content import CONTENTS, content_frames, noise_frames
+from workers.runtime.encoding import encode_chunk, encode_jpeg_frames
 
 # --- frames ------------------------------------------------------------------------------------
 
@@ -35,8 +36,6 @@ CHUNK_VARIANTS = 4  # distinct chunks per run, sent in turn (encoded once, befor
 
 def jpeg_frames(width: int, height: int, count: int, *, seed: int = 0, quality: int = 85) -> list[bytes]:
     """``count`` real JPEG frames of ``width``×``height`` (smooth noise, like a generated frame's texture)."""
-    from workers.runtime.encoding import encode_jpeg_frames
-
     return encode_jpeg_frames(noise_frames(width, height, count, seed=seed), quality).frames
 
 
@@ -47,8 +46,6 @@ def chunk_variants(
     pan over a photograph, consecutive chunks continuing it) as the worker encodes them for viewers
     of ``codec`` (``encode_chunk``: JPEG frames, or one closed-GOP H.264 fragment and no JPEG):
     ``(frames, media)`` per chunk, as ``chunk_message`` takes them."""
-    from workers.runtime.encoding import encode_chunk
-
     if content == "noise":  # new noise every chunk (seeded), as before there was a photograph
         clips = [noise_frames(width, height, frames_per_chunk, seed=seed) for seed in range(CHUNK_VARIANTS)]
     else:
