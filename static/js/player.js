@@ -29,13 +29,36 @@ export function smoothArrival(previous, gapMs, chunkMs, weight = 0.3) {
   return previous ? previous + weight * (gapMs - previous) : gapMs;
 }
 
-export class StreamPlayer {
+// A session's timing as its chunk headers give it (frames per second, frames per chunk), which
+// every player paces by.
+class ChunkClock {
+  constructor() {
+    this.fps = 16;
+    this.framesPerChunk = 12;
+  }
+
+  get frameMs() {
+    return 1000 / this.fps;
+  }
+
+  get chunkMs() {
+    return this.framesPerChunk * this.frameMs;
+  }
+
+  configure({ fps, framesPerChunk }) {
+    if (fps) this.fps = fps;
+    if (framesPerChunk) this.framesPerChunk = framesPerChunk;
+  }
+}
+
+export class StreamPlayer extends ChunkClock {
   // onPresented(index, time): the first frame of chunk `index` is on screen; `time` is on the
   // performance.now() clock (the animation frame that drew it).
   constructor(
     canvas,
     { prebufferChunks = 1, maxBufferChunks = 4, maxSlowdown = 1.5, onState = () => {}, onPresented = () => {} } = {},
   ) {
+    super();
     this.canvas = canvas;
     this.onPresented = onPresented;
     this.ctx = canvas.getContext("2d");
@@ -43,8 +66,6 @@ export class StreamPlayer {
     this.maxBufferChunks = maxBufferChunks;
     this.maxSlowdown = maxSlowdown;
     this.onState = onState;
-    this.fps = 16;
-    this.framesPerChunk = 12;
     this.reset();
     this._tick = this._tick.bind(this);
     this._raf = requestAnimationFrame(this._tick);
@@ -73,20 +94,11 @@ export class StreamPlayer {
   }
 
   configure({ width, height, fps, framesPerChunk }) {
-    if (fps) this.fps = fps;
-    if (framesPerChunk) this.framesPerChunk = framesPerChunk;
+    super.configure({ fps, framesPerChunk });
     if (width && height && (this.canvas.width !== width || this.canvas.height !== height)) {
       this.canvas.width = width;
       this.canvas.height = height;
     }
-  }
-
-  get frameMs() {
-    return 1000 / this.fps;
-  }
-
-  get chunkMs() {
-    return this.framesPerChunk * this.frameMs;
   }
 
   // frames: Uint8Array[] of encoded images; resolves once the chunk is queued (or dropped).
@@ -232,21 +244,20 @@ export function liveSeekTarget(ranges, currentTime, { chunkS, maxBehindChunks = 
   return null;
 }
 
-export class MsePlayer {
+export class MsePlayer extends ChunkClock {
   // onPresented(index, time): as StreamPlayer's; `time` is the frame's presentationTime from
   // requestVideoFrameCallback (not reported where the browser lacks it).
   constructor(
     video,
     { maxBehindChunks = 2, keepChunks = 2, onState = () => {}, onError = () => {}, onPresented = () => {} } = {},
   ) {
+    super();
     this.video = video;
     this.onPresented = onPresented;
     this.maxBehindChunks = maxBehindChunks;
     this.keepChunks = keepChunks;
     this.onState = onState;
     this.onError = onError;
-    this.fps = 16;
-    this.framesPerChunk = 12;
     this.video.muted = true;
     this.video.playsInline = true;
     this._onVideoError = () => {
@@ -259,19 +270,6 @@ export class MsePlayer {
     this.video.addEventListener("waiting", this._onWaiting);
     this.reset();
     this._timer = setInterval(() => this._check(), GAP_CHECK_MS);
-  }
-
-  get frameMs() {
-    return 1000 / this.fps;
-  }
-
-  get chunkMs() {
-    return this.framesPerChunk * this.frameMs;
-  }
-
-  configure({ fps, framesPerChunk }) {
-    if (fps) this.fps = fps;
-    if (framesPerChunk) this.framesPerChunk = framesPerChunk;
   }
 
   reset() {
@@ -532,34 +530,20 @@ function sameBytes(a, b) {
 
 const WEBRTC_STATS_MS = 1000;
 
-export class WebRtcPlayer {
+export class WebRtcPlayer extends ChunkClock {
   constructor(video, { iceServers = [], connectTimeoutMs = 10000, mediaTimeoutMs = 5000, onState = () => {}, onError = () => {} } = {}) {
+    super();
     this.video = video;
     this.iceServers = iceServers;
     this.connectTimeoutMs = connectTimeoutMs;
     this.mediaTimeoutMs = mediaTimeoutMs;
     this.onState = onState;
     this.onError = onError;
-    this.fps = 16;
-    this.framesPerChunk = 12;
     this.video.muted = true;
     this.video.playsInline = true;
     this.pc = null;
     this.reset();
     this._timer = setInterval(() => this._check(), WEBRTC_STATS_MS / 2);
-  }
-
-  get frameMs() {
-    return 1000 / this.fps;
-  }
-
-  get chunkMs() {
-    return this.framesPerChunk * this.frameMs;
-  }
-
-  configure({ fps, framesPerChunk }) {
-    if (fps) this.fps = fps;
-    if (framesPerChunk) this.framesPerChunk = framesPerChunk;
   }
 
   reset() {
