@@ -30,6 +30,11 @@ DRAIN_BATCH = 2000
 # Runs share the scheduler's queue: a short budget keeps a large backlog from delaying its ticks
 # (the next run, a second later, goes on where this one stopped).
 DRAIN_BUDGET_S = 5.0
+# How long the ingest lock outlives its budget: one batch's write past the deadline. The lock is the
+# only thing left of a run that Redis's own outage interrupted (its release fails; with an AOF the
+# key survives the restart), so this margin is how long ingesting stalls after a Redis restart: it
+# was 60 s, and the audit then lagged the stream by a minute after every blip.
+INGEST_LOCK_MARGIN_S = 15.0
 
 
 @functools.cache
@@ -117,7 +122,7 @@ def chunk_records_drain(
     a time keeps "everything before the last acknowledged id is acknowledged" true, which is what
     lets the stream be trimmed. The lock expires on its own if its holder is killed.
     """
-    lock = client.lock(INGEST_LOCK, timeout=budget_s + 60.0)
+    lock = client.lock(INGEST_LOCK, timeout=budget_s + INGEST_LOCK_MARGIN_S)
     if not lock.acquire(blocking=False):
         return 0
     try:
