@@ -26,7 +26,7 @@ import numpy as np
 # web, Celery and management process that loads the scheduler's receivers). Our masses are numpy
 # arrays: its numpy backend is the one used.
 os.environ.setdefault("POT_BACKEND_DISABLE_PYTORCH", "1")
-import ot  # noqa: E402  POT; imported with the module so that no solve pays for the import
+import ot  # POT; imported with the module so that no solve pays for the import
 
 _FORBIDDEN = 1e6  # cost of a route beyond the RTT budget (emd): never chosen while overflow exists
 _OVERFLOW = 1e4  # cost of leaving demand unplaced: above every allowed route
