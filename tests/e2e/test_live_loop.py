@@ -124,7 +124,12 @@ def test_idle_session_is_suspended_and_resumes_at_the_next_index(platform, accou
     from scheduling.models import WorkerCommand
 
     session_id = GenerationSession.objects.order_by("created_at").first().pk
-    before = collect(platform, session_id, accounts["user"], chunks=2, timeout=30, send=[{"type": "pause"}])
+    # The pause goes out on connect: the socket is read until the session says it is suspended (the
+    # chunks already under way arrive before that), not for a chunk count the pause may never reach.
+    before = collect(
+        platform, session_id, accounts["user"], chunks=2, timeout=30, send=[{"type": "pause"}],
+        until=lambda s: any(t.get("status") == "suspended" for t in s.texts),
+    )  # fmt: skip
     wait_for(
         lambda: WorkerCommand.objects.filter(session_id=session_id, kind="suspend", status="acked").exists(),
         60,
