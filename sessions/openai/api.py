@@ -20,7 +20,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from contracts.catalog import PRESETS, ModelPreset
-from sessions import jobs
+from sessions import jobs, tenants
 from sessions.models import Job
 from sessions.openai import auth, errors, selectors, services
 from sessions.openai.errors import OpenAIError
@@ -156,6 +156,8 @@ class ImageGenerationView(OpenAIView):
             )
         except jobs.JobLimit as exc:
             raise _too_many(exc) from exc
+        except tenants.QuotaExceeded as exc:
+            raise OpenAIError(str(exc), status_code=429, code="tenant_quota_exceeded") from exc
         timeout_s = settings.STREAMSERVE["OPENAI_IMAGES_TIMEOUT_S"]
         try:
             done = services.images_wait(job_ids=[job.pk for job in submitted], timeout_s=timeout_s)
@@ -230,6 +232,8 @@ class VideoListCreateView(OpenAIView):
             )
         except jobs.JobLimit as exc:
             raise _too_many(exc) from exc
+        except tenants.QuotaExceeded as exc:
+            raise OpenAIError(str(exc), status_code=429, code="tenant_quota_exceeded") from exc
         return Response(VideoSerializer(job).data)
 
     @extend_schema(
