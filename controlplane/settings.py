@@ -620,6 +620,10 @@ if STREAMSERVE["STAGE_GPU"].lower() not in ("l20", "h100", "h200"):
     raise ImproperlyConfigured("Environment variable STAGE_GPU must be l20, h100 or h200")
 if STREAMSERVE["STAGE_THRESHOLD"] <= 1.0:
     raise ImproperlyConfigured("Environment variable STAGE_THRESHOLD must be above 1")
+if not 0.0 < STREAMSERVE["TENANT_FAIR_SHARE_WINDOW_S"] < float("inf"):
+    raise ImproperlyConfigured(
+        "Environment variable TENANT_FAIR_SHARE_WINDOW_S must be a positive number of seconds"
+    )
 if STREAMSERVE["WORKER_WEIGHTS_FROM"] not in ("auto", "pool", "disk"):
     raise ImproperlyConfigured("Environment variable WORKER_WEIGHTS_FROM must be auto, pool or disk")
 for _name in (
