@@ -9,10 +9,12 @@ from dataclasses import replace
 
 import pytest
 
+from scheduling.benchmarks.scheduler import format_bench, run_bench
 from scheduling.core.pipeline import DecisionInputs, decision_run
 from scheduling.core.tenants import TenantShares, fair_order
 from scheduling.core.turboserve import TurboServePolicy
 from scheduling.core.types import Event, GpuTypeSpec, GpuView, SessionView, Snapshot
+from scheduling.sim.cli import CliError, parse_tenant_weights
 from scheduling.sim.simulator import SimConfig, simulate
 from scheduling.sim.traces import TraceError, TraceEvent, parse_trace
 
@@ -180,3 +182,18 @@ def test_a_trace_carries_the_tenant_of_each_arrival():
         parse_trace([json.dumps({"t": 0, "session": "s1", "event": "arrive", "tenant": 3})])
     with pytest.raises(TraceError, match="unknown field"):
         parse_trace([json.dumps({"t": 0, "session": "s1", "event": "active", "tenant": "vision"})])
+
+
+def test_bench_scheduler_runs_the_fair_share_with_tenants_and_refuses_a_negative_count():
+    report = run_bench(gpus="4", events=20, tenants=3)
+    assert report["tenants"] == 3 and report["sizes"][0]["decisions"] > 0
+    assert "3 tenants" in format_bench(report)
+    with pytest.raises(CliError, match="tenants"):
+        run_bench(gpus="4", events=20, tenants=-1)
+
+
+@pytest.mark.parametrize("bad", ["a", "a=0", "=2", "a=-1", "a=nan", "a=inf", "a=three"])
+def test_a_bad_tenant_weight_names_the_flag(bad):
+    with pytest.raises(CliError, match="tenant-weight"):
+        parse_tenant_weights([bad])
+    assert parse_tenant_weights(["a=3", "b=0.5"]) == {"a": 3.0, "b": 0.5}
