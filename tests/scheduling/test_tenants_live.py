@@ -11,6 +11,7 @@ import pytest
 from django.utils import timezone
 
 from gpu.models import GpuWorker
+from scheduling.console import cluster_snapshot
 from scheduling.live.run import scheduler_run
 from scheduling.live.worker_profiles import default_gpu_type
 from scheduling.models import ScalingAction, SchedulerConfig
@@ -27,7 +28,7 @@ def waiting(tenant: Tenant, arrived_s_ago: float) -> GenerationSession:
     return SessionFactory(tenant=tenant, activity="active", status=Status.QUEUED, last_active_at=at)
 
 
-def used(tenant: Tenant, gpu_seconds: float) -> None:
+def used(tenant: Tenant | None, gpu_seconds: float) -> None:
     """``gpu_seconds`` charged to ``tenant`` a minute ago (a chunk alone in its batch)."""
     ChunkRecordFactory(
         session=SessionFactory(tenant=tenant, status=Status.TERMINATED, terminated_at=timezone.now(),
@@ -76,3 +77,18 @@ def test_a_tenant_over_its_gpu_quota_waits_without_scaling_the_pool_out(over_quo
     for session in sessions:
         session.refresh_from_db()
         assert session.status == Status.QUEUED
+
+
+def test_the_console_shows_each_tenant_s_sessions_jobs_and_recent_share():
+    vision = Tenant.objects.create(name="vision", weight=3.0)
+    waiting(vision, 5)
+    used(vision, 3.0)
+    used(None, 1.0)
+
+    snapshot = cluster_snapshot(include_timeline=False)
+
+    rows = {row["name"]: row for row in snapshot["tenants"]}
+    assert rows["vision"]["weight_share"] == 0.75 and rows["vision"]["queued"] == 1
+    assert rows["vision"]["gpu_seconds_5m"] == 3.0 and rows["vision"]["share_5m"] == 0.75
+    assert rows["default"]["share_5m"] == 0.25
+    assert {s["tenant"] for s in snapshot["session_list"]} == {"vision"}
