@@ -235,7 +235,7 @@ class TurboServePolicy(Policy):
         if not work.eligible and n_req > 0:
             rho_max = math.inf
         signal_rho = rho_max
-        if spare:
+        if spare and work.eligible:
             signal_rho = max(
                 ((work.load[g] - spare.get(g, 0.0)) / work.spec[g].capacity for g in work.eligible),
                 default=0.0,
