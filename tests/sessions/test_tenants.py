@@ -75,6 +75,22 @@ def test_naming_a_tenant_one_does_not_belong_to_is_a_400_on_tenant(user_api, use
     assert GenerationSession.objects.count() == 0
 
 
+def test_the_openai_adapter_acts_for_the_tenant_the_header_names(user_api, user, other_user):
+    vision = team("vision", user)
+    team("audio", other_user)
+    body = {"prompt": "waves", "model": "tiny", "seconds": 2}
+
+    mine = user_api.post("/v1/videos", body, format="json", headers={"X-StreamServe-Tenant": "vision"})
+    theirs = user_api.post("/v1/videos", body, format="json", headers={"X-StreamServe-Tenant": "audio"})
+
+    assert mine.status_code == 200, mine.content
+    assert Job.objects.get(pk=mine.json()["id"]).tenant == vision
+    assert theirs.status_code == 400
+    assert (theirs.json()["error"]["param"], theirs.json()["error"]["code"]) == ("tenant", "invalid_tenant")
+    assert "not a member of tenant 'audio'" in theirs.json()["error"]["message"]
+    assert Job.objects.count() == 1
+
+
 # --- quotas -------------------------------------------------------------------------------------------
 
 
