@@ -13,11 +13,20 @@ from scheduling.api import (
     SessionMigrateView,
     StagePlacementAuditView,
 )
-from sessions.api import JobAuditView, JobViewSet, LatencyAuditView, ModelCatalogView, SessionViewSet
+from sessions.api import (
+    JobAuditView,
+    JobViewSet,
+    LatencyAuditView,
+    ModelCatalogView,
+    SessionViewSet,
+    TenantUsageAuditView,
+    TenantViewSet,
+)
 
 router = DefaultRouter()
 router.register("sessions", SessionViewSet, basename="session")
 router.register("jobs", JobViewSet, basename="job")
+router.register("tenants", TenantViewSet, basename="tenant")
 router.register("workers", GpuWorkerViewSet, basename="worker")
 router.register("regions", RegionViewSet, basename="region")
 router.register("decisions", SchedulerDecisionViewSet, basename="decision")
@@ -31,6 +40,7 @@ urlpatterns = [
     path("parameter-pool/", ParameterPoolView.as_view(), name="parameter-pool"),
     path("audit/latency/", LatencyAuditView.as_view(), name="audit-latency"),
     path("audit/jobs/", JobAuditView.as_view(), name="audit-jobs"),
+    path("audit/tenants/", TenantUsageAuditView.as_view(), name="audit-tenants"),
     path("audit/placements/", StagePlacementAuditView.as_view(), name="audit-placements"),
     path("audit/region-moves/", RegionMovesAuditView.as_view(), name="audit-region-moves"),
     # The operator's request lives with the scheduler; the URL stays under the session it moves.

@@ -508,6 +508,10 @@ STREAMSERVE = {
     # origin when the body has no `origin` (empty: body only); a session's RTT budget to its region;
     # the plan's smoothing weight β.
     "ORIGIN_HEADER": env.str("ORIGIN_HEADER", default="X-StreamServe-Origin"),
+    # Tenants (docs/tenants.md): the request header naming the tenant a user acts for when the body
+    # has no `tenant` (empty: body only), and the window of GPU-seconds the fair share weighs.
+    "TENANT_HEADER": env.str("TENANT_HEADER", default="X-StreamServe-Tenant"),
+    "TENANT_FAIR_SHARE_WINDOW_S": _typed("TENANT_FAIR_SHARE_WINDOW_S", env.float, 3600.0),
     "REGION_RTT_BUDGET_MS": _typed("REGION_RTT_BUDGET_MS", env.float, 60.0),
     "REGION_PLAN_BETA": _typed("REGION_PLAN_BETA", env.float, 0.5),
     # The router's demand forecast by origin (ets | seasonal-naive | last-value), one slot ahead, and
@@ -616,6 +620,10 @@ if STREAMSERVE["STAGE_GPU"].lower() not in ("l20", "h100", "h200"):
     raise ImproperlyConfigured("Environment variable STAGE_GPU must be l20, h100 or h200")
 if STREAMSERVE["STAGE_THRESHOLD"] <= 1.0:
     raise ImproperlyConfigured("Environment variable STAGE_THRESHOLD must be above 1")
+if not 0.0 < STREAMSERVE["TENANT_FAIR_SHARE_WINDOW_S"] < float("inf"):
+    raise ImproperlyConfigured(
+        "Environment variable TENANT_FAIR_SHARE_WINDOW_S must be a positive number of seconds"
+    )
 if STREAMSERVE["WORKER_WEIGHTS_FROM"] not in ("auto", "pool", "disk"):
     raise ImproperlyConfigured("Environment variable WORKER_WEIGHTS_FROM must be auto, pool or disk")
 for _name in (

@@ -46,8 +46,9 @@ from scheduling.models import (
 )
 from scheduling.selectors import region_moves_audit
 from sessions import services as session_services
-from sessions.models import ChunkRecord, GenerationSession, Job
+from sessions.models import ChunkRecord, GenerationSession, Job, Tenant
 from sessions.selectors import PercentileCont, job_queue_positions, sessions_with_idle_reason
+from sessions.usage import tenants_gpu_seconds
 
 Status = GenerationSession.Status
 
@@ -346,13 +347,14 @@ def _placement_item(p: StagePlacement) -> dict[str, Any]:
 def _sessions(limit: int = SESSION_LIST_LENGTH) -> list[dict[str, Any]]:
     rows = (
         sessions_with_idle_reason(GenerationSession.objects.exclude(status=Status.TERMINATED))
-        .select_related("owner", "worker", "host_worker", "region")
+        .select_related("owner", "worker", "host_worker", "region", "tenant")
         .order_by("-created_at")[:limit]
     )
     return [
         {
             "id": str(s.id),
             "owner": s.owner.get_username(),
+            "tenant": s.tenant.name if s.tenant else Tenant.DEFAULT_NAME,
             "model": s.model_name,
             "resolution": s.resolution,
             "status": s.status,
@@ -411,6 +413,53 @@ def _jobs(now, limit: int = SESSION_LIST_LENGTH) -> dict[str, Any]:
 
 
 MOVES_WINDOW = timedelta(hours=1)
+
+
+# The console's tenant usage window: recent enough to be live, short enough for a cheap scan (BRIN).
+TENANT_USAGE_WINDOW = timedelta(minutes=5)
+
+
+def _tenants(now) -> list[dict[str, Any]]:
+    """Each tenant (docs/tenants.md): weight, open and waiting sessions, queued jobs, GPU-seconds
+    charged over the last five minutes and its share of them against its weight's share."""
+    open_sessions = Counter()
+    waiting = Counter()
+    for tenant_name, status, n in (
+        GenerationSession.objects.exclude(status=Status.TERMINATED)
+        .order_by()
+        .values_list("tenant__name", "status")
+        .annotate(n=Count("pk"))
+    ):
+        name = tenant_name or Tenant.DEFAULT_NAME
+        open_sessions[name] += n
+        if status == Status.QUEUED:
+            waiting[name] += n
+    jobs = Counter()
+    for name, n in (
+        Job.objects.filter(state=Job.State.QUEUED)
+        .order_by()
+        .values_list("tenant__name")
+        .annotate(n=Count("pk"))
+    ):
+        jobs[name or Tenant.DEFAULT_NAME] += n
+    used = tenants_gpu_seconds(since=now - TENANT_USAGE_WINDOW, until=now)
+    rows = {t.name: t for t in Tenant.objects.all()}
+    names = sorted(set(rows) | set(open_sessions) | set(used))
+    total_used = sum(used.values())
+    total_weight = sum(rows[n].weight if n in rows else 1.0 for n in names)
+    return [
+        {
+            "name": name,
+            "weight": rows[name].weight if name in rows else 1.0,
+            "weight_share": round((rows[name].weight if name in rows else 1.0) / total_weight, 4),
+            "sessions": open_sessions[name],
+            "queued": waiting[name],
+            "jobs_queued": jobs[name],
+            "gpu_seconds_5m": round(used.get(name, 0.0), 3),
+            "share_5m": round(used.get(name, 0.0) / total_used, 4) if total_used else None,
+        }
+        for name in names
+    ]
 
 
 def _regions(live: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -536,6 +585,7 @@ def cluster_snapshot(*, now=None, include_timeline: bool = True) -> dict[str, An
         "session_list": _sessions(),
         "jobs": _jobs(now),
         "regions": _regions(live),
+        "tenants": _tenants(now),
         "origins": origin_demand(),
         "parameter_pool": _parameter_pool(),
     }

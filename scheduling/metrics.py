@@ -49,7 +49,8 @@ from prometheus_client.registry import Collector
 
 from gpu.models import GpuWorker, WeightHolding
 from scheduling.models import Migration, ScalingAction, SchedulerDecision
-from sessions.models import ChunkRecord, GenerationSession, Job
+from sessions.models import ChunkRecord, GenerationSession, Job, Tenant
+from sessions.usage import tenants_gpu_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -202,6 +203,58 @@ class StreamServeCollector(Collector):
     def describe(self) -> Iterator:
         return iter(())  # collected on scrape only: never touch the database at registration
 
+    def _tenants(self, open_statuses: list[str], since, now) -> Iterator:
+        """Per tenant (null: the default tenant): open sessions by status, queued jobs, GPU-seconds
+        charged over the window (``sessions.usage``: chunks batch-aware, ended jobs) and its weight."""
+        names = dict(Tenant.objects.values_list("pk", "name"))
+
+        def name_of(pk) -> str:
+            return names.get(pk, Tenant.DEFAULT_NAME)
+
+        sessions = GaugeMetricFamily(
+            "streamserve_tenant_sessions", "Open sessions by tenant and status", labels=["tenant", "status"]
+        )
+        counts: Counter = Counter()
+        rows = (
+            GenerationSession.objects.filter(status__in=open_statuses)
+            .order_by()
+            .values_list("tenant_id", "status")
+            .annotate(n=Count("pk"))
+        )
+        for tenant_id, status, n in rows:
+            counts[(name_of(tenant_id), status)] += n
+        for (tenant, status), n in sorted(counts.items()):
+            sessions.add_metric([tenant, status], n)
+        yield sessions
+        jobs = GaugeMetricFamily(
+            "streamserve_tenant_jobs_queued", "Queued one-shot jobs by tenant", labels=["tenant"]
+        )
+        queued: Counter = Counter()
+        for tenant_id, n in (
+            Job.objects.filter(state=Job.State.QUEUED)
+            .order_by()
+            .values_list("tenant_id")
+            .annotate(n=Count("pk"))
+        ):
+            queued[name_of(tenant_id)] += n
+        for tenant, n in sorted(queued.items()):
+            jobs.add_metric([tenant], n)
+        yield jobs
+        used = GaugeMetricFamily(
+            "streamserve_tenant_gpu_seconds",
+            f"GPU-seconds charged to each tenant over the last {self.window_s:.0f} s (chunks batch-aware, ended jobs)",
+            labels=["tenant"],
+        )
+        for tenant, seconds in sorted(tenants_gpu_seconds(since=since, until=now).items()):
+            used.add_metric([tenant], seconds)
+        yield used
+        weights = GaugeMetricFamily(
+            "streamserve_tenant_weight", "Each tenant's fair-share weight", labels=["tenant"]
+        )
+        for tenant, weight in Tenant.objects.order_by("name").values_list("name", "weight"):
+            weights.add_metric([tenant], weight)
+        yield weights
+
     def collect(self) -> Iterator:
         began = time.perf_counter()
         now = timezone.now()
@@ -264,6 +317,9 @@ class StreamServeCollector(Collector):
         for value in GenerationSession.Activity.values:
             activity.add_metric([value], by_activity.get(value, 0))
         yield activity
+
+        # --- tenants (issue 29): open sessions, queued jobs and GPU-seconds charged over the window
+        yield from self._tenants(open_statuses, since, now)
 
         # --- one-shot jobs in flight (ended ones are the audit's: /api/audit/jobs/)
         jobs_in_flight = dict(

@@ -3,7 +3,16 @@ from __future__ import annotations
 from django.contrib import admin, messages
 
 from sessions import services
-from sessions.models import ChunkLatencyRollup, ChunkRecord, GenerationSession, Job, Prompt, SessionEvent
+from sessions.models import (
+    ChunkLatencyRollup,
+    ChunkRecord,
+    GenerationSession,
+    Job,
+    Prompt,
+    SessionEvent,
+    Tenant,
+    TenantMembership,
+)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -34,6 +43,7 @@ class GenerationSessionAdmin(admin.ModelAdmin):
     list_display = [
         "id",
         "owner",
+        "tenant",
         "model_name",
         "resolution",
         "status",
@@ -44,10 +54,10 @@ class GenerationSessionAdmin(admin.ModelAdmin):
         "created_at",
         "last_active_at",
     ]
-    list_filter = ["status", "activity", "state_location", "model_name", "worker"]
+    list_filter = ["status", "activity", "state_location", "model_name", "tenant", "worker"]
     search_fields = ["id", "owner__username", "prompts__text"]
     date_hierarchy = "created_at"
-    list_select_related = ["owner", "worker"]
+    list_select_related = ["owner", "tenant", "worker"]
     readonly_fields = [f.name for f in GenerationSession._meta.fields]
     inlines = [PromptInline]
     actions = ["terminate_sessions"]
@@ -101,7 +111,45 @@ class ChunkLatencyRollupAdmin(ReadOnlyAdmin):
 class JobAdmin(ReadOnlyAdmin):
     """Jobs change through their API and the dispatcher only (epochs, commands, the result file)."""
 
-    list_display = ["id", "owner", "kind", "model_name", "state", "worker", "steps_done", "steps", "deadline"]
-    list_filter = ["state", "kind", "model_name"]
+    list_display = [
+        "id", "owner", "tenant", "kind", "model_name", "state", "worker", "steps_done", "steps", "deadline",
+    ]  # fmt: skip
+    list_filter = ["state", "kind", "model_name", "tenant"]
     search_fields = ["id", "owner__username", "prompt"]
     date_hierarchy = "submitted_at"
+
+
+class TenantMembershipInline(admin.TabularInline):
+    model = TenantMembership
+    extra = 1
+    autocomplete_fields = ["user"]
+    fields = ["user", "is_default", "created_at"]
+    readonly_fields = ["created_at"]
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):
+    """Teams sharing the pool: weight (fair share), priority class, quotas, members (docs/tenants.md)."""
+
+    list_display = [
+        "name",
+        "weight",
+        "priority_class",
+        "gpu_seconds_per_day",
+        "gpu_seconds_per_month",
+        "max_live_sessions",
+        "max_queued_jobs",
+        "gpu_quota_enforcement",
+        "member_count",
+    ]
+    list_filter = ["priority_class", "gpu_quota_enforcement"]
+    search_fields = ["name", "members__username"]
+    inlines = [TenantMembershipInline]
+
+    @admin.display(description="members")
+    def member_count(self, tenant: Tenant) -> int:
+        return tenant.memberships.count()
+
+    def has_delete_permission(self, request, obj=None):
+        # Sessions and jobs keep the tenant they were charged to (PROTECT): a tenant is never deleted.
+        return False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import FileResponse
 from django.utils import timezone
@@ -27,19 +28,22 @@ from contracts.http.api import (
     filterset_check,
 )
 from contracts.http.timerange import parse_time_range
-from sessions import jobs, selectors, services
+from gpu import services as gpu_services
+from sessions import jobs, selectors, services, tenants, usage
 from sessions.filters import ChunkRecordFilter, JobFilter, SessionFilter
-from sessions.models import GenerationSession, Job
+from sessions.models import GenerationSession, Job, Tenant
 from sessions.serializers import (
     ChunkRecordSerializer,
     JobCreateSerializer,
     JobSerializer,
+    MembershipSerializer,
     ModelPresetSerializer,
     PromptCreateSerializer,
     PromptSerializer,
     SessionCreateSerializer,
     SessionEventSerializer,
     SessionSerializer,
+    TenantSerializer,
 )
 
 # What a job's result may be served as inline (PNG for an image, MP4 for a video).
@@ -60,6 +64,35 @@ class TooManyLiveSessions(APIException):
 class TooManyJobsInFlight(APIException):
     status_code = status.HTTP_429_TOO_MANY_REQUESTS
     default_code = "too_many_jobs_in_flight"
+
+
+class TenantQuotaExceeded(APIException):
+    """A tenant's hard quota is spent (``tenants.QuotaExceeded``): 429 naming the quota, its value,
+    what is used and when it resets (also as ``Retry-After`` for a GPU-second quota)."""
+
+    status_code = status.HTTP_429_TOO_MANY_REQUESTS
+    default_code = "tenant_quota_exceeded"
+
+    def __init__(self, exc: tenants.QuotaExceeded):
+        super().__init__(str(exc))
+        # The body as it is: APIException would turn the figures of a dict detail into strings.
+        self.detail = {"detail": str(exc), "code": self.default_code, **exc.as_dict()}
+        if exc.resets_at is not None:
+            # DRF's exception handler turns ``wait`` into the Retry-After header.
+            self.wait = max(1, int((exc.resets_at - timezone.now()).total_seconds()))
+
+
+def _tenant(request, data) -> Tenant:
+    """The tenant the request acts for: the body's ``tenant``, else the ``TENANT_HEADER`` header, else
+    the user's default; naming one they do not belong to is a 400 on ``tenant``."""
+    name = data.validated_data.get("tenant")
+    header = settings.STREAMSERVE["TENANT_HEADER"]
+    if not name and header:
+        name = request.headers.get(header, "")
+    try:
+        return tenants.tenant_acting_for(user=request.user, name=name or None)
+    except DjangoValidationError as exc:
+        raise ValidationError(exc.message_dict) from exc
 
 
 def _origin(request, data) -> str:
@@ -98,10 +131,15 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
             resolution=data.validated_data.get("resolution"),
             seed=data.validated_data.get("seed"),
         )
+        tenant = _tenant(request, data)
         try:
-            session = services.session_create(owner=request.user, spec=spec, origin=_origin(request, data))
+            session = services.session_create(
+                owner=request.user, spec=spec, origin=_origin(request, data), tenant=tenant
+            )
         except services.LiveSessionLimit as exc:
             raise TooManyLiveSessions(str(exc)) from exc
+        except tenants.QuotaExceeded as exc:
+            raise TenantQuotaExceeded(exc) from exc
         return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(methods=["GET"], filters=False, responses=PromptSerializer(many=True))
@@ -283,10 +321,13 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             )
         except DjangoValidationError as exc:
             raise ValidationError(exc.message_dict) from exc
+        tenant = _tenant(request, data)
         try:
-            job = jobs.job_submit(owner=request.user, spec=spec)
+            job = jobs.job_submit(owner=request.user, spec=spec, tenant=tenant)
         except jobs.JobLimit as exc:
             raise TooManyJobsInFlight(str(exc)) from exc
+        except tenants.QuotaExceeded as exc:
+            raise TenantQuotaExceeded(exc) from exc
         return Response(self.get_serializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses=JobSerializer)
@@ -353,4 +394,107 @@ class JobAuditView(APIView):
             ]
             rows = [[csv_cell(b["start"]), *(csv_cell(b[k]) for k in header[1:])] for b in report["buckets"]]
             return csv_response("jobs.csv", header, rows)
+        return Response(report)
+
+
+class IsStaffForWrites(permissions.BasePermission):
+    """Any signed-in user reads (their own tenants); only staff create, change or manage members."""
+
+    def has_permission(self, request, view):
+        if not (request.user and request.user.is_authenticated):
+            return False
+        return request.method in permissions.SAFE_METHODS or request.user.is_staff
+
+
+USAGE_REPORT = {
+    "type": "object",
+    "description": "per bucket: by_tenant {stream_gpu_seconds, job_gpu_seconds, gpu_seconds, cost_usd}; "
+    "on the pool's audit also ledger and pool_overhead (ledger − charged)",
+}
+
+
+class TenantViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.UpdateModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Tenants (teams sharing the pool): weight, priority class, quotas, members. Staff see and change
+    every tenant; a member sees the tenants they belong to (another tenant is a 404) and their usage.
+    """
+
+    serializer_class = TenantSerializer
+    permission_classes = [IsStaffForWrites]
+    ordering_fields = ["name", "weight", "created_at"]
+    ordering = ["name"]
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Tenant.objects.none()
+        return tenants.tenants_visible_to(self.request.user)
+
+    @extend_schema(
+        methods=["POST"], request=MembershipSerializer, responses={200: TenantSerializer}, filters=False
+    )
+    @extend_schema(
+        methods=["DELETE"],
+        parameters=[OpenApiParameter("username", OpenApiTypes.STR, required=True)],
+        request=None,
+        responses={200: TenantSerializer},
+        filters=False,
+    )
+    @action(detail=True, methods=["post", "delete"])
+    def members(self, request, pk=None):
+        """POST adds a member (``is_default``: their default tenant); DELETE ``?username=`` removes one."""
+        tenant = self.get_object()
+        if request.method == "POST":
+            data = MembershipSerializer(data=request.data)
+            data.is_valid(raise_exception=True)
+            user = _user_named(data.validated_data["username"], "username")
+            tenants.membership_add(tenant=tenant, user=user, is_default=data.validated_data["is_default"])
+        else:
+            user = _user_named(request.query_params.get("username", ""), "username")
+            if not tenants.membership_remove(tenant=tenant, user=user):
+                raise ValidationError({"username": f"{user.username!r} is not a member of {tenant.name!r}"})
+        return Response(TenantSerializer(tenant).data)
+
+    @extend_schema(parameters=AUDIT_PARAMETERS, responses=audit_responses(USAGE_REPORT), filters=False)
+    @action(detail=True, methods=["get"])
+    def usage(self, request, pk=None):
+        """The tenant's GPU-seconds and money per bucket (streams' chunks, batch-aware, and jobs), its
+        quotas and where it stands against them; ``?format=csv`` for chargeback."""
+        tenant = self.get_object()
+        time_range = parse_time_range(request.query_params)
+        output = audit_format(request.query_params)
+        report = usage.usage_buckets(time_range=time_range, tenant=tenant)
+        if output == "csv":
+            rows = [[csv_cell(c) for c in row] for row in usage.usage_csv_rows(report)]
+            return csv_response(f"usage-{tenant.name}.csv", usage.USAGE_CSV_HEADER, rows)
+        return Response({"tenant": tenant.name, **report, "quotas": tenants.quota_report(tenant=tenant)})
+
+
+def _user_named(username: str, field: str):
+    user = get_user_model().objects.filter(username=username).first() if username else None
+    if user is None:
+        raise ValidationError({field: f"no user named {username!r}"})
+    return user
+
+
+class TenantUsageAuditView(APIView):
+    """GPU-seconds and money per bucket for every tenant, the ledger's figures and the pool's
+    overhead (boot, load, idle: ledger − charged); ``?format=csv`` gives one row per bucket and
+    tenant plus the overhead's."""
+
+    permission_classes = [permissions.IsAdminUser]
+
+    @extend_schema(parameters=AUDIT_PARAMETERS, responses=audit_responses(USAGE_REPORT))
+    def get(self, request):
+        time_range = parse_time_range(request.query_params)
+        output = audit_format(request.query_params)
+        gpu_services.ledger_accrue()
+        report = usage.usage_buckets(time_range=time_range)
+        if output == "csv":
+            rows = [[csv_cell(c) for c in row] for row in usage.usage_csv_rows(report)]
+            return csv_response("tenants-usage.csv", usage.USAGE_CSV_HEADER, rows)
         return Response(report)

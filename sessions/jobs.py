@@ -31,7 +31,8 @@ from django.utils import timezone
 from contracts.catalog import PRESETS, ModelPreset, parse_resolution
 from contracts.catalog.presets import PRESETS as RUNTIME_PRESETS
 from gpu.models import GpuWorker
-from sessions.models import Job
+from sessions import tenants
+from sessions.models import Job, Tenant
 from sessions.selectors import job_queue_positions, job_status_message
 from sessions.services import MAX_SEED, owner_limit_check, validate_prompt
 from sessions.signals import job_changed
@@ -253,8 +254,12 @@ def _locked(job_id) -> Job | None:
 
 
 @transaction.atomic
-def job_submit(*, owner, spec: JobSpec) -> Job:
-    """Queue a job. Raises ``JobLimit`` when the owner already has the maximum in flight."""
+def job_submit(*, owner, spec: JobSpec, tenant: Tenant | None = None) -> Job:
+    """Queue a job for ``tenant`` (default: the owner's default tenant). Raises ``JobLimit`` when the
+    owner already has the maximum in flight, ``tenants.QuotaExceeded`` when the tenant's hard quota
+    is spent."""
+    tenant = tenant or tenants.tenant_acting_for(user=owner)
+    tenants.quota_admit_job(tenant=tenant)
     owner_limit_check(
         owner,
         Job.objects.filter(owner=owner, state__in=Job.IN_FLIGHT),
@@ -265,6 +270,7 @@ def job_submit(*, owner, spec: JobSpec) -> Job:
     )
     job = Job.objects.create(
         owner=owner,
+        tenant=tenant,
         kind=spec.kind,
         prompt=spec.prompt,
         model_name=spec.model_name,

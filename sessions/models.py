@@ -13,6 +13,86 @@ from django.db.models import Q
 from scheduling.core.types import EventKind
 
 
+class Tenant(models.Model):
+    """A team sharing the pool: its members, its fair share (``weight``) and its quotas (issue 29).
+
+    Every session and job carries the tenant its user acted for (``sessions.tenants``); a null
+    tenant on an older row means the default tenant (``DEFAULT_NAME``), as a null region means the
+    local one. Quotas left empty are unlimited. The GPU-second quotas are counted in GPU-seconds
+    charged to the tenant (``sessions.usage``) since the start of the UTC day or month; a ``hard``
+    quota refuses new work once spent (HTTP 429), a ``soft`` one lets its work run on spare capacity
+    only (the scheduler places it last and never scales out for it). Count quotas are always hard.
+    """
+
+    DEFAULT_NAME = "default"
+
+    class PriorityClass(models.TextChoices):
+        INTERACTIVE = "interactive", "interactive streams"
+        ONESHOT = "oneshot", "one-shot jobs"
+        BATCH = "batch", "batch"
+
+    class Enforcement(models.TextChoices):
+        HARD = "hard"
+        SOFT = "soft"
+
+    name = models.SlugField(max_length=64, unique=True)
+    weight = models.FloatField(
+        default=1.0, help_text="fair share: a tenant's share of the pool is its weight over the sum"
+    )
+    priority_class = models.CharField(
+        max_length=16, choices=PriorityClass.choices, default=PriorityClass.INTERACTIVE
+    )
+    gpu_seconds_per_day = models.FloatField(null=True, blank=True, help_text="empty: unlimited")
+    gpu_seconds_per_month = models.FloatField(null=True, blank=True, help_text="empty: unlimited")
+    max_live_sessions = models.PositiveIntegerField(null=True, blank=True, help_text="empty: unlimited")
+    max_queued_jobs = models.PositiveIntegerField(null=True, blank=True, help_text="empty: unlimited")
+    gpu_quota_enforcement = models.CharField(
+        max_length=8, choices=Enforcement.choices, default=Enforcement.HARD
+    )
+    members = models.ManyToManyField(
+        settings.AUTH_USER_MODEL, through="TenantMembership", related_name="tenants", blank=True
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(name="tenant_weight_positive", condition=Q(weight__gt=0)),
+            models.CheckConstraint(
+                name="tenant_gpu_quotas_nonnegative",
+                condition=(Q(gpu_seconds_per_day__isnull=True) | Q(gpu_seconds_per_day__gte=0))
+                & (Q(gpu_seconds_per_month__isnull=True) | Q(gpu_seconds_per_month__gte=0)),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class TenantMembership(models.Model):
+    """A user belongs to a tenant; ``is_default`` marks the one they act for unless they name another."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="tenant_memberships"
+    )
+    is_default = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["tenant__name", "user_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "user"], name="membership_once_per_tenant"),
+            # One default per user: the tenant they act for when they name none.
+            models.UniqueConstraint(
+                fields=["user"], condition=Q(is_default=True), name="membership_one_default_per_user"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user_id} in {self.tenant_id}{' (default)' if self.is_default else ''}"
+
+
 class GenerationSession(models.Model):
     """A user's long-lived streaming generation session.
 
@@ -41,6 +121,10 @@ class GenerationSession(models.Model):
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="generation_sessions"
     )
+    tenant = models.ForeignKey(
+        Tenant, null=True, blank=True, on_delete=models.PROTECT, related_name="sessions",
+        help_text="the tenant its user acted for (null: the default tenant)",
+    )  # fmt: skip
     model_name = models.CharField(max_length=64)
     width = models.PositiveIntegerField()
     height = models.PositiveIntegerField()
@@ -290,6 +374,10 @@ class Job(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
+    tenant = models.ForeignKey(
+        Tenant, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs",
+        help_text="the tenant its user acted for (null: the default tenant)",
+    )  # fmt: skip
     kind = models.CharField(max_length=8, choices=Kind.choices)
     prompt = models.TextField()
     model_name = models.CharField(max_length=64)

@@ -25,7 +25,7 @@ from sessions.models import (
 
 def sessions_visible_to(user) -> QuerySet[GenerationSession]:
     """Staff see every session; everyone else only their own (others' are 404, not 403)."""
-    qs = GenerationSession.objects.select_related("worker", "host_worker", "owner", "region")
+    qs = GenerationSession.objects.select_related("worker", "host_worker", "owner", "region", "tenant")
     return qs if user.is_staff else qs.filter(owner=user)
 
 
@@ -254,7 +254,7 @@ def session_status_message(session: GenerationSession) -> dict:
 def jobs_visible_to(user) -> QuerySet[Job]:
     """Staff see every job; everyone else only their own (others' are 404, not 403). A deleted job
     is nobody's to see (``job_delete``; the audit still counts it)."""
-    qs = Job.objects.select_related("worker", "owner").filter(deleted_at__isnull=True)
+    qs = Job.objects.select_related("worker", "owner", "tenant").filter(deleted_at__isnull=True)
     return qs if user.is_staff else qs.filter(owner=user)
 
 

@@ -8,7 +8,7 @@ from contracts.catalog import PRESETS
 from contracts.catalog.presets import DEFAULT_PRESET
 from contracts.http.api import StrictCharField, StrictFloatField
 from sessions.jobs import MAX_PRIORITY, MAX_SLO_S
-from sessions.models import ChunkRecord, GenerationSession, Job, Prompt, SessionEvent
+from sessions.models import ChunkRecord, GenerationSession, Job, Prompt, SessionEvent, Tenant
 from sessions.selectors import job_result_url
 
 # What this deployment serves, for the schema: the request a client can build from it is accepted.
@@ -43,6 +43,8 @@ class PromptCreateSerializer(serializers.Serializer):
 
 class SessionSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username", read_only=True)
+    # Null on rows older than tenants: the default tenant (sessions.models.Tenant).
+    tenant = serializers.CharField(source="tenant.name", read_only=True, default="default")
     model = serializers.CharField(source="model_name", read_only=True)
     resolution = serializers.CharField(read_only=True)
     # None while the session runs nowhere (queued, terminated) or holds no state in host memory.
@@ -64,6 +66,7 @@ class SessionSerializer(serializers.ModelSerializer):
         fields = [
             "id",
             "owner",
+            "tenant",
             "model",
             "resolution",
             "width",
@@ -116,6 +119,10 @@ class SessionCreateSerializer(serializers.Serializer):
         max_length=64,
         help_text="the user's origin (a key of a region's rtt_ms); else the ORIGIN_HEADER request header",
     )
+    tenant = serializers.SlugField(
+        required=False, max_length=64,
+        help_text="the tenant to act for (one you belong to); else the TENANT_HEADER request header, else your default tenant",
+    )  # fmt: skip
 
 
 class ChunkRecordSerializer(serializers.ModelSerializer):
@@ -156,6 +163,8 @@ class SessionEventSerializer(serializers.ModelSerializer):
 
 class JobSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username", read_only=True)
+    # Null on rows older than tenants: the default tenant (sessions.models.Tenant).
+    tenant = serializers.CharField(source="tenant.name", read_only=True, default="default")
     model = serializers.CharField(source="model_name", read_only=True)
     resolution = serializers.CharField(read_only=True)
     # Where it runs or is paused; after it ended, where it last ran (None: it never ran).
@@ -168,6 +177,7 @@ class JobSerializer(serializers.ModelSerializer):
         fields = [
             "id",
             "owner",
+            "tenant",
             "kind",
             "prompt",
             "model",
@@ -225,4 +235,64 @@ class JobCreateSerializer(serializers.Serializer):
         help_text="seconds from submission to result; default: JOB_DEFAULT_SLO_S (not with deadline)",
     )  # fmt: skip
     deadline = serializers.DateTimeField(required=False, help_text="absolute deadline (not with slo_s)")
+    tenant = serializers.SlugField(
+        required=False, max_length=64,
+        help_text="the tenant to act for (one you belong to); else the TENANT_HEADER request header, else your default tenant",
+    )  # fmt: skip
     priority = serializers.IntegerField(default=0, min_value=0, max_value=MAX_PRIORITY)
+
+
+class TenantSerializer(serializers.ModelSerializer):
+    """A tenant with its weight, priority class and quotas (null: unlimited); members by username."""
+
+    weight = StrictFloatField(
+        required=False, min_value=1e-6, max_value=1e6, help_text="fair share: weight over the sum of weights"
+    )
+    gpu_seconds_per_day = StrictFloatField(required=False, allow_null=True, min_value=0, max_value=1e12)
+    gpu_seconds_per_month = StrictFloatField(required=False, allow_null=True, min_value=0, max_value=1e12)
+    max_live_sessions = serializers.IntegerField(
+        required=False, allow_null=True, min_value=0, max_value=2**31 - 1
+    )
+    max_queued_jobs = serializers.IntegerField(
+        required=False, allow_null=True, min_value=0, max_value=2**31 - 1
+    )
+    members = serializers.SerializerMethodField(help_text="usernames; the default tenant of those marked")
+
+    class Meta:
+        model = Tenant
+        fields = [
+            "id",
+            "name",
+            "weight",
+            "priority_class",
+            "gpu_seconds_per_day",
+            "gpu_seconds_per_month",
+            "max_live_sessions",
+            "max_queued_jobs",
+            "gpu_quota_enforcement",
+            "members",
+            "created_at",
+        ]
+        read_only_fields = ["id", "created_at"]
+
+    @extend_schema_field(
+        {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"username": {"type": "string"}, "is_default": {"type": "boolean"}},
+            },
+        }
+    )
+    def get_members(self, tenant: Tenant) -> list[dict]:
+        return [
+            {"username": m.user.username, "is_default": m.is_default}
+            for m in tenant.memberships.select_related("user").order_by("user__username")
+        ]
+
+
+class MembershipSerializer(serializers.Serializer):
+    username = StrictCharField(max_length=150)
+    is_default = serializers.BooleanField(
+        default=False, help_text="make it the tenant they act for by default"
+    )

@@ -24,7 +24,7 @@ from django.utils import timezone
 from contracts.catalog import PRESETS, parse_resolution
 from contracts.wire.records import ChunkRow, chunk_deliveries_append
 from gpu import selectors as gpu_selectors
-from sessions import lifecycle
+from sessions import lifecycle, tenants
 from sessions.ingest import records_client
 from sessions.lifecycle import event_record
 from sessions.models import (
@@ -34,6 +34,7 @@ from sessions.models import (
     GenerationSession,
     Prompt,
     SessionEvent,
+    Tenant,
 )
 
 Status = GenerationSession.Status
@@ -163,16 +164,22 @@ def origin_validate(origin: str | None) -> str:
 
 
 @transaction.atomic
-def session_create(*, owner, spec: SessionSpec, origin: str = "") -> GenerationSession:
+def session_create(
+    *, owner, spec: SessionSpec, origin: str = "", tenant: Tenant | None = None
+) -> GenerationSession:
     """A new session: it arrives and, since its user is typing into it, becomes active at once.
 
     ``origin`` (validated by ``origin_validate``) is where its user connects from; the scheduler
-    routes the session to a region on its arrival (``scheduling.live.regions``).
+    routes the session to a region on its arrival (``scheduling.live.regions``). ``tenant`` is the
+    one the owner acts for (``tenants.tenant_acting_for``; default: their default tenant).
 
     Raises ``LiveSessionLimit`` when the owner already holds ``MAX_LIVE_SESSIONS_PER_USER`` live
-    sessions: one user must not fill the queue and the GPUs on their own.
+    sessions: one user must not fill the queue and the GPUs on their own; ``tenants.QuotaExceeded``
+    when the tenant's hard quota is spent.
     """
     origin = origin_validate(origin)
+    tenant = tenant or tenants.tenant_acting_for(user=owner)
+    tenants.quota_admit_session(tenant=tenant)
     owner_limit_check(
         owner,
         GenerationSession.objects.filter(owner=owner).exclude(status=Status.TERMINATED),
@@ -184,6 +191,7 @@ def session_create(*, owner, spec: SessionSpec, origin: str = "") -> GenerationS
     now = timezone.now()
     session = GenerationSession.objects.create(
         owner=owner,
+        tenant=tenant,
         model_name=spec.model_name,
         width=spec.width,
         height=spec.height,

@@ -9,6 +9,10 @@ full placement + rebalance + autoscaling-signal path on exactly M GPUs.
 
 Wall time (``mean_ms``/``p99_ms``/``max_ms``) and process CPU time (``cpu_*``) are both reported: on
 a shared machine wall time also counts time the process spent preempted.
+
+``tenants`` (``--tenants N``): the sessions belong to N tenants in turn, with weights 1..N, so every
+decision also runs the fair-share step (issue 29) on the simulator's per-tenant usage: the
+difference to a run without is the cost of tenants in the decision.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from scheduling.sim.simulator import SimConfig, Simulator
 from scheduling.sim.traces import TraceEvent
 
 
-def synthetic_events(n_gpus: int, capacity: float, n_events: int, seed: int) -> list[TraceEvent]:
+def synthetic_events(
+    n_gpus: int, capacity: float, n_events: int, seed: int, tenants: int = 0
+) -> list[TraceEvent]:
     rng = np.random.default_rng(seed)
     n_sessions = max(2, int(1.4 * capacity * n_gpus))
     target_active = int(0.7 * capacity * n_gpus)
@@ -36,10 +42,14 @@ def synthetic_events(n_gpus: int, capacity: float, n_events: int, seed: int) -> 
     idle: list[str] = []
     active: list[str] = []
     counter = 0
+
+    def tenant_of(n: int) -> str | None:
+        return f"t{n % tenants}" if tenants else None
+
     for _ in range(n_sessions):
         sid = f"s{counter}"
+        events.append(TraceEvent(t, sid, "arrive", tenant=tenant_of(counter)))
         counter += 1
-        events.append(TraceEvent(t, sid, "arrive"))
         idle.append(sid)
     for _ in range(target_active):
         sid = idle.pop(int(rng.integers(len(idle))))
@@ -60,8 +70,8 @@ def synthetic_events(n_gpus: int, capacity: float, n_events: int, seed: int) -> 
             idle.append(sid)
         elif r < 0.9:
             sid = f"s{counter}"
+            events.append(TraceEvent(t, sid, "arrive", tenant=tenant_of(counter)))
             counter += 1
-            events.append(TraceEvent(t, sid, "arrive"))
             idle.append(sid)
         elif idle:
             sid = idle.pop(int(rng.integers(len(idle))))
@@ -77,14 +87,18 @@ def bench_scheduler(
     events_per_size: int = 2000,
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
+    tenants: int = 0,
 ) -> dict[str, Any]:
     spec = BUILTIN_PROFILES[profile]
+    weights = {f"t{i}": float(i + 1) for i in range(tenants)} if tenants else None
     rows = []
     for m in sizes:
-        warmup, measured = synthetic_events(m, spec.capacity, events_per_size, seed)
+        warmup, measured = synthetic_events(m, spec.capacity, events_per_size, seed, tenants)
         sim = Simulator(
             make_policy(policy),
-            SimConfig(profiles=[spec], initial_gpus=m, min_gpus=m, max_gpus=m, tick_s=0.0),
+            SimConfig(
+                profiles=[spec], initial_gpus=m, min_gpus=m, max_gpus=m, tick_s=0.0, tenant_weights=weights
+            ),
             trace_name=f"bench-{m}",
         )
         for _ in range(m):
@@ -120,7 +134,13 @@ def bench_scheduler(
         )
         if progress:
             progress(1)
-    return {"policy": policy, "profile": profile, "events_per_size": events_per_size, "sizes": rows}
+    return {
+        "policy": policy,
+        "profile": profile,
+        "events_per_size": events_per_size,
+        "tenants": tenants,
+        "sizes": rows,
+    }
 
 
 def parse_gpu_sizes(text: str) -> list[int]:
@@ -140,6 +160,7 @@ def run_bench(
     profile: str = "b300-1.3b",
     seed: int = 0,
     progress: bool = False,
+    tenants: int = 0,
 ) -> dict[str, Any]:
     """The command's flags, checked (a bad one raises :class:`CliError` naming it), then the bench."""
     sizes = parse_gpu_sizes(gpus)
@@ -147,13 +168,18 @@ def run_bench(
         raise CliError("events", "must be >= 10")
     if profile not in BUILTIN_PROFILES:
         raise CliError("profile", f"unknown built-in profile {profile!r}")
+    if tenants < 0:
+        raise CliError("tenants", "must be >= 0 (0: no tenants)")
     with tqdm(total=len(sizes), desc="bench", unit="run", leave=False, disable=not progress) as bar:
         gc.collect()
-        return bench_scheduler(sizes, profile=profile, events_per_size=events, seed=seed, progress=bar.update)
+        return bench_scheduler(
+            sizes, profile=profile, events_per_size=events, seed=seed, progress=bar.update, tenants=tenants
+        )
 
 
 def format_bench(report: dict[str, Any]) -> str:
-    lines = [f"decision time per event, policy {report['policy']}, profile {report['profile']}"]
+    tenants = f", {report['tenants']} tenants" if report.get("tenants") else ""
+    lines = [f"decision time per event, policy {report['policy']}, profile {report['profile']}{tenants}"]
     lines.append(
         f"  {'GPUs':>6} {'sessions':>9} {'active':>7} {'mean ms':>9} {'p99 ms':>9} {'max ms':>9}"
         f" {'cpu p99':>9} {'cpu max':>9}"

@@ -6,6 +6,10 @@ outputs, composed here and nowhere else (``decision_run``):
 1. ``partition`` (TORTA regions, ``regions.partition.partition_snapshot``): the pool's snapshot
    split into one snapshot per region; a region at zero whose predictive floor asks for GPUs takes
    part. A pool in one region is its own partition (the snapshot as it is).
+   Then ``fair_share`` (tenants, issue 29, ``tenants.fair_order``): in each region's snapshot the
+   waiting sessions in weighted fair-share order (the tenant furthest under its share first, FCFS
+   within a tenant), and the sessions of tenants over a GPU-second quota marked ``spare_only`` (no
+   scale-out for them). Without tenants the snapshots are unchanged.
 2. ``add_job_demand`` (GenServe, ``jobs.backlog``): each region's snapshot gains its one-shot jobs'
    GPU demand (``job_demand_gpus``) and the GPUs running jobs (``job_gpus``).
 3. ``add_floor`` (TORTA Eq. 6): each region's snapshot gains its predictive floor's forecast load
@@ -37,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from .jobs.backlog import backlog_gpus
 from .policy import Policy
 from .regions.partition import RegionLayout, decide_by_region, partition_snapshot, regions_to_zero
+from .tenants import TenantShares, fair_order, spare_only_sessions
 from .types import Decision, Event, EventKind, Snapshot
 
 # The policies of the regions a run decides for, asked once per run with the regions in name order
@@ -68,7 +73,8 @@ class DecisionInputs:
     sessions are (one region without one); ``jobs``: the one-shot jobs (``None``: none tracked);
     ``floor_load``: each region's predictive-floor input F (``None``: no floor); ``idle_forecast``:
     the regions whose forecast is no demand, asked only when the pool spans several regions;
-    ``region_minimum``: the GPUs such a region keeps."""
+    ``region_minimum``: the GPUs such a region keeps; ``tenants``: each session's tenant, the
+    tenants' weights and recent GPU-seconds (``None``: no fair share, arrival order)."""
 
     snapshot: Snapshot
     event: Event
@@ -77,6 +83,7 @@ class DecisionInputs:
     floor_load: Mapping[str, float] | None = None
     idle_forecast: Callable[[], Collection[str]] = frozenset
     region_minimum: Mapping[str, int] = field(default_factory=dict)
+    tenants: TenantShares | None = None
 
 
 # The results are slotted, not frozen: a frozen dataclass's __init__ sets each field through
@@ -109,6 +116,8 @@ def decision_run(inputs: DecisionInputs, policies: PolicyProvider) -> DecisionRu
     """The steps of the module docstring, in order."""
     layout, snapshot = inputs.layout, inputs.snapshot
     snapshots = partition(snapshot, layout, inputs.floor_load)
+    if inputs.tenants is not None:
+        snapshots = {region: fair_share(part, inputs.tenants) for region, part in snapshots.items()}
     snapshots = add_job_demand(snapshots, inputs.jobs, layout, snapshot.time)
     snapshots = add_floor(snapshots, inputs.floor_load)
     event_region = route_event(snapshot, layout, inputs.event)
@@ -139,6 +148,18 @@ def decision_run(inputs: DecisionInputs, policies: PolicyProvider) -> DecisionRu
 
 def _rerouted_into(rerouted: Mapping[str, str], region: str) -> tuple[str, ...]:
     return tuple(sorted(sid for sid, to in rerouted.items() if to == region)) if rerouted else ()
+
+
+def fair_share(snapshot: Snapshot, tenants: TenantShares | None) -> Snapshot:
+    """Step 1b, per region: the waiting sessions in fair-share order and the over-quota tenants'
+    sessions marked ``spare_only``."""
+    if tenants is None:
+        return snapshot
+    pending = fair_order(snapshot.pending, tenants)
+    spare = spare_only_sessions(list(snapshot.sessions), tenants)
+    if pending == snapshot.pending and spare == snapshot.spare_only:
+        return snapshot
+    return replace(snapshot, pending=pending, spare_only=spare)
 
 
 def partition(

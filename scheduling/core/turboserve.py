@@ -56,7 +56,7 @@ from .detector import (
 from .placement import PlacementWork
 from .policy import Policy
 from .regions.forecast import predictive_floor
-from .types import Decision, Event, GpuTypeSpec, Signals, Snapshot
+from .types import Decision, Event, EventKind, GpuTypeSpec, Signals, Snapshot
 
 _EPS = 1e-9
 
@@ -209,7 +209,12 @@ class TurboServePolicy(Policy):
         inputs beyond the sessions and GPUs — the jobs' demand and the predictive floor — are fields
         of ``snapshot`` (``job_demand_gpus``, ``job_gpus``, ``floor_load``), never attributes."""
         now = snapshot.time
-        sigma, level = self._observe(now, event)
+        # A tenant over its GPU quota's arrivals and departures are not the demand the detector
+        # forecasts headroom from (issue 29): the pool never grows for them.
+        observed = (
+            event if event.session is None or event.session not in snapshot.spare_only else _tick(event)
+        )
+        sigma, level = self._observe(now, observed)
         rho_hat = level.rho_hat
         work = PlacementWork(snapshot, eta=self.eta, min_residency_s=self.min_residency_s)
         suspend, reserved, queue = self._place(snapshot, work)
@@ -220,18 +225,32 @@ class TurboServePolicy(Policy):
             work.relieve_overflow()
             work.rebalance()
 
-        n_req = sum(work.load.values()) + sum(snapshot.sessions[s].load for s in queue)
+        # Demand: the placed load and the waiting sessions', less the tenants' over a GPU quota
+        # (issue 29): what they run or wait for never asks for GPUs.
+        spare = _spare_load(snapshot, work, set(suspend) | set(queue)) if snapshot.spare_only else {}
+        demand_queue = [s for s in queue if s not in snapshot.spare_only]
+        n_req = sum(work.load.values()) - sum(spare.values())
+        n_req += sum(snapshot.sessions[s].load for s in demand_queue)
         rho_max = work.rho_max()
         if not work.eligible and n_req > 0:
             rho_max = math.inf
+        signal_rho = rho_max
+        if spare and work.eligible:
+            signal_rho = max(
+                ((work.load[g] - spare.get(g, 0.0)) / work.spec[g].capacity for g in work.eligible),
+                default=0.0,
+            )
         need = self._need(snapshot, pool, n_req, rho_hat, reserved)
         plan = _ScalePlan(len(pool.live), dict(pool.counts), {}, [], [], [])
         if self.autoscale:
-            signal = rho_max
+            signal = signal_rho
             if self.headroom and pool.capacity > 0:
                 signal = max(signal, (n_req + need.headroom) / pool.capacity)
             direction = hysteresis(signal, rho_hat, self.delta)
-            short = direction > 0 or queue or need.floor_short or need.job_capacity > _EPS
+            if direction < 0 and spare and hysteresis(rho_max, rho_hat, self.delta) >= 0:
+                # Not demand, but running: the pool does not shrink under it either.
+                direction = 0
+            short = direction > 0 or demand_queue or need.floor_short or need.job_capacity > _EPS
             if short and need.needed > pool.capacity + _EPS:
                 self._scale_out(snapshot, work, pool, need, plan, queue)
             elif direction < 0 and not queue and now - self.last_scale_out >= self.cooldown_s:
@@ -562,3 +581,21 @@ class TurboServePaper(TurboServePolicy):
 
     def __init__(self, **kwargs: Any):
         super().__init__(headroom=False, cooldown_s=0.0, release_grace_s=0.0, scale_in_window_s=0.0, **kwargs)
+
+
+def _spare_load(snapshot: Snapshot, work: PlacementWork, unplaced: set[str]) -> dict[str, float]:
+    """Per GPU, the load of sessions on spare capacity only (``Snapshot.spare_only``) where the
+    placement leaves them (moved this decision, else where they execute; none while unplaced)."""
+    spare: dict[str, float] = {}
+    for sid in snapshot.spare_only:
+        view = snapshot.sessions.get(sid)
+        if view is None or sid in unplaced:
+            continue
+        gid = work.location.get(sid) or (view.gpu if view.state == "executing" else None)
+        if gid is not None and gid in work.load:
+            spare[gid] = spare.get(gid, 0.0) + view.load
+    return spare
+
+
+def _tick(event: Event) -> Event:
+    return Event(time=event.time, kind=EventKind.TICK)

@@ -271,6 +271,10 @@ class Snapshot:
     # The predictive floor's input (TORTA Eq. 6): the forecast active load F one provisioning delay
     # ahead that an autoscaler keeps capacity for (issue 16). None: no floor.
     floor_load: float | None = None
+    # Sessions of tenants over a GPU-second quota (issue 29, ``scheduling.core.tenants``): they are
+    # placed on spare capacity, after everyone else's (``pending`` is in fair-share order), and an
+    # autoscaler never counts them as demand: scale-out is never triggered by a tenant over quota.
+    spare_only: frozenset[str] = frozenset()
 
     @classmethod
     def build(

@@ -53,6 +53,7 @@ from scheduling.live.regions import (
 )
 from scheduling.live.stages.encoders import encoder_failover
 from scheduling.live.stages.placement import stage_placement_step
+from scheduling.live.tenants import tenant_shares
 from scheduling.live.worker_profiles import default_gpu_type, gpu_profiles
 from scheduling.models import SchedulerConfig, SchedulerDecision, SchedulerState, WorkerCommand
 from sessions.models import GenerationSession
@@ -219,6 +220,7 @@ def _pipeline_inputs(
         floor_load=region_floor_load() if settings.STREAMSERVE["REGION_FORECAST_FLOOR"] else None,
         idle_forecast=region_idle_forecast,
         region_minimum=settings.STREAMSERVE["REGION_MIN_GPUS"],
+        tenants=tenant_shares(sessions=pool.sessions.values(), now=timezone.now()),
     )
 
 

@@ -278,6 +278,7 @@ def run_simulate(
     viewer_grace_s: float | None = None,
     idle_timeout_s: float | None = None,
     stream_period: str | None = None,
+    tenant_weights: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Simulate one policy on one trace. Static policies run ``budget`` GPUs (default --max-gpus).
 
@@ -294,6 +295,10 @@ def run_simulate(
     ``scale_out`` (disk / host-cache / peer) computes each new GPU's delay from the pool's state by
     the scale planner; ``None`` keeps each profile's own path. The result's ``scale_out`` summarises
     the delays every scale-out got and ``scale_out_events`` lists them.
+
+    ``tenant_weights`` (``--tenant-weight name=weight``, repeatable) are the fair share's weights of
+    the tenants the trace's arrivals name (docs/tenants.md); a trace with tenants, or weights given,
+    runs the fair share and the result gains ``tenants`` (GPU-seconds, share, weight's share).
 
     ``forecast`` (from :func:`forecast_options`) runs TurboServe with the predictive floor and, under
     the same config, without it; the result is the floor's run plus a ``forecast`` block (accuracy,
@@ -323,6 +328,8 @@ def run_simulate(
         scale_out=scale_out,
         stream_period=stream_period,
     )
+    if tenant_weights:
+        config.tenant_weights = parse_tenant_weights(tenant_weights)
     policy_options = parse_options(options)
     pol = _make(policy, policy_options)
     if forecast is not None:
@@ -391,10 +398,30 @@ def run_simulate(
     return out
 
 
+def parse_tenant_weights(values: Sequence[str]) -> dict[str, float]:
+    """``name=weight`` pairs (weight a finite number > 0) → weights by tenant; ``CliError`` otherwise."""
+    weights: dict[str, float] = {}
+    for value in values:
+        name, sep, text = value.partition("=")
+        try:
+            weight = float(text)
+        except ValueError:
+            weight = math.nan
+        if not sep or not name or not (math.isfinite(weight) and weight > 0):
+            raise CliError("tenant-weight", f"must be name=weight with a weight > 0, got {value!r}")
+        weights[name] = weight
+    return weights
+
+
 def format_simulate(result: dict[str, Any]) -> str:
     lines = [f"{result['policy']} on {result['trace']} ({result['profile']}, SLO {result['slo_ms']:.0f} ms)"]
     for key in REQUIRED_RESULT_KEYS[2:]:
         lines.append(f"  {key:<26} {result[key]}")
+    for name, figures in sorted((result.get("tenants") or {}).items()):
+        lines.append(
+            f"  tenant {name:<19} {figures['gpu_seconds']} GPU-s, {figures['share']:.1%} "
+            f"(weight's share {figures['weight_share']:.1%})"
+        )
     return "\n".join(lines)
 
 

@@ -34,7 +34,8 @@ from __future__ import annotations
 import heapq
 import math
 import time as wallclock
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
@@ -46,6 +47,7 @@ from scheduling.core.pipeline import ONE_REGION, DecisionInputs, decision_run
 from scheduling.core.policy import Policy
 from scheduling.core.provisioning import FIXED, SCALE_OUT_PATHS
 from scheduling.core.scaleplan import ScalePlanError
+from scheduling.core.tenants import DEFAULT_TENANT, TenantShares
 from scheduling.core.types import Decision, Event, GpuTypeSpec, GpuView, SessionView, Snapshot
 
 from .jobs.cosim import JobConfig, JobSide
@@ -82,6 +84,11 @@ class SimConfig:
     # chunks are made up to 1.25 periods ahead and due to be done half a period before they play).
     # 0: none, every chunk exactly when it would be without jobs.
     stream_lead_ms: float = 0.0
+    # Tenants (issue 29): each tenant's fair-share weight (missing: 1) and the window of GPU-seconds
+    # the fair share weighs, as the live loop's TENANT_FAIR_SHARE_WINDOW_S. Fair share runs when the
+    # trace names tenants (``tenant`` on ``arrive``) or weights are given.
+    tenant_weights: Mapping[str, float] | None = None
+    tenant_window_s: float = 3600.0
 
 
 @dataclass
@@ -115,12 +122,17 @@ class SimResult:
     scale_out_events: list[dict[str, Any]] = field(default_factory=list)
     # One-shot jobs' figures (jobs.cosim.JobSide.result); None (and absent from JSON) without jobs.
     jobs: dict[str, Any] | None = None
+    # Per tenant: GPU-seconds charged (each chunk its batch share of the step), its share of all
+    # charged and its weight's share; None (and absent from JSON) without tenants.
+    tenants: dict[str, Any] | None = None
 
     def to_json(self, timeline: bool = True) -> dict[str, Any]:
         detail = ("timeline", "scale_out_events")
-        out = {k: v for k, v in self.__dict__.items() if (k not in detail or timeline) and k != "jobs"}
-        if self.jobs is not None:
-            out["jobs"] = self.jobs
+        optional = ("jobs", "tenants")
+        out = {k: v for k, v in self.__dict__.items() if (k not in detail or timeline) and k not in optional}
+        for name in optional:
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
         return out
 
 
@@ -174,6 +186,7 @@ class _Gpu:
         "step_members",
         "step_nominal",
         "step_started",
+        "step_tenants",
         "type_key",
     )
 
@@ -192,6 +205,7 @@ class _Gpu:
         self.busy = False
         self.step_members = 0
         self.step_extra: list[float] = []
+        self.step_tenants: list[str] = []
         # Paced streams (SimConfig.stream_period_ms): when the running or next step starts; the
         # epoch invalidates a scheduled start that an earlier one (a session joining) replaced.
         self.step_started = 0.0
@@ -288,6 +302,13 @@ class Simulator:
         self.budget_samples: list[tuple[float, int]] = []
         self.n_active = 0
         self.jobs = JobSide(self, jobs, lambda t, payload: self._push(t, _JOB, payload)) if jobs else None
+        # Tenants (issue 29): who each session is charged to, GPU-seconds charged (measured part),
+        # and the fair share's window of charges, oldest first.
+        self.tenants_on = config.tenant_weights is not None
+        self.session_tenant: dict[str, str] = {}
+        self.tenant_seconds: dict[str, float] = {}
+        self.tenant_recent: deque[tuple[float, str, float]] = deque()
+        self.tenant_window: dict[str, float] = {}
 
     # -- bookkeeping -----------------------------------------------------------------------------
     def _push(self, t: float, prio: int, payload: Any) -> None:
@@ -439,6 +460,8 @@ class Simulator:
         g.busy = True
         g.step_members = len(g.members)
         g.step_extra = extra
+        if self.tenants_on:
+            g.step_tenants = [self.session_tenant.get(sid, DEFAULT_TENANT) for sid in g.members]
         g.step_started = g.next_start = self.now
         g.step_nominal = self.now if nominal is None else nominal
         g.overdue = False
@@ -459,6 +482,8 @@ class Simulator:
             self.extra_t.append(self.now)
         g.busy = False
         g.step_extra = []
+        if self.tenants_on and g.step_tenants:
+            self._charge(g.step_tenants, dur / 1000.0)
         period = self.cfg.stream_period_ms
         if period is None or not g.members:
             self._start_step(g)
@@ -501,6 +526,26 @@ class Simulator:
         lead_s = self.cfg.stream_lead_ms / 1000.0
         return [StreamDemand(finish_by=g.next_start + generation_s + lead_s, generation_s=generation_s)]
 
+    def _charge(self, tenants: list[str], step_s: float) -> None:
+        """A step's GPU time, each chunk its share of it (batch-aware, as ``sessions.usage`` charges)."""
+        share = step_s / len(tenants)
+        measured = self.now >= self.cfg.measure_from_s
+        for tenant in tenants:
+            self.tenant_window[tenant] = self.tenant_window.get(tenant, 0.0) + share
+            self.tenant_recent.append((self.now, tenant, share))
+            if measured:
+                self.tenant_seconds[tenant] = self.tenant_seconds.get(tenant, 0.0) + share
+
+    def _tenant_shares(self) -> TenantShares:
+        horizon = self.now - self.cfg.tenant_window_s
+        recent, window = self.tenant_recent, self.tenant_window
+        while recent and recent[0][0] < horizon:
+            _, tenant, share = recent.popleft()
+            window[tenant] -= share
+        return TenantShares(
+            session_tenant=self.session_tenant, weights=self.cfg.tenant_weights or {}, usage=window
+        )
+
     # -- decisions -------------------------------------------------------------------------------
     def _decide(self, event: Event) -> None:
         """One decision: the live loop's pipeline (``scheduling.core.pipeline.decision_run``) on the
@@ -509,6 +554,7 @@ class Simulator:
             snapshot=self.snapshot(),
             event=event,
             jobs=self.jobs.demand() if self.jobs is not None else None,
+            tenants=self._tenant_shares() if self.tenants_on else None,
         )
         c0 = wallclock.process_time()
         t0 = wallclock.perf_counter()
@@ -708,6 +754,9 @@ class Simulator:
         if kind == "arrive":
             s = _Session(ev.session, float(ev.load), int(self.primary.state_bytes * float(ev.load)), self.now)
             self.sessions[s.id] = s
+            if getattr(ev, "tenant", None) is not None:
+                self.session_tenant[s.id] = ev.tenant
+                self.tenants_on = True
             self._touch_session(s)
         else:
             s = self.sessions.get(ev.session)
@@ -795,10 +844,25 @@ class Simulator:
             queued_sessions=self.queued_sessions,
             timeline=self._timeline(duration),
             jobs=self.jobs.result(duration) if self.jobs is not None else None,
+            tenants=self._tenants_result() if self.tenants_on else None,
             policy_config=self.policy.describe(),
             scale_out=self._scale_out_summary(),
             scale_out_events=self.scale_out_events,
         )
+
+    def _tenants_result(self) -> dict[str, Any]:
+        weights = dict(self.cfg.tenant_weights or {})
+        names = sorted(set(self.tenant_seconds) | set(weights))
+        total = sum(self.tenant_seconds.values())
+        weight_sum = sum(weights.get(t, 1.0) for t in names)
+        return {
+            t: {
+                "gpu_seconds": round(self.tenant_seconds.get(t, 0.0), 3),
+                "share": round(self.tenant_seconds.get(t, 0.0) / total, 4) if total else 0.0,
+                "weight_share": round(weights.get(t, 1.0) / weight_sum, 4),
+            }
+            for t in names
+        }
 
     def _scale_out_summary(self) -> dict[str, Any]:
         delays = [d for e in self.scale_out_events for d in e["delay_s"]]

@@ -13,7 +13,8 @@ A session arrives idle; ``active`` means the user is interacting and the session
 its last viewer closing its stream and one coming back (issue 31): readers drop them unless asked
 (``viewer_events=True``), and ``scheduling.sim.viewers.viewer_rule`` turns them into the idle,
 active and depart events the platform's viewer rule would record. Only ``arrive`` may carry ``load`` (relative
-per-chunk cost, finite and > 0, default 1.0), ``model`` and ``resolution``. The full description is in
+per-chunk cost, finite and > 0, default 1.0), ``model``, ``resolution`` and ``tenant`` (the team the
+session is charged to, issue 29: the simulator's fair share; default: the default tenant). The full description is in
 ``docs/traces.md``.
 
 A *mixed* trace also carries one-shot jobs (issue 14, GenServe)::
@@ -43,7 +44,7 @@ EVENT_KINDS = tuple(kind.value for kind in TRACE_EVENT_KINDS)
 # Marks in the trace, not scheduler events: what the viewer rule reads (scheduling.sim.viewers).
 VIEWER_EVENT_KINDS = ("viewer_leave", "viewer_return")
 _BASE_FIELDS = frozenset({"t", "session", "event"})
-_ARRIVE_FIELDS = frozenset({"load", "model", "resolution"})
+_ARRIVE_FIELDS = frozenset({"load", "model", "resolution", "tenant"})
 JOB_EVENT_KINDS = ("submit", "cancel")
 JOB_KINDS = ("image", "video")
 _JOB_BASE_FIELDS = frozenset({"t", "job", "event"})
@@ -59,6 +60,7 @@ class TraceEvent:
     load: float = 1.0
     model: str | None = None
     resolution: str | None = None
+    tenant: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         record: dict[str, Any] = {"t": self.t, "session": self.session, "event": self.event}
@@ -69,6 +71,8 @@ class TraceEvent:
                 record["model"] = self.model
             if self.resolution is not None:
                 record["resolution"] = self.resolution
+            if self.tenant is not None:
+                record["tenant"] = self.tenant
         return record
 
 
@@ -144,10 +148,13 @@ def _parse_event(record: dict[str, Any], line: int) -> TraceEvent:
         raise TraceError(line, f"'load' must be a finite number > 0, got {load!r}")
     model = record.get("model")
     resolution = record.get("resolution")
+    tenant = record.get("tenant")
     for name, value in (("model", model), ("resolution", resolution)):
         if value is not None and not isinstance(value, str):
             raise TraceError(line, f"{name!r} must be a string, got {value!r}")
-    return TraceEvent(t, session, kind, float(load), model, resolution)
+    if tenant is not None and (not isinstance(tenant, str) or not tenant):
+        raise TraceError(line, f"'tenant' must be a non-empty string, got {tenant!r}")
+    return TraceEvent(t, session, kind, float(load), model, resolution, tenant)
 
 
 def parse_resolution(text: Any) -> tuple[int, int]:

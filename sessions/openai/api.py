@@ -8,6 +8,7 @@ import time
 from collections.abc import Mapping
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.http import FileResponse
 from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
@@ -20,8 +21,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from contracts.catalog import PRESETS, ModelPreset
-from sessions import jobs
-from sessions.models import Job
+from sessions import jobs, tenants
+from sessions.models import Job, Tenant
 from sessions.openai import auth, errors, selectors, services
 from sessions.openai.errors import OpenAIError
 from sessions.openai.serializers import (
@@ -68,6 +69,20 @@ class OpenAIView(APIView):
 
     def get_exception_handler(self):
         return errors.exception_handler
+
+
+def _tenant(request) -> Tenant | None:
+    """The tenant named by the ``TENANT_HEADER`` header (docs/tenants.md), else ``None`` (the user's
+    default); one the user does not belong to is OpenAI's 400 on ``tenant``."""
+    header = settings.STREAMSERVE["TENANT_HEADER"]
+    name = request.headers.get(header, "") if header else ""
+    if not name:
+        return None
+    try:
+        return tenants.tenant_acting_for(user=request.user, name=name)
+    except ValidationError as exc:
+        message = "; ".join(exc.message_dict.get("tenant", [str(exc)]))
+        raise OpenAIError(message, status_code=400, code="invalid_tenant", param="tenant") from exc
 
 
 def _too_many(exc: jobs.JobLimit) -> OpenAIError:
@@ -153,9 +168,12 @@ class ImageGenerationView(OpenAIView):
                 size=None if size in (None, "auto") else size,
                 n=fields["n"] or 1,
                 seed=fields.get("seed"),
+                tenant=_tenant(request),
             )
         except jobs.JobLimit as exc:
             raise _too_many(exc) from exc
+        except tenants.QuotaExceeded as exc:
+            raise OpenAIError(str(exc), status_code=429, code="tenant_quota_exceeded") from exc
         timeout_s = settings.STREAMSERVE["OPENAI_IMAGES_TIMEOUT_S"]
         try:
             done = services.images_wait(job_ids=[job.pk for job in submitted], timeout_s=timeout_s)
@@ -227,9 +245,12 @@ class VideoListCreateView(OpenAIView):
                 prompt=fields["prompt"],
                 size=fields.get("size"),
                 seconds=fields.get("seconds"),
+                tenant=_tenant(request),
             )
         except jobs.JobLimit as exc:
             raise _too_many(exc) from exc
+        except tenants.QuotaExceeded as exc:
+            raise OpenAIError(str(exc), status_code=429, code="tenant_quota_exceeded") from exc
         return Response(VideoSerializer(job).data)
 
     @extend_schema(

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from contracts.catalog import PRESETS, ModelPreset
 from sessions import jobs
-from sessions.models import Job
+from sessions.models import Job, Tenant
 
 # The jobs system's field → OpenAI's parameter.
 PARAMS = {"resolution": "size", "frames": "seconds"}
@@ -130,18 +130,34 @@ def served_preset(model_name: str) -> ModelPreset:
     return preset
 
 
-def video_submit(*, owner, model_name: str, prompt: str, size: str | None, seconds: Decimal | None) -> Job:
+def video_submit(
+    *,
+    owner,
+    model_name: str,
+    prompt: str,
+    size: str | None,
+    seconds: Decimal | None,
+    tenant: Tenant | None = None,
+) -> Job:
     """``POST /v1/videos``: one video job of ``seconds`` (``parse_seconds``; default 4) × fps
-    frames. Raises ``jobs.JobLimit``."""
+    frames, for ``tenant`` (default: the owner's). Raises ``jobs.JobLimit``,
+    ``tenants.QuotaExceeded``."""
     preset = served_preset(model_name)
     frames = seconds_to_frames(preset, DEFAULT_SECONDS if seconds is None else seconds)
     spec = _spec(kind=Job.Kind.VIDEO, model_name=model_name, prompt=prompt, size=size, frames=frames)
-    return jobs.job_submit(owner=owner, spec=spec)
+    return jobs.job_submit(owner=owner, spec=spec, tenant=tenant)
 
 
 @transaction.atomic
 def images_submit(
-    *, owner, model_name: str, prompt: str, size: str | None, n: int, seed: int | None
+    *,
+    owner,
+    model_name: str,
+    prompt: str,
+    size: str | None,
+    n: int,
+    seed: int | None,
+    tenant: Tenant | None = None,
 ) -> list[Job]:
     """``n`` image jobs in one transaction: all or none pass the per-user limit (``jobs.JobLimit``).
     Each is its own job (the dispatcher puts images of one size on one worker, whose engine
@@ -159,7 +175,7 @@ def images_submit(
             seed=None if seed is None else seed + index,
             slo_s=slo_s,
         )
-        submitted.append(jobs.job_submit(owner=owner, spec=spec))
+        submitted.append(jobs.job_submit(owner=owner, spec=spec, tenant=tenant))
     return submitted
 
 

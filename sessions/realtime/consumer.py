@@ -35,7 +35,7 @@ from contracts.catalog import PRESETS
 from contracts.wire.codecs import H264
 from contracts.wire.frames import CHUNK_MESSAGE, STATUS_MESSAGE, group_name
 from contracts.wire.viewers import VIEWER_REFRESH_S, viewer_leave, viewer_register
-from sessions import services, viewers
+from sessions import services, tenants, viewers
 from sessions.consumers import CodecLease, StreamPosition
 from sessions.models import GenerationSession
 from sessions.payloads import payload_read
@@ -188,7 +188,8 @@ class RealtimeVideoConsumer(AsyncWebsocketConsumer):
             adjusted["fps"] = [start.fps, spec.fps]
         try:
             session = services.session_create(owner=self.user, spec=spec)
-        except services.LiveSessionLimit as exc:
+        except (services.LiveSessionLimit, tenants.QuotaExceeded) as exc:
+            # A tenant's spent quota answers an error frame naming the quota, its value and reset.
             raise protocol.ProtocolError(str(exc)) from None
         return session, adjusted
 

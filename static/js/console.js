@@ -256,6 +256,26 @@ function renderRegions(regions, origins) {
     : "No user origins configured.";
 }
 
+function renderTenants(tenants) {
+  if (!tenants) return;
+  const pct = (x) => (x === null ? "–" : `${(x * 100).toFixed(1)} %`);
+  const rows = tenants.map((t) =>
+    el(
+      "tr",
+      {},
+      el("td", { text: t.name }),
+      el("td", { class: "num", text: `${t.weight} (${pct(t.weight_share)})` }),
+      el("td", { class: "num", text: `${t.sessions} / ${t.queued}` }),
+      el("td", { class: "num", text: String(t.jobs_queued) }),
+      el("td", { class: "num", text: String(t.gpu_seconds_5m) }),
+      el("td", { class: "num", text: pct(t.share_5m) }),
+    ),
+  );
+  $("tenant-rows").replaceChildren(
+    ...(rows.length ? rows : [el("tr", {}, el("td", { colspan: "6", class: "muted", text: "No tenant." }))]),
+  );
+}
+
 function renderWorkers(workers) {
   const container = $("workers");
   const seen = new Set();
@@ -327,7 +347,7 @@ function sessionRow(s) {
     "tr",
     { dataset: { session: s.id } },
     el("td", {}, el("code", { title: s.id, text: s.id.slice(0, 8) }), el("div", { class: "muted small", text: `${s.model} ${s.resolution}` })),
-    el("td", { text: s.owner }),
+    el("td", { text: s.tenant && s.tenant !== "default" ? `${s.owner} (${s.tenant})` : s.owner }),
     el("td", {}, el("span", { class: "badge small", dataset: { field: "status" } }), el("div", { class: "muted small", dataset: { field: "activity" } })),
     cell("worker"),
     cell("load", { class: "num" }),
@@ -451,6 +471,7 @@ function apply(snapshot) {
   renderSessions(snapshot.session_list);
   renderJobs(snapshot.jobs);
   renderRegions(snapshot.regions, snapshot.origins);
+  renderTenants(snapshot.tenants);
   renderPool(snapshot.parameter_pool);
   renderTimeline(snapshot.timeline);
   renderConfig(snapshot.config);

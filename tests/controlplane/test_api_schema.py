@@ -29,6 +29,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from gpu.models import Region
 from scheduling.models import Migration, ScalingAction, SchedulerDecision
+from sessions.models import Tenant, TenantMembership
 from tests.factories import ChunkRecordFactory, GpuWorkerFactory, JobFactory, SessionFactory, StaffFactory
 
 # ~1 min alone on the 2-core box; the bound leaves room for a loaded machine.
@@ -48,8 +49,17 @@ CROSS_FIELD_RULES = {
     "GET /api/audit/jobs/": "start < end; at most 10,000 buckets in the range",
     "GET /api/audit/placements/": "start < end; a range of at most 10,000 days",
     "GET /api/audit/region-moves/": "start < end; at most 10,000 buckets in the range",
-    "POST /api/jobs/": "a video has frames, an image none; the model's resolutions; slo_s or a future deadline",
-    "POST /api/sessions/": "origin names an origin some region has an RTT for (Region.rtt_ms)",
+    "POST /api/jobs/": "a video has frames, an image none; the model's resolutions; slo_s or a future deadline; "
+    "tenant names one the user belongs to",
+    "POST /api/sessions/": "origin names an origin some region has an RTT for (Region.rtt_ms); "
+    "tenant names one the user belongs to",
+    "GET /api/audit/tenants/": "start < end; at most 10,000 buckets in the range",
+    "GET /api/tenants/{id}/usage/": "start < end; at most 10,000 buckets in the range",
+    "POST /api/tenants/": "name is unique",
+    "PUT /api/tenants/{id}/": "name is unique",
+    "PATCH /api/tenants/{id}/": "name is unique",
+    "POST /api/tenants/{id}/members/": "username names an existing user",
+    "DELETE /api/tenants/{id}/members/": "username names a member of the tenant",
     "POST /api/sessions/{id}/migrate/": "target names an existing worker",
     "POST /v1/videos": "size is one of the model's resolutions; seconds make 2..JOB_MAX_FRAMES frames at its fps",
     "POST /v1/images/generations": "size is one of the model's resolutions",
@@ -84,9 +94,12 @@ def existing(db) -> dict[str, str]:
         created_at=now, direction="out", from_budget=1, to_budget=2, reason="load", decision=decision
     )
     job = JobFactory(owner=staff)
+    tenant = Tenant.objects.create(name="vision")
+    TenantMembership.objects.create(tenant=tenant, user=staff, is_default=True)
     return {
         "token": Token.objects.create(user=staff).key,
         "/api/jobs/": str(job.pk),
+        "/api/tenants/": str(tenant.pk),
         "/api/sessions/": str(session.pk),
         "/api/workers/": str(worker.pk),
         "/api/decisions/": str(decision.pk),

@@ -63,6 +63,8 @@ def load_settings(expression: str = "settings.DEBUG", **env: str) -> subprocess.
         ("REGION_MIN_GPUS", '{"east": 0.5}'),
         ("REGION_MIN_GPUS", "[1]"),
         ("MAX_JOBS_IN_FLIGHT_PER_USER", "0"),
+        ("TENANT_FAIR_SHARE_WINDOW_S", "0"),
+        ("TENANT_FAIR_SHARE_WINDOW_S", "hourly"),
         ("JOB_DEFAULT_SLO_S", "0"),
         ("OPENAI_API_ANONYMOUS", "sure"),
         ("OPENAI_IMAGES_TIMEOUT_S", "0"),

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpu.models import GpuWorker
 from scheduling import metrics
 from scheduling.models import Migration, ScalingAction, SchedulerDecision
-from sessions.models import GenerationSession
+from sessions.models import GenerationSession, Tenant
 from tests.factories import ChunkRecordFactory, GpuWorkerFactory, JobFactory, SessionFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -45,6 +45,10 @@ FAMILIES = {
     "streamserve_scaleout_phase_seconds",
     "streamserve_weight_copies",
     "streamserve_worker_expected_ready_seconds",
+    "streamserve_tenant_sessions",
+    "streamserve_tenant_jobs_queued",
+    "streamserve_tenant_gpu_seconds",
+    "streamserve_tenant_weight",
 }
 
 
@@ -312,6 +316,23 @@ def test_jobs_in_flight_by_state_and_kind(client):
     assert value(samples, "streamserve_jobs", state="running", kind="video") == 1
     assert value(samples, "streamserve_jobs", state="running", kind="image") == 0
     assert ("state", "cancelled") not in {k for key in samples["streamserve_jobs"] for k in key}
+
+
+def test_sessions_jobs_gpu_seconds_and_weights_by_tenant(client):
+    vision = Tenant.objects.create(name="vision", weight=3.0)
+    session = SessionFactory(tenant=vision, status=S.QUEUED)
+    SessionFactory(tenant=None, status=S.QUEUED)
+    JobFactory(tenant=vision)
+    # a batch of two 600 ms steps: 0.3 GPU-s a chunk; one of the default tenant's chunks alone, 0.2 s
+    ChunkRecordFactory(session=session, batch_size=2, generation_ms=600.0)
+    ChunkRecordFactory(session=SessionFactory(tenant=None), batch_size=1, generation_ms=200.0)
+    samples = scrape(client)
+    assert value(samples, "streamserve_tenant_sessions", tenant="vision", status="queued") == 1
+    assert value(samples, "streamserve_tenant_sessions", tenant="default", status="queued") == 2
+    assert value(samples, "streamserve_tenant_jobs_queued", tenant="vision") == 1
+    assert value(samples, "streamserve_tenant_gpu_seconds", tenant="vision") == pytest.approx(0.3)
+    assert value(samples, "streamserve_tenant_gpu_seconds", tenant="default") == pytest.approx(0.2)
+    assert value(samples, "streamserve_tenant_weight", tenant="vision") == 3.0
 
 
 def test_token_protection(client, cluster, settings):

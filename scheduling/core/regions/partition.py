@@ -262,7 +262,14 @@ def _without(snapshot: Snapshot, gone: Sequence[str]) -> Snapshot:
         min_gpus=snapshot.min_gpus,
         max_gpus=snapshot.max_gpus,
     )
-    return replace(rebuilt, floor_load=snapshot.floor_load)
+    # The waiting order and the spare-only sessions as the fair share left them (issue 29): without
+    # tenants the order is the one the rebuild gives (arrival), so this changes nothing then.
+    return replace(
+        rebuilt,
+        floor_load=snapshot.floor_load,
+        pending=tuple(sid for sid in snapshot.pending if sid not in gone),
+        spare_only=snapshot.spare_only.difference(gone),
+    )
 
 
 def regions_to_zero(

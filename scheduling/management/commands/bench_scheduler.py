@@ -16,6 +16,9 @@ class Command(BaseCommand):
         parser.add_argument("--gpus", default="4,16,64,256,1024", help="comma list of cluster sizes")
         parser.add_argument("--events", type=int, default=2000, help="measured events per size")
         parser.add_argument("--profile", default="b300-1.3b", help="built-in profile (sets K)")
+        parser.add_argument(
+            "--tenants", type=int, default=0, help="sessions of N tenants (weights 1..N): fair share on"
+        )
         bench.add_seed_argument(parser)
         bench.add_report_arguments(parser)
 
@@ -27,6 +30,7 @@ class Command(BaseCommand):
                 profile=opts["profile"],
                 seed=opts["seed"],
                 progress=not opts["json"],
+                tenants=opts["tenants"],
             )
         except CliError as exc:
             raise CommandError(str(exc)) from exc

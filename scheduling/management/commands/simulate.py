@@ -77,6 +77,12 @@ class Command(BaseCommand):
             help="with the viewer rule: an idle session with its viewer gone departs after this many seconds",
         )
         parser.add_argument(
+            "--tenant-weight",
+            action="append",
+            default=[],
+            help="fair share: a tenant's weight, name=weight, repeatable (docs/tenants.md)",
+        )
+        parser.add_argument(
             "--option",
             action="append",
             default=[],
@@ -110,6 +116,7 @@ class Command(BaseCommand):
                 viewer_grace_s=opts["viewer_grace_s"],
                 idle_timeout_s=opts["idle_timeout_s"],
                 stream_period=opts["stream_period_ms"],
+                tenant_weights=opts["tenant_weight"],
             )
         except CliError as exc:
             raise CommandError(str(exc)) from exc
