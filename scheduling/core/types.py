@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .provisioning import ScaleOutModel
+from .spares import SpareTarget
 
 SESSION_STATES = ("executing", "suspended", "queued")
 GPU_STATUSES = ("provisioning", "ready", "draining", "released", "failed")
@@ -271,6 +272,10 @@ class Snapshot:
     # The predictive floor's input (TORTA Eq. 6): the forecast active load F one provisioning delay
     # ahead that an autoscaler keeps capacity for (issue 16). None: no floor.
     floor_load: float | None = None
+    # The delay (s) the platform predicts for its next scale-out, by GPU type: the scale plan's delay
+    # of the last one (simulator) or the measured boot of the pool's newest worker (live). A type
+    # without one falls back to its stated ``provisioning_delay_s``. Boot-aware spares read it.
+    scale_out_delay_s: Mapping[str, float] | None = None
 
     @classmethod
     def build(
@@ -350,6 +355,9 @@ class Signals:
     # GPUs the predictive floor asked for (None: no floor this decision). Left out of ``to_json`` so
     # recorded outputs keep their shape; the record's inputs carry the floor's F.
     floor_gpus: int | None = None
+    # The spare rule's answer with its inputs (scheduling.core.spares.SpareTarget; None: headroom
+    # off). Left out of ``to_json`` like ``floor_gpus``: the live record keeps it with its inputs.
+    spares: SpareTarget | None = None
 
 
 @dataclass(frozen=True)
