@@ -7,12 +7,15 @@ value raises ImproperlyConfigured naming the variable, at start, never later.
 from __future__ import annotations
 
 import json
+import math
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from urllib.parse import urlparse
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
+
+from scheduling.core.spares import DEFAULT_MARGIN_Z, SPARE_POLICIES
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -521,6 +524,13 @@ STREAMSERVE = {
     # Raise each region's autoscaler target to TORTA's Eq. 6 floor on the plan's share of the forecast
     # (off by default, like `simulate` without --forecast; σ = 0.5 as its --forecast-sigma default).
     "REGION_FORECAST_FLOOR": _strict_bool("REGION_FORECAST_FLOOR", False),
+    # Spare capacity for what arrives while a scale-out boots (issue 27, scheduling/core/spares.py):
+    # off (TurboServe's headroom as before) or boot-aware (the delay the platform predicts for its
+    # next scale-out; free capacity at K of the expected net activations + z·σ, never below the floor
+    # in sessions of load 1).
+    "SPARE_POLICY": _choice("SPARE_POLICY", "off", SPARE_POLICIES),
+    "SPARE_MARGIN_Z": _typed("SPARE_MARGIN_Z", env.float, DEFAULT_MARGIN_Z),
+    "SPARE_MIN_SESSIONS": _typed("SPARE_MIN_SESSIONS", env.float, 0.0),
     # Moves of sessions to another region per slot, parked and running together (0: none).
     "REGION_MOVES_PER_SLOT": _typed("REGION_MOVES_PER_SLOT", env.int, 4),
     # Live stage placement (docs/stages.md, "Live placement"): off (every worker keeps its role,
@@ -610,6 +620,9 @@ if not isinstance(_minimum, dict) or not all(
     raise ImproperlyConfigured(
         'Environment variable REGION_MIN_GPUS must be a JSON object {"region": whole number >= 0}'
     )
+for _name in ("SPARE_MARGIN_Z", "SPARE_MIN_SESSIONS"):
+    if not (math.isfinite(STREAMSERVE[_name]) and STREAMSERVE[_name] >= 0):
+        raise ImproperlyConfigured(f"Environment variable {_name} must be a finite number >= 0")
 if not 0.0 < STREAMSERVE["REGION_PLAN_BETA"] <= 1.0:
     raise ImproperlyConfigured("Environment variable REGION_PLAN_BETA must be in (0, 1]")
 if STREAMSERVE["STAGE_PLACEMENT"] not in ("off", "tridentserve"):

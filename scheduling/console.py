@@ -258,6 +258,9 @@ def _decision_item(d: SchedulerDecision) -> dict[str, Any] | None:
         signals.append(f"ρmax {d.rho_max:.2f}")
     if d.rho_hat is not None:
         signals.append(f"ρ̂ {d.rho_hat:.2f}")
+    spares = d.inputs.get("spares") if isinstance(d.inputs, dict) else None
+    if isinstance(spares, dict) and spares.get("target") is not None:
+        signals.append(f"spare target {spares['target']:.1f} ({spares.get('policy')}: {spares.get('why')})")
     signals.append(f"{d.duration_ms:.1f} ms")
     return {
         "kind": "decision",

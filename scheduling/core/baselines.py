@@ -9,10 +9,16 @@ to ready GPUs with memory for the session, and a session is queued only when non
   (TurboServe_base; each GPU then runs its sessions FCFS in coalesced steps);
 * ``lag`` — Load-Aware Greedy: the GPU with the lowest load relative to its capacity
   (Σ session load / K; ties: lower id);
-* ``mag`` — Memory-Aware Greedy: the GPU with the lowest fraction of its memory limit in use,
-  counting the state of every resident session (max of bytes/bytes-limit and sessions/session-limit;
-  ties: lower id). With identical sessions on identical GPUs it orders like ``lag``; it differs
-  when state size is not proportional to compute load or when GPU types differ.
+* ``mag`` — Memory-Aware Greedy (§7.1: "the GPU with the lowest memory utilization, aiming to balance
+  memory pressure"): the GPU with the most free session-state memory in bytes — its byte limit, or
+  its session limit × the type's state bytes when only that is given, less the state of every
+  resident session (ties: lower id). It places by memory, not by load or session counts: it differs
+  from ``lag`` where memory and compute capacity are not in one ratio — GPU types whose memory and K
+  differ (an 80 GB and a 141 GB GPU of equal K), or sessions whose state is not proportional to their
+  load. With identical sessions on identical GPUs (the Fig. 7 grid: every session load 1 and
+  3.5–5 GB of state) free memory orders the GPUs exactly as load does, so there it still equals
+  ``lag``; what would separate them is a memory model in which a session's state is not fixed
+  (a KV cache that grows with the session), which the simulator does not have.
 """
 
 from __future__ import annotations
@@ -20,7 +26,15 @@ from __future__ import annotations
 from typing import Any
 
 from .policy import Policy
-from .types import Decision, Event, Signals, Snapshot
+from .types import Decision, Event, GpuTypeSpec, Signals, Snapshot
+
+
+def memory_bytes(spec: GpuTypeSpec) -> float:
+    """Session-state memory of one GPU of ``spec``: its byte limit, else its session limit × the
+    type's state bytes (the built-in profiles give only a session limit)."""
+    if spec.memory_limit_bytes is not None:
+        return float(spec.memory_limit_bytes)
+    return spec.session_limit() * spec.state_bytes
 
 
 class _StaticPolicy(Policy):
@@ -137,9 +151,7 @@ class MemoryAwarePolicy(_StaticPolicy):
         for gid in ready:
             if not self._fits(snapshot, gid, count, used, sid):
                 continue
-            spec = snapshot.spec(gid)
-            frac = max(count[gid] / spec.session_limit(), used[gid] / spec.bytes_limit())
-            key = (frac, gid)
+            key = (-(memory_bytes(snapshot.spec(gid)) - used[gid]), gid)
             if best is None or key < best:
                 best = key
         return best[1] if best else None

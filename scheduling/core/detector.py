@@ -160,12 +160,16 @@ class WorkloadDetector:
         sigma = self.volatility(time)
         return sigma, self.table.quantise(sigma)
 
-    def expected_net_activations(self, time: float, horizon_s: float, z: float = 1.0) -> float:
-        """Net new active sessions expected within ``horizon_s``: drift plus z standard deviations."""
+    def net_activation_stats(self, time: float) -> tuple[float, float]:
+        """Mean and population std of net activations per bin over the window (spares' input)."""
         series = self._series(time, 0)
         n = len(series)
         mean = sum(series) / n
-        std = math.sqrt(sum((x - mean) ** 2 for x in series) / n)
+        return mean, math.sqrt(sum((x - mean) ** 2 for x in series) / n)
+
+    def expected_net_activations(self, time: float, horizon_s: float, z: float = 1.0) -> float:
+        """Net new active sessions expected within ``horizon_s``: drift plus z standard deviations."""
+        mean, std = self.net_activation_stats(time)
         bins_ahead = horizon_s / self.bin_s
         # Only positive drift adds load; the spread term keeps the estimate from collapsing to zero
         # on one quiet bin, which would let the autoscaler flap.

@@ -12,9 +12,13 @@ Per event:
    GPUs left empty (Algorithm 1 lines 4–9).
 
 Beyond the paper, each switchable so its effect can be measured:
-* ``headroom``: N_req is raised by the net new activations the detector expects within one
-  provisioning delay (drift + z·σ over that horizon), and that predicted load also triggers
-  scale-out — a burst during boot is what sets the worst-case latency;
+* ``headroom``: spare capacity for the net new activations the detector expects within one
+  provisioning delay (drift + z·σ over that horizon, the rule of ``scheduling.core.spares``), and
+  that predicted load also triggers scale-out — a burst during boot is what sets the worst-case
+  latency. ``spares="off"`` feeds the rule as before (the type's stated delay, ``headroom_z``, added to
+  N_req before ÷ρ̂); ``spares="boot-aware"`` (issue 27) with the delay the platform predicts for its
+  next scale-out (``Snapshot.scale_out_delay_s``), ``spare_margin_z`` and the floor ``spare_min``,
+  kept as free capacity at K: the need is max(N_req/ρ̂, N_req + spare);
 * ``cooldown_s``: no scale-in until this long after the last scale-out (anti-flapping);
 * ``release_grace_s`` (default half the type's provisioning delay): a drained GPU, once empty, stays
   (paid, warm) this long before release, so a scale-out soon after a scale-in un-drains it instead
@@ -56,6 +60,7 @@ from .detector import (
 from .placement import PlacementWork
 from .policy import Policy
 from .regions.forecast import predictive_floor
+from .spares import DEFAULT_MARGIN_Z, SPARE_POLICIES, SpareInputs, SpareTarget, spare_target
 from .types import Decision, Event, EventKind, GpuTypeSpec, Signals, Snapshot
 
 _EPS = 1e-9
@@ -100,6 +105,9 @@ class TurboServePolicy(Policy):
         autoscale: bool = True,
         headroom: bool = True,
         headroom_z: float = 0.5,
+        spares: str = "off",
+        spare_margin_z: float = DEFAULT_MARGIN_Z,
+        spare_min: float = 0.0,
         cooldown_s: float = 30.0,
         eta: float = 0.5,
         delta: float = 0.1,
@@ -120,6 +128,15 @@ class TurboServePolicy(Policy):
         self.autoscale = autoscale
         self.headroom = headroom
         self.headroom_z = headroom_z
+        if spares not in SPARE_POLICIES:
+            raise ValueError(f"spares must be one of {', '.join(SPARE_POLICIES)}, got {spares!r}")
+        if not (math.isfinite(spare_margin_z) and spare_margin_z >= 0):
+            raise ValueError("spare_margin_z must be a finite number >= 0")
+        if not (math.isfinite(spare_min) and spare_min >= 0):
+            raise ValueError("spare_min must be a finite number >= 0")
+        self.spares = spares
+        self.spare_margin_z = spare_margin_z
+        self.spare_min = spare_min
         self.cooldown_s = cooldown_s
         self.eta = eta
         self.delta = delta
@@ -145,6 +162,9 @@ class TurboServePolicy(Policy):
             "autoscale": self.autoscale,
             "headroom": self.headroom,
             "headroom_z": self.headroom_z,
+            "spares": self.spares,
+            "spare_margin_z": self.spare_margin_z,
+            "spare_min": self.spare_min,
             "cooldown_s": self.cooldown_s,
             "eta": self.eta,
             "delta": self.delta,
@@ -244,13 +264,18 @@ class TurboServePolicy(Policy):
         plan = _ScalePlan(len(pool.live), dict(pool.counts), {}, [], [], [])
         if self.autoscale:
             signal = signal_rho
-            if self.headroom and pool.capacity > 0:
+            if self.headroom and self.spares == "off" and pool.capacity > 0:
                 signal = max(signal, (n_req + need.headroom) / pool.capacity)
             direction = hysteresis(signal, rho_hat, self.delta)
             if direction < 0 and spare and hysteresis(rho_max, rho_hat, self.delta) >= 0:
                 # Not demand, but running: the pool does not shrink under it either.
                 direction = 0
-            short = direction > 0 or demand_queue or need.floor_short or need.job_capacity > _EPS
+            # Boot-aware spares: short as soon as the free capacity at K (booting GPUs count: they
+            # arrive within the delay) is below the spare target.
+            spare_short = self.spares == "boot-aware" and pool.capacity - n_req < need.headroom - _EPS
+            short = (
+                direction > 0 or demand_queue or need.floor_short or need.job_capacity > _EPS or spare_short
+            )
             if short and need.needed > pool.capacity + _EPS:
                 self._scale_out(snapshot, work, pool, need, plan, queue)
             elif direction < 0 and not queue and now - self.last_scale_out >= self.cooldown_s:
@@ -281,6 +306,7 @@ class TurboServePolicy(Policy):
                 headroom=need.headroom,
                 bottleneck_ms=work.bottleneck_ms(),
                 floor_gpus=need.floor_gpus,
+                spares=need.spares,
             ),
         )
 
@@ -320,10 +346,13 @@ class TurboServePolicy(Policy):
         now = snapshot.time
         add_type = cheapest_type(snapshot.gpu_types, pool.counts)
         delay = snapshot.gpu_types[add_type].provisioning_delay_s if add_type else 0.0
-        headroom = 0.0
-        if self.headroom:
-            headroom = self.detector.expected_net_activations(now, delay, self.headroom_z)
-        needed = (n_req + headroom) / rho_hat
+        spares = self._spares(snapshot, add_type, delay) if self.headroom else None
+        headroom = spares.target if spares is not None else 0.0
+        if self.spares == "boot-aware":
+            # Spares are free capacity at K: the slack ρ̂ leaves counts toward them.
+            needed = max(n_req / rho_hat, n_req + headroom)
+        else:
+            needed = (n_req + headroom) / rho_hat
         floor_gpus = None
         floor_capacity = 0.0
         if self.autoscale:
@@ -348,6 +377,32 @@ class TurboServePolicy(Policy):
             floor_gpus=floor_gpus,
             floor_short=floor_short,
             job_capacity=job_capacity,
+            spares=spares,
+        )
+
+    def _spares(self, snapshot: Snapshot, add_type: str | None, stated_delay: float) -> SpareTarget:
+        """The spare rule (``scheduling.core.spares``) on this decision's inputs: ``off`` with the
+        type's stated delay and ``headroom_z``; ``boot-aware`` with the delay the platform predicts
+        for its next scale-out of that type, the margin and the floor."""
+        mean, std = self.detector.net_activation_stats(snapshot.time)
+        delay, source, z, floor = stated_delay, "stated", self.headroom_z, 0.0
+        if self.spares == "boot-aware":
+            z, floor = self.spare_margin_z, self.spare_min
+            predicted = (snapshot.scale_out_delay_s or {}).get(add_type) if add_type else None
+            if predicted is not None:
+                delay, source = predicted, "predicted"
+        return spare_target(
+            SpareInputs(
+                policy=self.spares,
+                delay_s=delay,
+                delay_source=source,
+                bin_s=self.detector.bin_s,
+                mean_per_bin=mean,
+                std_per_bin=std,
+                margin_z=z,
+                floor=floor,
+                job_gpus=snapshot.job_demand_gpus,
+            )
         )
 
     def _floor(self, snapshot: Snapshot, add_type: str | None, rho_hat: float) -> tuple[int | None, float]:
@@ -535,6 +590,7 @@ class _Need:
     floor_gpus: int | None
     floor_short: bool
     job_capacity: float
+    spares: SpareTarget | None = None
 
 
 @dataclass(slots=True)

@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .provisioning import ScaleOutModel
+from .spares import SpareTarget
 
 SESSION_STATES = ("executing", "suspended", "queued")
 GPU_STATUSES = ("provisioning", "ready", "draining", "released", "failed")
@@ -275,6 +276,10 @@ class Snapshot:
     # placed on spare capacity, after everyone else's (``pending`` is in fair-share order), and an
     # autoscaler never counts them as demand: scale-out is never triggered by a tenant over quota.
     spare_only: frozenset[str] = frozenset()
+    # The delay (s) the platform predicts for its next scale-out, by GPU type: the scale plan's delay
+    # of the last one (simulator) or the measured boot of the pool's newest worker (live). A type
+    # without one falls back to its stated ``provisioning_delay_s``. Boot-aware spares read it.
+    scale_out_delay_s: Mapping[str, float] | None = None
 
     @classmethod
     def build(
@@ -354,6 +359,9 @@ class Signals:
     # GPUs the predictive floor asked for (None: no floor this decision). Left out of ``to_json`` so
     # recorded outputs keep their shape; the record's inputs carry the floor's F.
     floor_gpus: int | None = None
+    # The spare rule's answer with its inputs (scheduling.core.spares.SpareTarget; None: headroom
+    # off). Left out of ``to_json`` like ``floor_gpus``: the live record keeps it with its inputs.
+    spares: SpareTarget | None = None
 
 
 @dataclass(frozen=True)

@@ -186,7 +186,7 @@ def _snapshot(pool: Pool, config: SchedulerConfig, clock: float) -> Snapshot:
         _session_view(s, gpu_specs.get(s.worker_id, spec), clock, placed_at, gpu_names)
         for s in pool.sessions.values()
     ]
-    return Snapshot.build(
+    snapshot = Snapshot.build(
         time=clock,
         sessions=views,
         gpus=[
@@ -206,6 +206,25 @@ def _snapshot(pool: Pool, config: SchedulerConfig, clock: float) -> Snapshot:
         min_gpus=config.min_gpus,
         max_gpus=config.max_gpus,
     )
+    return replace(snapshot, scale_out_delay_s=_scale_out_delays(serving, profiles))
+
+
+def _scale_out_delays(workers: Sequence[GpuWorker], profiles: dict[str, GpuTypeSpec]) -> dict[str, float]:
+    """The delay the platform predicts for its next scale-out, by GPU type: that of its newest
+    worker of the type, measured (ready − requested) once it is ready, else the scale plan's
+    estimate it was given (``expected_ready_at``). Boot-aware spares read it (issue 27)."""
+    newest: dict[str, GpuWorker] = {}
+    for w in workers:
+        # Keyed like the snapshot's GpuView: a type without a profile runs as the default type.
+        gpu_type = w.gpu_type if w.gpu_type in profiles else default_gpu_type()
+        if (w.ready_at or w.expected_ready_at) and (
+            gpu_type not in newest or w.requested_at > newest[gpu_type].requested_at
+        ):
+            newest[gpu_type] = w
+    return {
+        gpu_type: max(0.0, ((w.ready_at or w.expected_ready_at) - w.requested_at).total_seconds())
+        for gpu_type, w in newest.items()
+    }
 
 
 def _pipeline_inputs(
@@ -256,6 +275,11 @@ class _RegionPolicies:
 
     def __call__(self, regions: Sequence[str]) -> dict[str, Policy]:
         options: dict[str, Any] = {"cooldown_s": self.config.scale_in_cooldown_s}
+        if settings.STREAMSERVE["SPARE_POLICY"] != "off":
+            # Only when on: a policy by dotted path need not know the spare options.
+            options["spares"] = settings.STREAMSERVE["SPARE_POLICY"]
+            options["spare_margin_z"] = settings.STREAMSERVE["SPARE_MARGIN_Z"]
+            options["spare_min"] = settings.STREAMSERVE["SPARE_MIN_SESSIONS"]
         if self.config.target_utilization is not None:
             options["rho_hat"] = self.config.target_utilization
         for region in sorted(regions):  # rows locked in one order, like every multi-row locker
@@ -369,6 +393,8 @@ def _record_and_apply(
             "pending": list(snapshot.pending),
             "rerouted_in": rerouted,
             "floor_load": snapshot.floor_load,
+            # The spare rule's inputs, target and why (issue 27; None: the policy has no headroom).
+            "spares": decision.signals.spares.to_json() if decision.signals.spares is not None else None,
             "released_to_zero": list(part.released_to_zero),
             "gpus": {g: {"status": v.status, "load": snapshot.gpu_load[g]} for g, v in snapshot.gpus.items()},
             **(extra_inputs or {}),

@@ -35,6 +35,7 @@ from scheduling.sim.simulator import SimConfig, simulate
 from scheduling.sim.traces import TraceEvent, active_count_steps, trace_duration
 
 from .policies import (
+    BOOT_AWARE_SPARES,
     NO_COOLDOWN,
     NO_HEADROOM,
     PAPER_LOOP,
@@ -74,6 +75,11 @@ FIG7_SCALE_OUT = "peer"
 # TurboServe-without-floor row, so they run the floor and the baselines only).
 FIG7_FORECASTS = ("ets", "seasonal-naive")
 FORECAST_POLICY = "turboserve-forecast"
+# Issue 27: the grid at the profiles' cold boot and with peer scale-out, with TurboServe's boot-aware
+# spares (scheduling/core/spares.py, default margin) as the reference, beside TurboServe with the
+# headroom as before (SPARE_POLICY=off) and the baselines, in the same unit and search. The traces
+# of the h20 profiles (T1–T3) by default: the b300 ones (T4–T6) take several times longer.
+FIG7_SPARES_TRACES = ("T1", "T2", "T3")
 
 
 @dataclass(frozen=True)
@@ -469,6 +475,7 @@ EXPERIMENTS = (
     "fig7delay",
     "fig7peer",
     "fig7forecast",
+    "fig7spares",
     "fig9",
     "table2",
     "table6",
@@ -563,6 +570,28 @@ def plan(*, quick: bool, seed: int, experiments: Sequence[str] = EXPERIMENTS) ->
                             "rho_grid": rho_grid,
                         },
                         weight,
+                    )
+                )
+    if "fig7spares" in experiments:
+        pairs = (
+            [("T1", "h20-1.3b")] if quick else [(t, p) for t in FIG7_SPARES_TRACES for p in FIG7_PROFILES[t]]
+        )
+        for scale_out in (None, FIG7_SCALE_OUT):
+            for trace, profile in pairs:
+                units.append(
+                    Unit(
+                        f"fig7spares/{trace}/{profile}/{scale_out or 'cold'}",
+                        "fig7",
+                        {
+                            **base,
+                            "trace": trace,
+                            "profile": profile,
+                            "scale_out": scale_out,
+                            "reference": BOOT_AWARE_SPARES,
+                            "policies": [BOOT_AWARE_SPARES, *SWEEP_POLICIES],
+                            "rho_grid": rho_grid,
+                        },
+                        {"T4": 6, "T5": 12, "T6": 10}.get(trace, 1),
                     )
                 )
     if "fig9" in experiments:

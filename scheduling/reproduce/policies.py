@@ -6,7 +6,8 @@
   beyond-the-paper extensions switched off, and :class:`WithScaleInWindow` with the opt-in scale-in
   stabilisation window switched on, as named policies so that the §7.1 comparison
   (``scheduling.sim.compare``) can search their cheapest SLO-meeting configuration like any other.
-  They are reachable by dotted path (``scheduling.reproduce.policies:NoHeadroom``).
+  They are reachable by dotted path (``scheduling.reproduce.policies:NoHeadroom``);
+* :class:`BootAwareSpares` — TurboServe with boot-aware spare capacity (issue 27).
 """
 
 from __future__ import annotations
@@ -90,6 +91,17 @@ class WithScaleInWindow(TurboServePolicy):
         super().__init__(scale_in_window_s=None, name=self.name, **kwargs)
 
 
+class BootAwareSpares(TurboServePolicy):
+    """TurboServe with boot-aware spare capacity (issue 27, ``scheduling.core.spares``) at its
+    default margin, as ``SPARE_POLICY=boot-aware`` runs it live."""
+
+    name = "turboserve-spares"
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(spares="boot-aware", name=self.name, **kwargs)
+
+
+BOOT_AWARE_SPARES = "scheduling.reproduce.policies:BootAwareSpares"
 NO_HEADROOM = "scheduling.reproduce.policies:NoHeadroom"
 NO_COOLDOWN = "scheduling.reproduce.policies:NoCooldown"
 WITH_SCALE_IN_WINDOW = "scheduling.reproduce.policies:WithScaleInWindow"

@@ -285,6 +285,10 @@ class Simulator:
         # Flows of scale plans still streaming, (until, sender, receiver): busy for later plans.
         self.inflight_flows: list[tuple[float, str, str]] = []
         self.scale_out_events: list[dict[str, Any]] = []
+        # The delay the platform predicts for its next scale-out of each type: its last one's, from
+        # the scale plan (its slowest GPU: the capacity asked for is all there only then).
+        self.predicted_delay: dict[str, float] = {}
+        self.predicted_delay_view = MappingProxyType(self.predicted_delay)
         # metrics
         self.step_dur: list[float] = []
         self.step_n: list[int] = []
@@ -383,6 +387,8 @@ class Simulator:
                 sources[chain.source_kind] = sources.get(chain.source_kind, 0) + len(chain.targets)
                 for (a, b), t in zip(chain.hops, chain.ready_s, strict=True):
                     self.inflight_flows.append((self.now + model.boot_s + t, a, b))
+        if delays:
+            self.predicted_delay[spec.name] = max(delays)
         for g, delay in zip(new, delays, strict=True):
             g.ready_at = self.now + delay
             self._touch_gpu(g)
@@ -414,6 +420,7 @@ class Simulator:
             idle_resident=tuple(self.idle_resident),
             min_gpus=self.cfg.min_gpus,
             max_gpus=self.cfg.max_gpus,
+            scale_out_delay_s=self.predicted_delay_view,
         )
 
     # -- placement mechanics ---------------------------------------------------------------------

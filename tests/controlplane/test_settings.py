@@ -76,6 +76,10 @@ def load_settings(expression: str = "settings.DEBUG", **env: str) -> subprocess.
         ("WEBRTC_ICE_SERVERS", '[{"urls": "http://stun.example.org"}]'),
         ("WEBRTC_ICE_SERVERS", '[{"urls": ["turn:turn.example.org:3478"]}]'),
         ("WEBRTC_ICE_SERVERS", '[{"urls": "stun:a", "password": "x"}]'),
+        ("SPARE_POLICY", "always"),
+        ("SPARE_MARGIN_Z", "wide"),
+        ("SPARE_MARGIN_Z", "-1"),
+        ("SPARE_MIN_SESSIONS", "-2"),
     ],
 )
 def test_malformed_variable_fails_at_start_naming_it(variable, value):

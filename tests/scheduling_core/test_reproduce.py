@@ -195,6 +195,38 @@ def test_a_baseline_that_meets_the_slo_where_the_reference_does_not_wins_on_cost
     assert s["turboserve_misses_slo"] == ["u"] and s["baseline_never_meets_slo"] == []
 
 
+def test_a_baseline_that_never_meets_the_slo_is_counted_at_the_whole_clusters_cost_apart():
+    # given base missing the SLO with all 16 h20 GPUs for 300 s, where TurboServe meets it for $1.00
+    def entry(meets, cost):
+        return {"meets_slo": meets, "cost_at_slo_usd": cost}
+
+    unit = {
+        "trace": "T9",
+        "profile": "h20-1.3b",
+        "max_gpus": 16,
+        "duration_s": 300.0,
+        "policies": {
+            "turboserve": entry(True, 1.0),
+            "base": entry(False, None),
+            "lag": entry(True, 2.0),
+            "mag": entry(True, 2.0),
+        },
+        "reduction_vs": {
+            "base": {"latency_pct": 1.0, "cost_pct": None},
+            "lag": {"latency_pct": 1.0, "cost_pct": 50.0},
+            "mag": {"latency_pct": 1.0, "cost_pct": 50.0},
+        },
+    }
+    s = _fig7_summary({"u": unit})
+    bound = 16 * BUILTIN_PROFILES["h20-1.3b"].price_per_hour * 300.0 / 3600.0
+    # then the plain mean leaves it out and the cell is shown apart, at the bound
+    assert s["cost_reduction_mean_pct"] == 50.0 and s["baseline_never_meets_slo"] == ["u base"]
+    (cell,) = s["baseline_never_meets_slo_at_bound"]
+    assert cell["cell"] == "u base" and cell["bound_usd"] == pytest.approx(bound, abs=1e-4)
+    assert cell["cost_pct"] == pytest.approx((bound - 1.0) / bound * 100.0, abs=0.01)
+    assert s["cost_reduction_mean_pct_with_bound"] == pytest.approx((100.0 + cell["cost_pct"]) / 3, abs=0.01)
+
+
 def test_bad_experiment_name_names_the_flag():
     with pytest.raises(CommandError, match="--experiments"):
         call_command(

@@ -145,3 +145,30 @@ def test_tight_memory_has_no_whole_pipeline_replica():
     jobs = _burst(0.0, (832, 480, 33), 6, 2.0, "j")
     result = simulate_stages(jobs, [], "tridentserve", replace(CONFIG, gpu=tight))
     assert result["oom_events"] == 0 and "EDC" not in result["final_roles"]
+
+
+def test_an_out_of_memory_crashes_the_group_for_the_stated_restart_then_reloads_its_weights():
+    # given one EDC GPU and a decode activation larger than its memory
+    config = replace(CONFIG, oom_restart_s=7.0)
+    cluster = Cluster(WAN_T2V, config, ["EDC"] * 16)
+    # when it runs, then it crashes at its first step: busy for the restart, not the stage's 10 s
+    end, oom = cluster.run(cluster.gpus[:1], "D", 0.0, 10.0, 10_000 * GB)
+    assert oom and end == pytest.approx(7.0) and cluster.gpus[0].free_at == pytest.approx(7.0)
+    # and its weights are gone: its next run waits for the restart, then reloads (from a peer)
+    assert cluster.gpus[0].resident == set()
+    end, oom = cluster.run(cluster.gpus[:1], "D", 0.0, 10.0, 1 * GB)
+    assert not oom and end == pytest.approx(7.0 + WAN_T2V.weight_bytes("D") / L20.link_bytes_per_s + 10.0)
+    with pytest.raises(ValueError, match="oom_restart_s"):
+        StageSimConfig(gpus=1, gpu=L20, oom_restart_s=-1.0)
+
+
+def test_the_static_baseline_pays_for_its_out_of_memory_runs():
+    # given four 121-frame 720p videos the static degree-4 groups cannot hold, among 20 light ones
+    jobs = _burst(0.0, (1280, 720, 121), 4, 0.5, "b") + _burst(0.2, (832, 480, 33), 20, 0.3, "l")
+    jobs.sort(key=lambda j: j.t)
+    config = replace(CONFIG, gpus=8)
+    free = simulate_stages(jobs, [], "pipeline-static", replace(config, oom_restart_s=0.0))
+    paid = simulate_stages(jobs, [], "pipeline-static", replace(config, oom_restart_s=30.0))
+    assert paid["oom_events"] == free["oom_events"] == 4 and paid["finished"] == 20
+    # then the crashed groups are out for the restart and reload their weights: the light jobs wait
+    assert paid["mean_latency_s"] > free["mean_latency_s"]

@@ -107,6 +107,16 @@ class StageSimConfig:
     window_s: float = 60.0
     threshold: float = 1.5
     drain_s: float | None = None  # how long after the last arrival unfinished work may still finish
+    # An out-of-memory kills the run at its first step and its worker processes with it (a CUDA OOM
+    # inside a collective leaves the group unusable): its GPUs restart — this many seconds for the
+    # process and CUDA context, the scale-out model's boot (scheduling/core/gpu_profiles.py) — and
+    # then reload their stages' weights (from a peer on the machine or the host cache) when next
+    # used. Not a free slot (issue 27).
+    oom_restart_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.oom_restart_s) and self.oom_restart_s >= 0):
+            raise StageSimulationError("oom_restart_s must be a finite number >= 0")
 
 
 class Cluster:
@@ -115,6 +125,7 @@ class Cluster:
     def __init__(self, pipeline: PipelineProfile, config: StageSimConfig, roles: Sequence[str]):
         self.pipeline = pipeline
         self.gpu = config.gpu
+        self.oom_restart_s = config.oom_restart_s
         per_machine = config.gpu.gpus_per_machine
         self.gpus = [Gpu(g, g // per_machine, role, set(role)) for g, role in enumerate(roles)]
         self.oom_events = 0
@@ -147,6 +158,10 @@ class Cluster:
     ) -> tuple[float, bool]:
         """Reserve ``gpus`` for one stage run; returns (end time, out of memory).
 
+        An out-of-memory run crashes at its first step: its GPUs are busy until they have restarted
+        (``oom_restart_s`` after the start) and hold no weights (the next run reloads them); the end
+        returned is then that time.
+
         Adjust-on-Dispatch (§5.3): a GPU drops the stages its role no longer has when it next works
         (FIFO: everything planned under the old placement ran before), then loads the stage if it
         is missing — from a peer on its machine if one holds it, else from the host cache."""
@@ -161,13 +176,18 @@ class Cluster:
                 g.resident.add(stage)
             used = sum(self.pipeline.weight_bytes(s) for s in g.resident) + self.gpu.reserve_bytes
             oom = oom or used + activation > self.gpu.memory_bytes
+        if oom:
+            self.oom_events += 1
+            end = start + self.oom_restart_s
+            for g in gpus:
+                g.free_at = end
+                g.resident = set()
+            return end, True
         end = start + duration
         for g in gpus:
             g.free_at = end
         if monitored:  # the §5.3 monitor sees the jobs' stages, not the streams' prompt encodes
             heapq.heappush(self.ops, (end, stage))
-        if oom:
-            self.oom_events += 1
         return end, oom
 
 
@@ -457,13 +477,14 @@ class PipelineStatic(StaticPlacement):
             e_end, oom_e = self.cluster.run(
                 group, "E", now, p.encode_s(r.shape, gpu), p.activation_bytes("E", r.shape, 1)
             )
+            if oom_e:  # crashed: the group restarts (Cluster.run) and the request has failed
+                r.dispatched, r.failed, r.finish = True, True, e_end
+                continue
             d_end, oom_d = self.cluster.run(
                 group, "D", e_end, p.diffuse_s(r.shape, k, gpu), p.activation_bytes("D", r.shape, k)
             )
-            if oom_d:  # the run dies at its first step; the group is free again right away
-                for g in group:
-                    g.free_at = e_end
-                r.dispatched, r.failed, r.finish = True, True, e_end
+            if oom_d:  # the run dies at its first step and the group restarts: busy until d_end
+                r.dispatched, r.failed, r.finish = True, True, d_end
                 continue
             c_end, oom_c = self.cluster.run(
                 group, "C", d_end, p.decode_s(r.shape, k, gpu), p.activation_bytes("C", r.shape, k)
