@@ -96,7 +96,7 @@ def test_bench_glass_reports_glass_to_glass_for_each_transport_in_chromium():
     report = run("bench_glass", chunks=6, warmup=2, period=0.5, width=64, height=64, frames=4)
 
     assert report["benchmark"] == "glass" and "one machine" in report["clock"]
-    assert [r["transport"] for r in report["runs"]] == ["mse", "jpeg"]
+    assert [r["transport"] for r in report["runs"]] == ["mse", "webrtc", "jpeg"]
     for result in report["runs"]:
         assert result["page_errors"] == [] and result["player_stats"]["decodeErrors"] == 0, result
         positive_summary(result["arrival_ms"])
@@ -104,7 +104,7 @@ def test_bench_glass_reports_glass_to_glass_for_each_transport_in_chromium():
         # A frame is on screen after its chunk arrived, never before
         assert result["glass_ms"]["p50"] >= result["arrival_ms"]["p50"]
         assert result["publisher"]["published"] == 6
-    assert set(report["target_met"]) == {"mse", "jpeg"}
+    assert set(report["target_met"]) == {"mse", "webrtc", "jpeg"}
     assert not GenerationSession.objects.exists()
 
 
