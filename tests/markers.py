@@ -66,6 +66,7 @@ PROCESS_TESTS = frozenset(
         "tests/bench/test_commands.py::test_bench_delivery_delivers_every_chunk_to_every_stream",
         "tests/bench/test_commands.py::test_bench_delivery_at_the_models_size_delivers_photo_fragments_sent_beside_their_messages",
         "tests/bench/test_commands.py::test_bench_glass_reports_glass_to_glass_for_each_transport_in_chromium",
+        "tests/bench/test_commands.py::test_bench_delivery_with_webrtc_viewers_reports_the_web_loop_lag_beside_the_socket_delay",
         "tests/bench/test_commands.py::test_soak_reports_what_its_clients_saw_and_every_process_memory",
         "tests/controlplane/test_layers.py::test_every_contract_holds",
         "tests/controlplane/test_layers.py::test_a_forbidden_import_breaks_its_contract",
