@@ -688,9 +688,10 @@ export class WebRtcPlayer extends ChunkClock {
       return;
     }
     if (this.rtpOrigin === null) {
+      // This picture anchors the origin (and is reported by _anchor), now or when its announcement comes.
       if (this.firstPicture === null) this.firstPicture = { rtp: meta.rtpTimestamp, at: received, time };
       this._anchor();
-      if (this.rtpOrigin === null) return;
+      return;
     }
     const rel = (meta.rtpTimestamp - this.rtpOrigin + RTP_WRAP) % RTP_WRAP;
     const chunk = this.announced.find((a) => a.rtpPts === rel);
