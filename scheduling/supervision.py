@@ -56,11 +56,17 @@ class Program:
 # tests' (``tests/e2e/conftest.py``) all start these.
 
 
-def web_argv(*, host: str = "127.0.0.1", port: int, python: str | None = None) -> tuple[str, ...]:
-    """The ASGI server (HTTP and WebSockets)."""
+DEPLOYED_ASGI_APP = "controlplane.asgi:application"
+
+
+def web_argv(
+    *, host: str = "127.0.0.1", port: int, python: str | None = None, app: str = DEPLOYED_ASGI_APP
+) -> tuple[str, ...]:
+    """The ASGI server (HTTP and WebSockets); ``app``: another application only for a benchmark that
+    wraps the deployed one (e.g. ``soak --trace-memory``)."""
     return (
         python or sys.executable,
-        "-m", "uvicorn", "controlplane.asgi:application",
+        "-m", "uvicorn", app,
         "--host", host, "--port", str(port),
         # websockets' sans-I/O implementation: the same library, max size and keepalive pings as
         # the legacy one, which uvicorn deprecates. Django's ASGI application has no lifespan

@@ -7,8 +7,10 @@ at most ``MAX_PENDING_CHUNKS`` chunks wait for a slow socket; when a new chunk a
 outbox the *oldest* waiting chunk is dropped and the client is told with a ``skipped`` message.
 Status and error messages are never dropped.
 
-A viewer picks its codec with ``?codec=jpeg|h264`` (default ``jpeg``, the frame format every
-client before the H.264 path reads). Every viewer announces its codec (``contracts.wire.codecs``),
+A viewer picks its codec with ``?codec=h264|jpeg`` (default ``h264``: fragmented MP4, what Media
+Source Extensions, PyAV and FFmpeg read; ``jpeg`` for a client that draws frames itself, e.g. a browser
+whose MSE cannot play H.264; an unknown codec is an ``error`` frame and the socket stays on the
+default). Every viewer announces its codec (``contracts.wire.codecs``),
 so the worker encodes the session's chunks in each codec watched: an H.264 viewer gets them as
 fragmented MP4, and a JPEG viewer that joins while an H.264 one watches (or lingers: a page that fell
 back from H.264 to JPEG reconnects at once) gets JPEG frames from the next chunk on, not only once the
@@ -60,7 +62,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
-from contracts.wire.codecs import CODEC_REFRESH_S, CODECS, H264, JPEG, codec_leave, codec_want
+from contracts.wire.codecs import CODEC_REFRESH_S, CODECS, H264, codec_leave, codec_want
 from contracts.wire.frames import (
     CHUNK_MESSAGE,
     STATUS_MESSAGE,
@@ -90,6 +92,7 @@ SESSION_COMMAND_TYPES = ("prompt", "pause", "resume", "terminate")
 WEBRTC_MESSAGE_TYPES = ("webrtc.offer", "webrtc.ice")
 CLIENT_MESSAGE_TYPES = SESSION_COMMAND_TYPES + WEBRTC_MESSAGE_TYPES
 SOCKET, WEBRTC = "socket", "webrtc"
+DEFAULT_CODEC = H264  # ``?codec=`` absent or unknown
 TRANSPORTS = (SOCKET, WEBRTC)
 # The largest client message: a prompt of MAX_PROMPT_CHARS written as JSON escapes (6 characters
 # each) plus its envelope fits in 16 KiB at the default 2,000; longer frames are refused unparsed.
@@ -137,7 +140,7 @@ class StreamPosition:
 
 
 class SessionConsumer(AsyncWebsocketConsumer):
-    codec = JPEG
+    codec = H264
     transport = SOCKET
     webrtc: WebRtcViewer | None = None
     webrtc_started = False  # whether a chunk has left on this viewer's peer connection
@@ -161,13 +164,13 @@ class SessionConsumer(AsyncWebsocketConsumer):
         self.group = group_name(self.session_id)
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
         asked_codec = (query.get("codec") or [None])[0]
-        self.codec = asked_codec or JPEG
+        self.codec = asked_codec or DEFAULT_CODEC
         codec_problem = None
         if self.codec not in CODECS:
             codec_problem = (
-                f"unknown codec {self.codec!r}; choose one of {', '.join(CODECS)} (sending {JPEG})"
+                f"unknown codec {self.codec!r}; choose one of {', '.join(CODECS)} (sending {DEFAULT_CODEC})"
             )
-            self.codec = JPEG
+            self.codec = DEFAULT_CODEC
         transport_problem = self._choose_transport(
             (query.get("transport") or [SOCKET])[0], codec_given=asked_codec is not None
         )

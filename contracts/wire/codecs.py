@@ -10,8 +10,9 @@ One sorted set per session (``ss:codecs:<session>``), members ``<codec>|<viewer>
 lease's end (epoch seconds): expired members are ignored on read and trimmed on write, and the key
 itself expires a little after its longest lease, so a session nobody watches leaves nothing behind.
 
-A session nobody has asked anything of is encoded as JPEG (``DEFAULT_CODECS``): the native
-socket's default, and what every client that predates the H.264 path reads.
+A session nobody has asked anything of is encoded in both (``DEFAULT_CODECS``): H.264, the session
+socket's default, and JPEG, so that whichever a viewer reads, its first chunks are there before its
+lease has reached the worker (a session nobody watches goes idle and ends, so this lasts seconds).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import redis
 H264 = "h264"
 JPEG = "jpeg"
 CODECS = (H264, JPEG)
-DEFAULT_CODECS = frozenset({JPEG})
+DEFAULT_CODECS = frozenset({H264, JPEG})
 CODEC_TTL_S = 15.0
 CODEC_REFRESH_S = 5.0
 CODEC_LINGER_S = 10.0

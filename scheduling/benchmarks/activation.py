@@ -197,7 +197,7 @@ async def _activate(base: str, ws_base: str, token: str, *, seed: int) -> dict:
             raise BenchmarkFailed(f"session create failed: {response.status_code} {response.text[:300]}")
         session_id = response.json()["id"]
         async with websockets.connect(
-            f"{ws_base}/ws/sessions/{session_id}/?token={token}", max_size=None
+            f"{ws_base}/ws/sessions/{session_id}/?token={token}&codec=jpeg", max_size=None
         ) as ws:
             deadline = time.monotonic() + 60
             while True:

@@ -27,7 +27,7 @@ from gpu.models import GpuWorker
 from gpu.provisioners.registry import get_provisioner
 from scheduling.models import SchedulerConfig
 from scheduling.services import beat_schedule_install
-from scheduling.supervision import beat_argv, scheduler_argv, web_argv
+from scheduling.supervision import DEPLOYED_ASGI_APP, beat_argv, scheduler_argv, web_argv
 from workers.benchmarks.live import (
     BENCH_BROKER_DB,
     BENCH_REDIS_DB,
@@ -103,6 +103,7 @@ def live_platform(
     say: Callable[[str], Any],
     sessions_per_user: int = 10,
     extra_env: dict[str, str] | None = None,
+    asgi_app: str = DEPLOYED_ASGI_APP,
 ) -> Iterator[LivePlatform]:
     """Start the platform, wait for ``min_gpus`` ready workers, yield it; stop it all on exit."""
     redis_url = redis_url_with_db(settings.REDIS_URL, redis_db)
@@ -132,7 +133,7 @@ def live_platform(
     SchedulerConfig.objects.update_or_create(pk=1, defaults={"min_gpus": min_gpus, "max_gpus": max_gpus})
     try:
         with ProcessGroup(tmp, env, Path(settings.BASE_DIR)) as processes:
-            processes.spawn("web", *web_argv(port=port), python=False)
+            processes.spawn("web", *web_argv(port=port, app=asgi_app), python=False)
             processes.spawn("celery", *scheduler_argv(node_name=f"{prefix}-{port}@%h"), python=False)
             processes.spawn("beat", *beat_argv(schedule=tmp / "beat"), python=False)
             wait_until(lambda: port_open(port), 90, "the ASGI server", alive=processes.dead)

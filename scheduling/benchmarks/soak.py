@@ -33,6 +33,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -47,8 +48,12 @@ from contracts.bench import machine_load, summarize
 from contracts.wire.frames import decode_chunk_frame
 from scheduling.benchmarks.platform import LivePlatform, live_platform
 from scheduling.models import Migration, ScalingAction
+from scheduling.supervision import DEPLOYED_ASGI_APP
 from sessions.models import ChunkRecord, GenerationSession, SessionEvent
 from workers.benchmarks.live import BenchmarkFailed
+
+# The web process under tracemalloc (``--trace-memory``): named, not imported (it wraps the deployed app).
+MEMORY_TRACE_APP = "sessions.benchmarks.memory_trace:application"
 
 PROMPTS = (
     "a lighthouse in a storm",
@@ -93,8 +98,11 @@ def run_soak(
     idle_timeout_s: float | None = None,
     codec: str = "jpeg",
     warmup_s: float | None = None,
+    trace_memory_dir: str | None = None,
 ) -> dict[str, Any]:
     """``codec``: what every client reads (``?codec=``; ``h264``: fragments, docs/media.md).
+    ``trace_memory_dir``: the web process runs under ``tracemalloc`` and writes a snapshot there
+    every minute (``sessions.benchmarks.memory_trace``), to tell what grows.
     ``warmup_s``: each process's memory samples in its first ``warmup_s`` seconds (from its first
     sample: workers started mid-run warm up then) are left out of its RSS slope (default a fifth
     of the run)."""
@@ -108,6 +116,11 @@ def run_soak(
         )
         if value is not None
     }
+    asgi_app = DEPLOYED_ASGI_APP
+    if trace_memory_dir is not None:
+        Path(trace_memory_dir).mkdir(parents=True, exist_ok=True)
+        rule_env["BENCH_TRACEMALLOC_DIR"] = str(Path(trace_memory_dir).resolve())
+        asgi_app = MEMORY_TRACE_APP
     run = uuid.uuid4().hex[:8]
     rng = random.Random(seed)
     load_before = machine_load()
@@ -123,6 +136,7 @@ def run_soak(
             say=say,
             sessions_per_user=sessions,
             extra_env=rule_env,
+            asgi_app=asgi_app,
         ) as platform:
             token = _user_token(run)
             started = time.time()

@@ -7,6 +7,12 @@ doing ``ChunkPublisher``'s per-chunk work in another (``sessions.benchmarks.deli
 each session receiving the tiny preset's chunk (4 JPEG frames of 64×64) every 0.5 s. The added delay
 of a chunk is the client's receive wall time minus the header's ``generated_at`` (same host, same
 clock).
+
+``webrtc_viewers`` (``--webrtc-viewers``): for each stream count, one run per number N of WebRTC
+viewers (aiortc peers, ``sessions.benchmarks.webrtc_clients``) on the same web process, beside the
+socket clients, the web process then serving ``sessions.benchmarks.loop_lag:application`` (the
+deployed application plus a probe of its event loop's lag): each run reports the loop's lag p50/p99
+over its measured window beside the socket viewers' added delay.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from django.contrib.auth import get_user_model
 from django.db import close_old_connections
 from rest_framework.authtoken.models import Token
 
-from contracts.bench import machine_load
+from contracts.bench import machine_load, summarize
 from gpu.models import GpuWorker
 from sessions.benchmarks.delivery_clients import delivery_figures
 from sessions.models import ChunkRecord, GenerationSession
@@ -49,6 +55,9 @@ TARGET_P99_MS = 10.0
 DEFAULT_SHAPE = {"width": 64, "height": 64, "frames": 4, "codec": "jpeg", "content": "photo"}
 TARGET_STREAMS = 200
 CLIENTS_MODULE = "sessions.benchmarks.delivery_clients"
+WEBRTC_CLIENTS_MODULE = "sessions.benchmarks.webrtc_clients"
+DEPLOYED_APP = "controlplane.asgi:application"
+LOOP_LAG_APP = "sessions.benchmarks.loop_lag:application"
 PUBLISHER_MODULE = "workers.benchmarks.delivery_publisher"
 
 
@@ -65,6 +74,7 @@ def run_delivery(
     keep_logs: str | None,
     say: Callable[[str], Any],
     shape: dict[str, Any] | None = None,
+    webrtc_viewers: Sequence[int] = (),
 ) -> dict[str, Any]:
     """``shape``: each chunk's ``width``, ``height``, ``frames``, the viewers' ``codec`` and the
     frames' ``content`` (default the tiny preset's: 64×64, 4 frames, JPEG, of the panned photograph;
@@ -72,8 +82,14 @@ def run_delivery(
     check_redis(settings.REDIS_URL)
     db = use_bench_database(database)
     run = uuid.uuid4().hex[:8]
-    token, worker_id, session_ids = _create_rows(run, sum(streams))
+    viewer_counts = list(webrtc_viewers) or [None]
+    if webrtc_viewers:
+        if asgi_app != DEPLOYED_APP:
+            raise ValueError("--webrtc-viewers measures the deployed application: leave --asgi-app out")
+        asgi_app = LOOP_LAG_APP
+    token, worker_id, session_ids = _create_rows(run, sum(streams) * len(viewer_counts))
     tmp = Path(tempfile.mkdtemp(prefix="bench-delivery-"))
+    lag_file = tmp / "loop-lag.jsonl" if webrtc_viewers else None
     port = free_port()
     env = {
         **os.environ,
@@ -83,6 +99,8 @@ def run_delivery(
         "PYTHONUNBUFFERED": "1",
         "LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "WARNING"),
     }
+    if lag_file is not None:
+        env["BENCH_LOOP_LAG_FILE"] = str(lag_file)
     if channel_layer == "pubsub":
         # A settings overlay in the run's temporary folder: the deployed settings, another layer.
         (tmp / "bench_pubsub_settings.py").write_text(
@@ -113,25 +131,29 @@ def run_delivery(
             wait_until(lambda: port_open(port), 60, "the ASGI server", alive=processes.dead)
             say(f"uvicorn on :{port}, database {db['NAME']}, Redis {settings.REDIS_URL}")
             offset = 0
-            for count in streams:  # fresh sessions per count: chunk indices start at 0 again
-                say(f"{count} streams × {chunks} chunks, one every {period} s …")
-                results.append(
-                    _measure(
-                        processes,
-                        tmp,
-                        port,
-                        token,
-                        worker_id,
-                        session_ids[offset : offset + count],
-                        chunks,
-                        warmup,
-                        period,
-                        publishers,
-                        shape,
+            for count in streams:  # fresh sessions per run: chunk indices start at 0 again
+                for viewers in viewer_counts:
+                    with_webrtc = "" if viewers is None else f" + {viewers} WebRTC viewers"
+                    say(f"{count} streams{with_webrtc} × {chunks} chunks, one every {period} s …")
+                    results.append(
+                        _measure(
+                            processes,
+                            tmp,
+                            port,
+                            token,
+                            worker_id,
+                            session_ids[offset : offset + count],
+                            chunks,
+                            warmup,
+                            period,
+                            publishers,
+                            shape,
+                            webrtc_viewers=viewers,
+                            lag_file=lag_file,
+                        )
                     )
-                )
-                offset += count
-                say(format_run(results[-1]))
+                    offset += count
+                    say(format_run(results[-1]))
             if keep_logs:
                 shutil.copytree(tmp, keep_logs, dirs_exist_ok=True)
     finally:
@@ -147,6 +169,7 @@ def run_delivery(
         "asgi_app": asgi_app,
         "publishers": publishers,
         "shape": shape,
+        "webrtc_viewers": list(webrtc_viewers),
         "runs": results,
         "target_p99_ms": TARGET_P99_MS,
         "target_streams": TARGET_STREAMS,
@@ -170,6 +193,20 @@ def format_run(result: dict[str, Any]) -> str:
             f" lost {result['lost']}); load average {result['load_after']['loadavg']}"
         )
     late = result["publisher"]["late_ms_p99_max"]
+    extra = ""
+    if result.get("webrtc") is not None:
+        w = result["webrtc"]
+        extra += (
+            f"\n        WebRTC viewers {w['connected']}/{w['viewers']} connected, pictures"
+            f" {w['pictures_received']}/{w['pictures_expected']}, chunks sent {w['chunks_announced']},"
+            f" skipped {w['skipped']}{(', errors ' + '; '.join(w['errors'])) if w['errors'] else ''}"
+        )
+    if result.get("loop_lag_ms") is not None:
+        lag = result["loop_lag_ms"]
+        extra += (
+            f"\n        web process event loop lag ms p50 {lag.get('p50', 0):.2f}  p99 {lag.get('p99', 0):.2f}"
+            f"  max {lag.get('max', 0):.2f} (n={lag.get('count', 0)})"
+        )
     return (
         f"  {result['streams']:4d} streams: added delay ms p50 {a['p50']:.2f}  p99 {a['p99']:.2f}"
         f"  max {a['max']:.2f}  (n={a['count']}, {result['within_10ms']:.1%} within 10 ms)\n"
@@ -184,7 +221,7 @@ def format_run(result: dict[str, Any]) -> str:
         f" {result['server_cpu_ms_per_chunk']} ms/chunk incl. connects), clients {result['clients_cpu_s']},"
         f" publisher {result['publisher']['cpu_s']}\n"
         f"        load average {result['load_before']['loadavg']} → {result['load_after']['loadavg']}"
-        f" on {result['load_before']['cpus']} CPUs"
+        f" on {result['load_before']['cpus']} CPUs{extra}"
     )
 
 
@@ -200,9 +237,12 @@ def _measure(
     period: float,
     publishers: int = 1,
     shape: dict[str, Any] | None = None,
+    *,
+    webrtc_viewers: int | None = None,
+    lag_file: Path | None = None,
 ) -> dict[str, Any]:
     shape = {**DEFAULT_SHAPE, **(shape or {})}
-    tag = f"s{len(session_ids)}-{int(time.time())}"
+    tag = f"s{len(session_ids)}-w{webrtc_viewers or 0}-{int(time.time())}"
     sessions_file = tmp / f"{tag}-sessions.json"
     sessions_file.write_text(json.dumps(session_ids))
     ready, client_out = tmp / f"{tag}.ready", tmp / f"{tag}-clients.json"
@@ -211,6 +251,32 @@ def _measure(
     redis_client = redis.Redis.from_url(settings.REDIS_URL)
     redis_net_before = _redis_net_bytes(redis_client)
     server_cpu_before, began = sum(server.cpu_times()[:2]), time.monotonic()
+    webrtc_out, webrtc_stop = tmp / f"{tag}-webrtc.json", tmp / f"{tag}-webrtc.stop"
+    if webrtc_viewers:
+        webrtc_ready = tmp / f"{tag}-webrtc.ready"
+        processes.spawn(
+            f"{tag}-webrtc",
+            "-m",
+            WEBRTC_CLIENTS_MODULE,
+            "--sessions-file",
+            str(sessions_file),
+            "--viewers",
+            str(webrtc_viewers),
+            "--base-url",
+            f"ws://127.0.0.1:{port}",
+            "--token",
+            token,
+            "--ready-file",
+            str(webrtc_ready),
+            "--stop-file",
+            str(webrtc_stop),
+            "--out",
+            str(webrtc_out),
+            service=False,
+        )
+        wait_until(
+            webrtc_ready.exists, 180, f"{webrtc_viewers} WebRTC viewers to connect", alive=processes.dead
+        )
     processes.spawn(
         f"{tag}-clients",
         "-m",
@@ -279,8 +345,24 @@ def _measure(
         interval=0.5,
         alive=processes.dead,
     )
+    measured_until = time.time()
     server_cpu = sum(server.cpu_times()[:2]) - server_cpu_before
     wall = time.monotonic() - began
+    webrtc = None
+    if webrtc_viewers:
+        time.sleep(2 * period)  # the last chunk's pictures are paced over one period after it arrives
+        webrtc_stop.write_text("stop")
+        wait_until(webrtc_out.exists, 60, "the WebRTC viewers to report", alive=processes.dead)
+        processes.processes.pop(f"{tag}-webrtc").wait(timeout=10)
+        webrtc = json.loads(webrtc_out.read_text())
+        # Less one per peer: aiortc's jitter buffer completes a picture when the next one's first
+        # packet arrives, so each peer's last picture stays there.
+        webrtc["pictures_expected"] = webrtc_viewers * (chunks * shape["frames"] - 1)
+    # The loop's lag over the measured chunks (after the warm-up ones), as the delays are counted.
+    loop_lag = None
+    if lag_file is not None:
+        time.sleep(2 * 0.5)  # the probe's last samples flushed (loop_lag.FLUSH_S)
+        loop_lag = summarize(_lag_samples(lag_file, start_at + warmup * period, measured_until))
     redis_net = _redis_net_bytes(redis_client)
     redis_bytes_per_s = {k: round((redis_net[k] - redis_net_before[k]) / wall) for k in redis_net}
     processes.processes.pop(f"{tag}-clients").wait(timeout=10)
@@ -300,6 +382,9 @@ def _measure(
     }
     return {
         "streams": len(session_ids),
+        "webrtc_viewers": webrtc_viewers,
+        "webrtc": webrtc,
+        "loop_lag_ms": loop_lag,
         **figures,
         # The ASGI server's CPU over the phase (connects included): share of one core, per chunk.
         "server_cpu_s": round(server_cpu, 3),
@@ -312,6 +397,16 @@ def _measure(
         "load_before": load_before,
         "load_after": machine_load(),
     }
+
+
+def _lag_samples(path: Path, since: float, until: float) -> list[float]:
+    """The loop-lag probe's samples (ms, ``sessions.benchmarks.loop_lag``) taken between ``since`` and
+    ``until`` (wall clock)."""
+    lags = []
+    with path.open(encoding="utf-8") as lines:
+        for line in lines:
+            lags.extend(lag for at, lag in json.loads(line) if since <= at <= until)
+    return lags
 
 
 def _redis_net_bytes(client: redis.Redis) -> dict[str, int]:

@@ -3,7 +3,7 @@
 From a chunk's encode finishing on the worker (its header's ``generated_at``, stamped by the
 publisher once the chunk is encoded, just before it is sent) to its first frame on the screen of the
 real generation page (``static/js/generate.js``: ``requestVideoFrameCallback``'s presentation time
-for MSE, the animation frame that draws it for JPEG). Both ends read the wall clock (epoch
+for MSE and WebRTC, the animation frame that draws it for JPEG). Both ends read the wall clock (epoch
 milliseconds) of this one machine, so no offset enters; over loopback.
 
 Starts uvicorn (the platform's ASGI app) on the benchmark database and the configured Redis, opens
@@ -13,8 +13,15 @@ requested size, encoded as the worker encodes it). The page reports, per chunk, 
 first frame presented (``window.streamserve.page.glass``); the difference is the player's buffer.
 
 A transport is a way the page receives media (``TRANSPORTS``): how to open the page, and which codec
-the worker publishes for it. WebRTC is one more entry (its page parameter and codec), not a new
-benchmark.
+the worker publishes for it.
+
+WebRTC: the page's ``WebRtcPlayer`` tells which presented picture starts which chunk from the
+server's ``webrtc.chunk`` frames, which give the RTP timestamp of each chunk's first picture less the
+sender's random origin (``rtp_pts``), and ``requestVideoFrameCallback``'s ``rtpTimestamp``: the
+origin is learnt once from the first picture presented (a closed GOP's first, matched to the chunk
+announced nearest its arrival), then a picture starts chunk i when ``rtpTimestamp − origin ≡ rtp_pts``
+exactly (docs/media.md). Its "arrival" is the ``webrtc.chunk`` frame: the first picture leaving the
+web process.
 """
 
 from __future__ import annotations
@@ -65,20 +72,31 @@ CHROMIUM_ARGS = [
 @dataclass(frozen=True)
 class Transport:
     """How the page gets media: ``page_codec`` is its ``?codec=`` (``auto``: H.264 through MSE where
-    the browser can play it), ``codec`` what the worker publishes, ``page_reads`` what the page must
-    have settled on (``window.streamserve.page.codec``) before the first chunk is sent."""
+    the browser can play it), ``codec`` what the worker publishes, ``page_reads`` and
+    ``page_transport`` what the page must have settled on (``window.streamserve.page.codec`` and
+    ``.transport``) before the first chunk is sent."""
 
     name: str
     page_codec: str
     codec: str
     page_reads: str
+    page_transport: str = "socket"
 
 
 TRANSPORTS = {
     "mse": Transport("mse", page_codec="auto", codec="h264", page_reads="h264"),
+    "webrtc": Transport(
+        "webrtc", page_codec="webrtc", codec="h264", page_reads="h264", page_transport="webrtc"
+    ),
     "jpeg": Transport("jpeg", page_codec="jpeg", codec="jpeg", page_reads="jpeg"),
-    # WebRTC (issue 25) adds its entry here: its page parameter, "h264", and what the page reports.
 }
+# What the page must show before the chunks start: its codec and transport settled, the socket open,
+# and for WebRTC the peer connection up (no chunk is sent to a viewer before it is).
+PAGE_READY = """([reads, transport]) => {
+  const p = window.streamserve?.page;
+  if (!p || p.codec !== reads || p.transport !== transport || p.socket?.ws?.readyState !== 1) return false;
+  return transport !== "webrtc" || window.streamserve.player?.stats?.connectionState === "connected";
+}"""
 
 
 def run_glass(
@@ -226,10 +244,7 @@ def _measure(
     try:
         page.goto(f"{base_url}/?session={session_id}&codec={transport.page_codec}")
         page.wait_for_function(
-            "reads => { const p = window.streamserve?.page;"
-            " return p && p.codec === reads && p.socket?.ws?.readyState === 1; }",
-            arg=transport.page_reads,
-            timeout=30_000,
+            PAGE_READY, arg=[transport.page_reads, transport.page_transport], timeout=30_000
         )
         time.sleep(1.0)  # the codec lease and the viewer registration written; the status frame shown
         load_before = machine_load()
@@ -273,7 +288,13 @@ def _measure(
         player_stats = page.evaluate("window.streamserve.player?.stats ?? null")
     finally:
         context.close()
-    counted = [g for g in glass if g["index"] >= warmup and g["codec"] == transport.page_reads]
+    counted = [
+        g
+        for g in glass
+        if g["index"] >= warmup
+        and g["codec"] == transport.page_reads
+        and g.get("transport", "socket") == transport.page_transport
+    ]
     return {
         "transport": transport.name,
         "codec": transport.codec,

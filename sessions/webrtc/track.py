@@ -49,7 +49,7 @@ class PendingChunk:
 class ChunkTrack(MediaStreamTrack):
     """``offer(header, units)`` queues a chunk (``units``: a future of its access units, in decode
     order); ``recv`` hands aiortc the next unit when it is due. ``on_started(header)`` is called
-    when a chunk's first unit leaves, ``on_skipped(index)`` when a chunk is dropped unsent."""
+    when a chunk's first unit leaves (the header plus ``rtp_pts``, that unit's outgoing pts), ``on_skipped(index)`` when a chunk is dropped unsent."""
 
     kind = "video"
 
@@ -108,7 +108,9 @@ class ChunkTrack(MediaStreamTrack):
         if self.starting is not None:  # the chunk's first picture leaves now
             header, self.starting = self.starting, None
             self.chunks_sent += 1
-            self.on_started(header)
+            # ``rtp_pts``: this picture's RTP timestamp less aiortc's random origin (a constant per
+            # sender), so a receiver can tell which presented picture starts which chunk.
+            self.on_started({**header, "rtp_pts": pts})
         self.units_sent += 1
         return to_packet(unit, pts=pts)
 

@@ -76,6 +76,7 @@ function usePlayer(codec, note, transport = "socket") {
       iceServers: ICE_SERVERS,
       onState: (p) => player !== null && player === rtcPlayer && renderPlayback(p),
       onError: fallBackFromWebRtc,
+      onPresented: (index, time) => player === rtcPlayer && recordGlass(index, time),
     });
   }
   if (codec === "h264" && !webrtc && !msePlayer) {
@@ -327,7 +328,7 @@ function recordGlass(index, time) {
   page.arrivals.delete(index);
   const presentedAt = Date.now() - (performance.now() - time);
   const glassMs = presentedAt - arrival.generatedAt;
-  page.glass.push({ index, codec: page.codec, arrivalMs: arrival.receivedAt - arrival.generatedAt, glassMs });
+  page.glass.push({ index, codec: page.codec, transport: page.transport, arrivalMs: arrival.receivedAt - arrival.generatedAt, glassMs });
   if (page.glass.length > GLASS_KEPT) page.glass.shift();
   $("stat-glass").textContent = formatMs(glassMs);
 }
@@ -452,6 +453,11 @@ const socketHandlers = {
       $("stat-chunk").textContent = `#${msg.index} skipped (${page.skippedChunks} so far)`;
     } else if (String(msg.type).startsWith("webrtc.")) {
       if (page.transport !== "webrtc") return;
+      if (msg.type === "webrtc.chunk" && msg.generated_at) {
+        // "Arrival" for WebRTC: the chunk's first picture left the web process (this frame says so).
+        page.arrivals.set(msg.index, { generatedAt: msg.generated_at * 1000, receivedAt: Date.now() });
+        for (const old of page.arrivals.keys()) if (old < msg.index - 16) page.arrivals.delete(old);
+      }
       rtcPlayer.handleMessage(msg);
       if (msg.type === "webrtc.chunk" && page.session && msg.session === page.session.id) {
         page.session.chunks_generated = Math.max(page.session.chunks_generated || 0, msg.index + 1);

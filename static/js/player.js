@@ -530,8 +530,22 @@ function sameBytes(a, b) {
 
 const WEBRTC_STATS_MS = 1000;
 
+// Which presented picture starts which chunk: the server's `webrtc.chunk` says the RTP timestamp of
+// the chunk's first picture less its sender's random origin (`rtp_pts`), and requestVideoFrameCallback
+// gives each presented picture's `rtpTimestamp`. The origin is learnt once per peer connection from
+// the first picture presented, which is a chunk's first (each chunk is a closed GOP: the decoder can
+// start at nothing else) and is matched to the chunk announced closest to its arrival (chunks are a
+// chunk's length apart, the announcement and the picture leave together); from then on a picture
+// starts chunk i exactly when its rtpTimestamp − origin ≡ rtp_pts of i (mod 2^32).
+const RTP_WRAP = 2 ** 32;
+const ANCHOR_SLACK_MS = 250; // announcement vs picture arrival, either first
+
 export class WebRtcPlayer extends ChunkClock {
-  constructor(video, { iceServers = [], connectTimeoutMs = 10000, mediaTimeoutMs = 5000, onState = () => {}, onError = () => {} } = {}) {
+  // onPresented(index, time): as MsePlayer's, for the first picture of chunk `index`.
+  constructor(
+    video,
+    { iceServers = [], connectTimeoutMs = 10000, mediaTimeoutMs = 5000, onState = () => {}, onError = () => {}, onPresented = () => {} } = {},
+  ) {
     super();
     this.video = video;
     this.iceServers = iceServers;
@@ -539,6 +553,7 @@ export class WebRtcPlayer extends ChunkClock {
     this.mediaTimeoutMs = mediaTimeoutMs;
     this.onState = onState;
     this.onError = onError;
+    this.onPresented = onPresented;
     this.video.muted = true;
     this.video.playsInline = true;
     this.pc = null;
@@ -550,7 +565,10 @@ export class WebRtcPlayer extends ChunkClock {
     this._close();
     this.state = "idle";
     this.failed = false;
-    this.announced = []; // [{index, at}] of the last chunks the server said it sent
+    this.announced = []; // [{index, at, rtpPts}] of the last chunks the server said it sent
+    this.rtpOrigin = null; // the sender's RTP timestamp origin, once learnt
+    this.firstPicture = null; // {rtp, at, time} of the first picture, until it is matched
+    this.startsShown = []; // [{rel, time}] of recent pictures, for an announcement that comes late
     this.waitingSince = null; // a chunk was announced and no picture presented since
     this.lastFrameAt = 0;
     this.lastStatsAt = 0;
@@ -618,8 +636,11 @@ export class WebRtcPlayer extends ChunkClock {
       this._fail("the server's side of the peer connection failed");
     } else if (message.type === "webrtc.chunk") {
       if (message.fps) this.fps = message.fps;
-      this.announced.push({ index: message.index, at: performance.now() });
+      const rtpPts = typeof message.rtp_pts === "number" ? message.rtp_pts % RTP_WRAP : null;
+      const announced = { index: message.index, at: performance.now(), rtpPts };
+      this.announced.push(announced);
       if (this.announced.length > 8) this.announced.shift();
+      this._matchLateAnnouncement(announced);
       this.stats.chunksDecoded += 1;
       if (this.waitingSince === null) this.waitingSince = performance.now();
     }
@@ -648,15 +669,65 @@ export class WebRtcPlayer extends ChunkClock {
       this.stats.framesShown += 1;
       this.lastFrameAt = now;
       this.waitingSince = null;
-      // The chunk this picture belongs to: the last one announced before the picture arrived.
-      const received = meta.receiveTime ?? meta.presentationTime ?? now;
-      const shown = this.announced.filter((a) => a.at <= received + 20).pop();
-      if (shown) this.stats.shownChunkIndex = shown.index;
+      this._mapPicture(meta, now);
       if (this.state !== "playing") this.state = "playing";
       this._emit();
       video.requestVideoFrameCallback(onFrame);
     };
     video.requestVideoFrameCallback(onFrame);
+  }
+
+  // The chunk this presented picture starts, if it starts one (see RTP_WRAP above).
+  _mapPicture(meta, now) {
+    const time = meta.presentationTime ?? now;
+    const received = meta.receiveTime ?? time;
+    if (typeof meta.rtpTimestamp !== "number") {
+      // No RTP metadata: the last chunk announced before the picture arrived.
+      const shown = this.announced.filter((a) => a.at <= received + 20).pop();
+      if (shown) this.stats.shownChunkIndex = shown.index;
+      return;
+    }
+    if (this.rtpOrigin === null) {
+      // This picture anchors the origin (and is reported by _anchor), now or when its announcement comes.
+      if (this.firstPicture === null) this.firstPicture = { rtp: meta.rtpTimestamp, at: received, time };
+      this._anchor();
+      return;
+    }
+    const rel = (meta.rtpTimestamp - this.rtpOrigin + RTP_WRAP) % RTP_WRAP;
+    const chunk = this.announced.find((a) => a.rtpPts === rel);
+    if (chunk) {
+      this._presented(chunk.index, time);
+    } else {
+      this.startsShown.push({ rel, time });
+      if (this.startsShown.length > 48) this.startsShown.shift();
+    }
+  }
+
+  // The origin from the first picture and the announcement nearest its arrival.
+  _anchor() {
+    const first = this.firstPicture;
+    if (first === null) return;
+    const near = this.announced
+      .filter((a) => a.rtpPts !== null && Math.abs(a.at - first.at) <= ANCHOR_SLACK_MS)
+      .sort((a, b) => Math.abs(a.at - first.at) - Math.abs(b.at - first.at))[0];
+    if (!near) return;
+    this.rtpOrigin = (first.rtp - near.rtpPts + RTP_WRAP) % RTP_WRAP;
+    this.firstPicture = null;
+    this._presented(near.index, first.time);
+  }
+
+  _matchLateAnnouncement(announced) {
+    if (this.rtpOrigin === null) {
+      this._anchor();
+      return;
+    }
+    const shown = this.startsShown.find((p) => p.rel === announced.rtpPts);
+    if (shown) this._presented(announced.index, shown.time);
+  }
+
+  _presented(index, time) {
+    this.stats.shownChunkIndex = index;
+    this.onPresented(index, time);
   }
 
   async _check() {

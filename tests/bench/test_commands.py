@@ -89,6 +89,41 @@ def test_bench_delivery_at_the_models_size_delivers_photo_fragments_sent_beside_
     assert result["redis_bytes_per_s"]["out"] > 0
 
 
+def test_bench_delivery_with_webrtc_viewers_reports_the_web_loop_lag_beside_the_socket_delay():
+    from sessions.models import GenerationSession
+
+    report = run(
+        "bench_delivery",
+        streams="1",
+        chunks_per_stream=3,
+        warmup=0,
+        period=0.5,
+        codec="h264",
+        webrtc_viewers="0,2",
+    )
+
+    assert report["webrtc_viewers"] == [0, 2]
+    without, with_webrtc = report["runs"]
+    for result in (without, with_webrtc):
+        assert (result["received"], result["lost"], result["skipped"]) == (3, 0, 0)
+        assert result["loop_lag_ms"]["count"] > 0 and result["loop_lag_ms"]["max"] >= 0
+    assert without["webrtc"] is None
+    webrtc = with_webrtc["webrtc"]
+    # Both peers got the pictures over their peer connections (each chunk once, announced on its socket)
+    assert (webrtc["connected"], webrtc["errors"], webrtc["skipped"]) == (2, [], 0)
+    assert webrtc["chunks_announced"] == 2 * 3
+    # every picture but each peer's last (aiortc completes a picture when the next one begins)
+    assert webrtc["pictures_received"] == webrtc["pictures_expected"] == 2 * (3 * 4 - 1)
+    assert not GenerationSession.objects.exists()
+
+
+def test_bench_delivery_refuses_webrtc_viewers_without_h264():
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match=r"WebRTC carries H\.264 only"):
+        run("bench_delivery", streams="1", webrtc_viewers="1", codec="jpeg")
+
+
 @pytest.mark.browser  # it drives Chromium through Playwright
 def test_bench_glass_reports_glass_to_glass_for_each_transport_in_chromium():
     from sessions.models import GenerationSession
@@ -96,7 +131,7 @@ def test_bench_glass_reports_glass_to_glass_for_each_transport_in_chromium():
     report = run("bench_glass", chunks=6, warmup=2, period=0.5, width=64, height=64, frames=4)
 
     assert report["benchmark"] == "glass" and "one machine" in report["clock"]
-    assert [r["transport"] for r in report["runs"]] == ["mse", "jpeg"]
+    assert [r["transport"] for r in report["runs"]] == ["mse", "webrtc", "jpeg"]
     for result in report["runs"]:
         assert result["page_errors"] == [] and result["player_stats"]["decodeErrors"] == 0, result
         positive_summary(result["arrival_ms"])
@@ -104,7 +139,7 @@ def test_bench_glass_reports_glass_to_glass_for_each_transport_in_chromium():
         # A frame is on screen after its chunk arrived, never before
         assert result["glass_ms"]["p50"] >= result["arrival_ms"]["p50"]
         assert result["publisher"]["published"] == 6
-    assert set(report["target_met"]) == {"mse", "jpeg"}
+    assert set(report["target_met"]) == {"mse", "webrtc", "jpeg"}
     assert not GenerationSession.objects.exists()
 
 

@@ -55,7 +55,9 @@ def test_demo_is_served_by_default_and_follows_a_prompt_typed_mid_stream(demo_pl
         assert response.status_code == 201, response.text
         body = response.json()
     assert (body["model"], body["resolution"]) == ("demo", "128x128")
-    url = f"{platform.ws_url}/ws/sessions/{body['id']}/?token={token}"
+    url = (
+        f"{platform.ws_url}/ws/sessions/{body['id']}/?token={token}&codec=jpeg"  # reads its frames as images
+    )
     chunks, ack = asyncio.run(watch(url, before=3, after=3, timeout=120))
     indices = [i for i, _ in chunks]
     assert indices == list(range(indices[0], indices[0] + len(indices))), platform.logs()

@@ -61,7 +61,7 @@ class Stream:
     """A WebSocket client that records chunks and status messages."""
 
     def __init__(self, platform, session_id: str, token: str) -> None:
-        self.url = f"{platform.ws_url}/ws/sessions/{session_id}/?token={token}"
+        self.url = f"{platform.ws_url}/ws/sessions/{session_id}/?token={token}&codec=jpeg"  # frames as images
         self.chunks: list[tuple[dict, list[bytes]]] = []
         self.texts: list[dict] = []
 

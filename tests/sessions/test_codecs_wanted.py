@@ -20,8 +20,9 @@ def client():
         client.delete(key)
 
 
-def test_nobody_asked_means_jpeg_and_each_viewer_adds_its_codec(client):
-    assert codecs_wanted_many(client, ["s1", "s2"]) == {"s1": {"jpeg"}, "s2": {"jpeg"}}
+def test_nobody_asked_means_both_and_each_viewer_adds_its_codec(client):
+    both = {"h264", "jpeg"}
+    assert codecs_wanted_many(client, ["s1", "s2"]) == {"s1": both, "s2": both}
     codec_want(client, "s1", "h264", "viewer-a")
     codec_want(client, "s1", "jpeg", "viewer-b")
     codec_want(client, "s2", "h264", "viewer-c")
@@ -32,7 +33,7 @@ def test_nobody_asked_means_jpeg_and_each_viewer_adds_its_codec(client):
 def test_a_lease_runs_out_unless_refreshed_and_a_leaving_viewer_lingers(client, monkeypatch):
     codec_want(client, "s1", "h264", "viewer-a", ttl_s=0.2)
     time.sleep(0.3)
-    assert codecs_wanted_many(client, ["s1"]) == {"s1": {"jpeg"}}
+    assert codecs_wanted_many(client, ["s1"]) == {"s1": {"h264", "jpeg"}}  # back to nobody asked
     monkeypatch.setattr(codecs, "CODEC_LINGER_S", 0.3)
     codec_want(client, "s1", "h264", "viewer-a")
     codec_leave(client, "s1", "h264", "viewer-a")

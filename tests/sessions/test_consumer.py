@@ -27,7 +27,8 @@ pytestmark = [
 
 
 async def connect(session, user) -> WebsocketCommunicator:
-    return await connect_as(user, f"/ws/sessions/{session.pk}/")
+    """A JPEG viewer (the socket's default is H.264: these tests send small fake JPEG chunks)."""
+    return await connect_as(user, f"/ws/sessions/{session.pk}/?codec=jpeg")
 
 
 def a_chunk(session, index: int, epoch: int = 1, worker: str = "w1") -> dict:
@@ -148,7 +149,7 @@ async def test_a_slow_client_drops_the_oldest_chunks_not_the_worker(monkeypatch)
     user = await sync_to_async(UserFactory)()
     session = await sync_to_async(SessionFactory)(owner=user)
     consumer = consumers.SessionConsumer()
-    consumer.session_id = str(session.pk)
+    consumer.session_id, consumer.codec = str(session.pk), "jpeg"
     consumer.outbox = __import__("collections").deque()
     consumer.pending_chunks = 0
     consumer.position = consumers.StreamPosition()
@@ -268,17 +269,30 @@ async def test_an_h264_viewer_gets_the_init_segment_once_then_fragments_that_dec
     client.delete(f"ss:codecs:{session.pk}")
 
 
-async def test_an_unknown_codec_is_an_error_frame_and_the_viewer_gets_jpeg():
+@pytest.mark.parametrize("query", ["", "?codec=vp9"])
+async def test_no_codec_means_h264_and_an_unknown_one_is_an_error_frame_naming_the_accepted_ones(query):
+    from contracts.wire.codecs import codecs_wanted_many
+    from workers.runtime.media import FragmentEncoder
+
     user = await sync_to_async(UserFactory)()
     session = await sync_to_async(SessionFactory)(owner=user)
-    communicator = await connect_as(user, f"/ws/sessions/{session.pk}/?codec=vp9")
+    communicator = await connect_as(user, f"/ws/sessions/{session.pk}/{query}")
     assert json.loads(await communicator.receive_from())["type"] == "status"
-    error = json.loads(await communicator.receive_from())
-    assert error["code"] == "bad_codec" and "'vp9'" in error["detail"]
-    await get_channel_layer().group_send(group_name(str(session.pk)), a_chunk(session, 0))
-    header, frames = decode_chunk_frame(await communicator.receive_from())
-    assert header["mime"] == "image/jpeg" and frames == [b"\xff\xd8frame-a", b"\xff\xd8frame-b"]
+    if query:
+        error = json.loads(await communicator.receive_from())
+        assert error["code"] == "bad_codec" and "'vp9'" in error["detail"]
+        assert "h264, jpeg" in error["detail"] and "(sending h264)" in error["detail"]
+    # The socket stays open on the default: it asks the worker for H.264 and is sent fragments only
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    assert codecs_wanted_many(client, [str(session.pk)])[str(session.pk)] == {"h264"}
+    layer = get_channel_layer()
+    await layer.group_send(group_name(str(session.pk)), a_chunk(session, 0))  # JPEG only: not for it
+    await layer.group_send(group_name(str(session.pk)), an_h264_chunk(session, 1, FragmentEncoder()))
+    header, payloads = decode_chunk_frame(await communicator.receive_from())
+    assert (header["index"], header["codec"], header["init"], len(payloads)) == (1, "h264", True, 2)
+    assert await communicator.receive_nothing(timeout=0.2)
     await communicator.disconnect()
+    client.delete(f"ss:codecs:{session.pk}")
 
 
 async def test_a_jpeg_viewer_beside_an_h264_one_asks_for_jpeg_and_gets_no_chunk_without_frames():

@@ -210,7 +210,9 @@ async def test_the_track_paces_units_by_their_timestamps_and_closes_gaps(monkeyp
     monkeypatch.setattr("sessions.webrtc.track.asyncio.sleep", sleep)
     started = []
     track = ChunkTrack(
-        on_started=lambda h: started.append((h["index"], clock.now)), on_skipped=print, clock=clock
+        on_started=lambda h: started.append((h["index"], clock.now, h["rtp_pts"])),
+        on_skipped=print,
+        clock=clock,
     )
 
     # When chunks 0 and 1 arrive together, then chunk 3 (chunk 2 was skipped) once they are played
@@ -225,8 +227,11 @@ async def test_the_track_paces_units_by_their_timestamps_and_closes_gaps(monkeyp
     frame = RTP_CLOCK // 8
     assert [p.pts for p in sent] == [i * frame for i in range(12)]
     assert waits == [0.125] * 11
-    assert [index for index, _ in started] == [0, 1, 3]
+    assert [index for index, _, _ in started] == [0, 1, 3]
     assert started[1][1] == pytest.approx(100.5)  # chunk 1's first picture leaves at its time
+    # and each chunk is announced with its first picture's outgoing pts (what the browser's
+    # rtpTimestamp shows, less the sender's origin): the page maps presented pictures to chunks by it
+    assert [rtp_pts for _, _, rtp_pts in started] == [sent[0].pts, sent[4].pts, sent[8].pts]
 
 
 @pytest.mark.asyncio

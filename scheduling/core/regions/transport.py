@@ -17,16 +17,10 @@ the RL layer): ``A_t = (1 − β) A_{t−1} + β P_t``.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
-
-# POT imports PyTorch for its optional torch backend whenever torch is installed (1.7 s here, in every
-# web, Celery and management process that loads the scheduler's receivers). Our masses are numpy
-# arrays: its numpy backend is the one used.
-os.environ.setdefault("POT_BACKEND_DISABLE_PYTORCH", "1")
-import ot  # POT; imported with the module so that no solve pays for the import
+import ot  # POT, its torch backend off (the package __init__); imported here so no solve pays for it
 
 _FORBIDDEN = 1e6  # cost of a route beyond the RTT budget (emd): never chosen while overflow exists
 _OVERFLOW = 1e4  # cost of leaving demand unplaced: above every allowed route

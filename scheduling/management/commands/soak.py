@@ -57,6 +57,13 @@ class Command(BaseCommand):
             default=None,
             help="each process's memory samples in its first minutes are left out of its RSS slope (default a fifth of --minutes)",
         )
+        parser.add_argument(
+            "--trace-memory",
+            default=None,
+            metavar="DIR",
+            help="run the web process under tracemalloc, a snapshot into DIR every minute"
+            " (compare them with scripts/memory_trace_diff.py)",
+        )
         bench.add_seed_argument(parser)
         add_platform_arguments(parser)
         bench.add_report_arguments(parser)
@@ -91,6 +98,7 @@ class Command(BaseCommand):
                 idle_timeout_s=options["idle_timeout_s"],
                 codec=options["codec"],
                 warmup_s=None if options["warmup_minutes"] is None else options["warmup_minutes"] * 60.0,
+                trace_memory_dir=options["trace_memory"],
                 seed=options["seed"],
                 **platform_options(options),
                 say=bench.quiet_unless_text(options["json"], self.stdout.write),

@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from contracts import bench
 from contracts.cli import list_option
-from sessions.benchmarks.delivery import format_verdict, run_delivery
+from sessions.benchmarks.delivery import DEPLOYED_APP, format_verdict, run_delivery
 from workers.benchmarks.content import CONTENTS
 from workers.benchmarks.live import ServiceUnavailable
 
@@ -40,7 +40,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--asgi-app",
-            default="controlplane.asgi:application",
+            default=DEPLOYED_APP,
             help="ASGI application uvicorn serves (to compare a patched consumer; default the deployed one)",
         )
         parser.add_argument("--width", type=int, default=64, help="frame width (default 64: tiny)")
@@ -60,6 +60,13 @@ class Command(BaseCommand):
             " noise, smooth noise no codec compresses (the worst case for bytes)",
         )
         parser.add_argument("--publishers", type=int, default=1, help="publisher processes (like workers)")
+        parser.add_argument(
+            "--webrtc-viewers",
+            default=None,
+            help="comma-separated counts N (e.g. 0,10,50): for each stream count, one run per N with N"
+            " WebRTC viewers (aiortc peers) beside the socket clients, and the web process's event-loop"
+            " lag reported (needs --codec h264)",
+        )
         parser.add_argument("--keep-logs", default=None, help="copy the processes' logs to this folder")
         bench.add_report_arguments(parser)
 
@@ -71,6 +78,11 @@ class Command(BaseCommand):
         chunks, warmup = options["chunks_per_stream"], options["warmup"]
         if not streams or min(streams) < 1 or chunks < 1 or warmup < 0 or warmup >= chunks:
             raise CommandError("--streams must be positive counts and 0 <= --warmup < --chunks-per-stream")
+        webrtc_viewers = list_option(options, "webrtc_viewers", int, minimum=0) or ()
+        if webrtc_viewers and options["codec"] != "h264":
+            raise CommandError("--webrtc-viewers: WebRTC carries H.264 only; add --codec h264")
+        if webrtc_viewers and options["asgi_app"] != DEPLOYED_APP:
+            raise CommandError("--webrtc-viewers measures the deployed application: leave --asgi-app out")
         try:
             report = run_delivery(
                 streams=streams,
@@ -83,6 +95,7 @@ class Command(BaseCommand):
                 publishers=options["publishers"],
                 keep_logs=options["keep_logs"],
                 shape={key: options[key] for key in ("width", "height", "frames", "codec", "content")},
+                webrtc_viewers=webrtc_viewers,
                 say=bench.quiet_unless_text(options["json"], self.stdout.write),
             )
         except ServiceUnavailable as exc:
