@@ -49,7 +49,7 @@ from scheduling.core.scaleplan import ScalePlanError
 from scheduling.core.types import Decision, Event, GpuTypeSpec, GpuView, SessionView, Snapshot
 
 from .jobs.cosim import JobConfig, JobSide
-from .traces import JobEvent, merge_by_time
+from .traces import JobEvent, TraceEvent, merge_by_time
 
 
 class SimulationError(RuntimeError):
@@ -703,6 +703,12 @@ class Simulator:
                 raise SimulationError(f"t={ev.t}: job event {ev.job} but no job policy configured")
             self.jobs.on_trace(ev)
             return
+        was_active = self._trace_event_bookkeeping(ev)
+        self._decide(Event(self.now, ev.event, session=ev.session, was_active=was_active))
+
+    def _trace_event_bookkeeping(self, ev: TraceEvent) -> bool:
+        """A session event's bookkeeping before its decision; returns whether it ended an active
+        period. (The scheduler benchmark builds its warm state with it, deciding nothing.)"""
         kind = ev.event
         was_active = False
         if kind == "arrive":
@@ -736,7 +742,7 @@ class Simulator:
                 self.pending.pop(s.id, None)
                 self.idle_resident.pop(s.id, None)
         self.active_samples.append((self.now, self.n_active))
-        self._decide(Event(self.now, kind, session=ev.session, was_active=was_active))
+        return was_active
 
     # -- results ---------------------------------------------------------------------------------
     def _result(self, duration: float) -> SimResult:
