@@ -15,6 +15,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
+from .index import ClusterIndex
 from .provisioning import ScaleOutModel
 
 SESSION_STATES = ("executing", "suspended", "queued")
@@ -271,6 +272,9 @@ class Snapshot:
     # The predictive floor's input (TORTA Eq. 6): the forecast active load F one provisioning delay
     # ahead that an autoscaler keeps capacity for (issue 16). None: no floor.
     floor_load: float | None = None
+    # The per-GPU index its owner keeps up to date (``scheduling.core.index``): a decision then reads
+    # only the GPUs it touches. None: PlacementWork builds one from the GPUs (same decisions).
+    index: ClusterIndex | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def build(

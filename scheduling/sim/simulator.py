@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from contracts.coserve import StreamDemand
+from scheduling.core.index import ClusterIndex
 from scheduling.core.pipeline import ONE_REGION, DecisionInputs, decision_run
 from scheduling.core.policy import Policy
 from scheduling.core.provisioning import FIXED, SCALE_OUT_PATHS
@@ -261,6 +262,8 @@ class Simulator:
         self.gpu_bytes: dict[str, int] = {}
         self.pending: dict[str, None] = {}
         self.idle_resident: dict[str, None] = {}
+        # Kept with the per-GPU maps above so a decision reads only the GPUs it touches.
+        self.index = ClusterIndex()
         self.all_gpus: list[_Gpu] = []
         self.heap: list[tuple[float, int, int, Any]] = []
         self.seq = 0
@@ -310,10 +313,12 @@ class Simulator:
         self.residents[g.id] = tuple(sorted(g.members))
         self.gpu_load[g.id] = g.load
         self.gpu_bytes[g.id] = g.bytes
+        self.index.set_gpu(g.id, g.type_key, g.status, g.load)
 
     def _drop_gpu(self, g: _Gpu) -> None:
         for index in (self.gpu_views, self.residents, self.gpu_load, self.gpu_bytes):
             index.pop(g.id, None)
+        self.index.drop_gpu(g.id)
         self.gpus.pop(g.id, None)
         if g.slot >= 0:
             heapq.heappush(self.free_slots[g.type_key], g.slot)
@@ -393,6 +398,7 @@ class Simulator:
             idle_resident=tuple(self.idle_resident),
             min_gpus=self.cfg.min_gpus,
             max_gpus=self.cfg.max_gpus,
+            index=self.index,
         )
 
     # -- placement mechanics ---------------------------------------------------------------------
