@@ -18,6 +18,7 @@ falls back to the float sum in snapshot order.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 
 from sortedcontainers import SortedList
@@ -63,8 +64,30 @@ class ClusterIndex:
     def of(cls, gpus: Mapping[str, object], gpu_load: Mapping[str, float]) -> ClusterIndex:
         """An index of a snapshot's GPUs (``GpuView``s) and loads, in the snapshot's order."""
         index = cls()
-        for gid, view in gpus.items():
-            index.set_gpu(gid, view.gpu_type, view.status, gpu_load.get(gid, 0.0))  # type: ignore[attr-defined]
+        index.position = dict(zip(gpus, range(len(gpus)), strict=True))
+        index._next = len(gpus)
+        index.gpu_type = {g: v.gpu_type for g, v in gpus.items()}  # type: ignore[attr-defined]
+        index.status = {g: v.status for g, v in gpus.items()}  # type: ignore[attr-defined]
+        index.load = {g: gpu_load.get(g, 0.0) for g in gpus}
+        status, gpu_type, load = index.status, index.gpu_type, index.load
+        index.ready = {g: None for g, st in status.items() if st == "ready"}
+        index.provisioning = {g: None for g, st in status.items() if st == "provisioning"}
+        index.draining = {g: None for g, st in status.items() if st == "draining"}
+        index.held = dict(Counter(gpu_type[g] for g, st in status.items() if st in HELD))
+        index.live = dict(Counter(gpu_type[g] for g, st in status.items() if st in LIVE))
+        ready: dict[str, list[tuple[float, str]]] = {}
+        for g in index.ready:
+            ready.setdefault(gpu_type[g], []).append((load[g], g))
+        # One sort per type (a decision on a snapshot without an index pays O(M log M) in C).
+        for t, rows in ready.items():
+            index.ascending[t] = SortedList(rows)
+            index.descending[t] = SortedList([(-x, g) for x, g in rows])
+        for value in load.values():
+            units = exact_units(value)
+            if units is None:
+                index.inexact_loads += 1
+            else:
+                index.load_units += units
         return index
 
     def _forget(self, gid: str) -> None:
