@@ -453,6 +453,9 @@ STREAMSERVE = {
     # (e.g. what `profile_model --one-shot` wrote); docs/jobs.md.
     "JOB_PROFILES": _typed("JOB_PROFILES", env.list, []),
     "PROVISIONER": env.str("PROVISIONER", default="local"),
+    # Workers of this pool run on several hosts (docs/production.md, "Several hosts"): a worker then
+    # refuses to advertise a loopback --listen-host, which peers on other hosts could not reach.
+    "WORKER_MULTI_HOST": _strict_bool("WORKER_MULTI_HOST", False),
     # Model presets this deployment runs workers for; sessions of other presets are refused. `demo`
     # is the trained model that follows its prompt (the test suite serves `tiny`: pyproject.toml).
     # Presets of MODEL_PATHS are served unless SERVED_MODELS says otherwise.

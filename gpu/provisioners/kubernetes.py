@@ -104,11 +104,17 @@ def worker_pod_manifest(
         "python", "manage.py", "gpuworker", "--name", "$(POD_NAME)", "--device", "cuda:0", "--preset", preset,
         "--gpu-type", gpu_type, "--listen-host", "$(POD_IP)",
     ] + (["--stages", stage_role] if stage_role != "EDC" else [])  # fmt: skip
-    env = [e for e in container.get("env", []) if e.get("name") not in {"POD_NAME", "POD_IP", *SECRET_KEYS}]
+    env = [
+        e
+        for e in container.get("env", [])
+        if e.get("name") not in {"POD_NAME", "POD_IP", "WORKER_MULTI_HOST", *SECRET_KEYS}
+    ]
     # $(VAR) in the command expands only variables defined in env.
     env[:0] = [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        # Pods land on many nodes: a worker refuses a loopback --listen-host (gpuworker).
+        {"name": "WORKER_MULTI_HOST", "value": "true"},
     ]
     for key in SECRET_KEYS:
         env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": secret_name, "key": key}}})

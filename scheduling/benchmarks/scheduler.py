@@ -1,13 +1,14 @@
 """Scheduler decision-time benchmark (TurboServe §7.4, Fig. 9 left): ``manage.py bench_scheduler``.
 
 For each cluster size M: M ready GPUs of one profile, about 1.4·K·M live sessions of which ~0.7·K·M
-are active (so GPUs sit near K·ρ̂), then a stream of realistic events — activations and idles
+are active (so GPUs sit near K·ρ̂), built directly (:func:`warm_state`, no decision per warm-up
+event, so 10,000 GPUs warm in seconds), then a stream of realistic events — activations and idles
 (the bulk), arrivals and departures, periodic ticks — through the simulator's incremental snapshot,
 timing only the decision run (``scheduling.core.pipeline.decision_run``, the policy's ``decide`` in
 the composition the live loop runs). The budget is pinned (M_min = M_max = M) so every decision runs the
 full placement + rebalance + autoscaling-signal path on exactly M GPUs.
 
-Wall time (``mean_ms``/``p99_ms``/``max_ms``) and process CPU time (``cpu_*``) are both reported: on
+Wall time (``p50_ms``/``mean_ms``/``p99_ms``/``max_ms``) and process CPU time (``cpu_*``) are both reported: on
 a shared machine wall time also counts time the process spent preempted.
 
 ``tenants`` (``--tenants N``): the sessions belong to N tenants in turn, with weights 1..N, so every
@@ -18,6 +19,7 @@ difference to a run without is the cost of tenants in the decision.
 from __future__ import annotations
 
 import gc
+import heapq
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,6 +28,7 @@ from tqdm import tqdm
 
 from scheduling.core.gpu_profiles import BUILTIN_PROFILES
 from scheduling.core.policy import make_policy
+from scheduling.core.types import GpuTypeSpec
 from scheduling.sim.cli import CliError
 from scheduling.sim.simulator import SimConfig, Simulator
 from scheduling.sim.traces import TraceEvent
@@ -79,6 +82,28 @@ def synthetic_events(
     return events[:warmup], events[warmup:]  # type: ignore[return-value]
 
 
+def warm_state(sim: Simulator, spec: GpuTypeSpec, n_gpus: int, warmup: Sequence[TraceEvent]) -> None:
+    """The warm cluster built directly, without a decision per warm-up event: ``n_gpus`` ready GPUs,
+    every warm-up arrival a session, every warm-up activation placed on the least-loaded GPU (the
+    placement the policy's Eq. 3 gives a homogeneous pool filled one session at a time; ties by id).
+    Deciding each of the ~0.7·K·M warm-up activations took longer than the measured events at 4,096
+    GPUs and more, and its time is not what the benchmark measures."""
+    gpus = [sim._new_gpu(spec, ready=True) for _ in range(n_gpus)]
+    by_load = [(0.0, g.id) for g in gpus]  # already a heap: equal loads, ids ascending
+    for ev in warmup:
+        sim.now = ev.t
+        if ev.event == "arrive":
+            sim._trace_event_bookkeeping(ev)
+            continue
+        if ev.event != "active":
+            raise ValueError(f"warm-up holds only arrivals and activations, not {ev.event!r}")
+        sim._trace_event_bookkeeping(ev)
+        session = sim.sessions[ev.session]
+        load, gid = heapq.heappop(by_load)
+        sim._attach(session, sim.gpus[gid])
+        heapq.heappush(by_load, (load + session.load, gid))
+
+
 def bench_scheduler(
     sizes: Sequence[int],
     *,
@@ -101,11 +126,7 @@ def bench_scheduler(
             ),
             trace_name=f"bench-{m}",
         )
-        for _ in range(m):
-            sim._new_gpu(spec, ready=True)
-        for ev in warmup:
-            sim.now = ev.t
-            sim._trace_event(ev)
+        warm_state(sim, spec, m, warmup)
         sim.sched_ms.clear()
         sim.sched_cpu_ms.clear()
         gc.collect()
@@ -123,9 +144,11 @@ def bench_scheduler(
                 "live_sessions": len(sim.sessions),
                 "active_sessions": sim.n_active,
                 "decisions": int(times.size),
+                "p50_ms": round(float(np.percentile(times, 50)), 4),
                 "mean_ms": round(float(times.mean()), 4),
                 "p99_ms": round(float(np.percentile(times, 99)), 4),
                 "max_ms": round(float(times.max()), 4),
+                "cpu_p50_ms": round(float(np.percentile(cpu, 50)), 4),
                 "cpu_mean_ms": round(float(cpu.mean()), 4),
                 "cpu_p99_ms": round(float(np.percentile(cpu, 99)), 4),
                 "cpu_max_ms": round(float(cpu.max()), 4),
@@ -181,13 +204,13 @@ def format_bench(report: dict[str, Any]) -> str:
     tenants = f", {report['tenants']} tenants" if report.get("tenants") else ""
     lines = [f"decision time per event, policy {report['policy']}, profile {report['profile']}{tenants}"]
     lines.append(
-        f"  {'GPUs':>6} {'sessions':>9} {'active':>7} {'mean ms':>9} {'p99 ms':>9} {'max ms':>9}"
-        f" {'cpu p99':>9} {'cpu max':>9}"
+        f"  {'GPUs':>6} {'sessions':>9} {'active':>7} {'p50 ms':>9} {'mean ms':>9} {'p99 ms':>9} {'max ms':>9}"
+        f" {'cpu p50':>9} {'cpu p99':>9} {'cpu max':>9}"
     )
     for r in report["sizes"]:
         lines.append(
             f"  {r['gpus']:>6} {r['live_sessions']:>9} {r['active_sessions']:>7} "
-            f"{r['mean_ms']:>9.4f} {r['p99_ms']:>9.4f} {r['max_ms']:>9.4f}"
-            f" {r['cpu_p99_ms']:>9.4f} {r['cpu_max_ms']:>9.4f}"
+            f"{r['p50_ms']:>9.4f} {r['mean_ms']:>9.4f} {r['p99_ms']:>9.4f} {r['max_ms']:>9.4f}"
+            f" {r['cpu_p50_ms']:>9.4f} {r['cpu_p99_ms']:>9.4f} {r['cpu_max_ms']:>9.4f}"
         )
     return "\n".join(lines)

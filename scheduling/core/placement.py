@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
+from .index import UNIT, ClusterIndex, exact_units
 from .types import GpuTypeSpec, Migration, Snapshot
 
 _EPS = 1e-9
@@ -76,48 +77,125 @@ class _LazyCount(dict):
         return n
 
 
+class _Overlay(dict):
+    """A decision's per-GPU figures: its own changes, else the snapshot's (read on first use, so a
+    decision copies only the GPUs it touches)."""
+
+    def __init__(self, base: Mapping[str, float] | Mapping[str, int], default: float):
+        super().__init__()
+        self.base = base
+        self.default = default
+
+    def __missing__(self, gid: str) -> float:
+        return self.base.get(gid, self.default)  # type: ignore[return-value]
+
+    def __contains__(self, gid: object) -> bool:
+        # A GPU is in the overlay whether or not this decision changed it (as in the full copy it
+        # replaced: ``gid in work.load`` asks "is this a GPU of the snapshot").
+        return dict.__contains__(self, gid) or gid in self.base
+
+    def get(self, gid: str, default: float | None = None) -> float | None:  # type: ignore[override]
+        if dict.__contains__(self, gid):
+            return dict.__getitem__(self, gid)
+        return self.base.get(gid, default)  # type: ignore[return-value]
+
+
+class _Eligible:
+    """GPUs a decision may place on: the snapshot's ready GPUs (the index's, shared, read-only) less
+    those this decision took out, plus those it put back."""
+
+    def __init__(self, base: Mapping[str, None]):
+        self.base = base
+        self.removed: set[str] = set()
+        self.added: dict[str, None] = {}
+        self.size = len(base)
+
+    def __contains__(self, gid: object) -> bool:
+        return gid in self.added or (gid in self.base and gid not in self.removed)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def discard(self, gid: str) -> None:
+        if gid in self.added:
+            del self.added[gid]
+        else:
+            self.removed.add(gid)
+        self.size -= 1
+
+    def include(self, gid: str) -> None:
+        if gid in self.base:
+            self.removed.discard(gid)
+        else:
+            self.added[gid] = None
+        self.size += 1
+
+
 class PlacementWork:
     """Mutable working copy of a snapshot's placement for one decision.
 
-    Construction is one C-speed copy of the per-GPU load/bytes maps plus one pass over the GPUs to
-    build the per-type heaps; per-GPU specs and counts are looked up lazily.
+    Construction reads no GPU: per-GPU loads, bytes, counts and specs are read from the snapshot on
+    first use, and the least/most-loaded GPU of a type comes from the cluster index's ordered sets
+    (``Snapshot.index``, kept by the state's owner; built here when absent) merged with this
+    decision's own lazy heaps of the GPUs it changed. An index entry is valid while its GPU is still
+    eligible and its load unchanged, exactly as a heap entry is.
     """
 
     def __init__(self, snapshot: Snapshot, *, eta: float = 0.5, min_residency_s: float = 2.0):
         self.snap = snapshot
         self.eta = eta
         self.min_residency_s = min_residency_s
-        gpus = snapshot.gpus
+        index = snapshot.index
+        if index is None:
+            index = ClusterIndex.of(snapshot.gpus, snapshot.gpu_load)
+        self.index = index
         self.spec: dict[str, GpuTypeSpec] = _LazySpec(snapshot)
-        self.load: dict[str, float] = dict(snapshot.gpu_load)
-        self.bytes: dict[str, int] = dict(snapshot.gpu_bytes)
+        self.load: dict[str, float] = _Overlay(snapshot.gpu_load, 0.0)
+        self.bytes: dict[str, int] = _Overlay(snapshot.gpu_bytes, 0)  # type: ignore[assignment]
         self.count: dict[str, int] = _LazyCount(snapshot)
         self.members: dict[str, dict[str, None]] = {}
         self.location: dict[str, str] = {}  # session -> gpu, only for sessions touched in this decision
         self.origin: dict[str, str | None] = {}  # session -> GPU it had in the snapshot (None: unplaced)
         self.type_spec: dict[str, GpuTypeSpec] = {}
-        self.eligible: list[str] = [gid for gid, g in gpus.items() if g.status == "ready"]
-        self.eligible_set = dict.fromkeys(self.eligible)
-        self.gpu_type: dict[str, str] = {}
-        load = self.load
-        if len(snapshot.gpu_types) == 1:
-            (t,) = snapshot.gpu_types
-            self.by_type = {t: [(load[g], g) for g in self.eligible]} if self.eligible else {}
-            self.max_by_type = {t: [(-load[g], g) for g in self.eligible]} if self.eligible else {}
-        else:
-            self.by_type = {}
-            self.max_by_type = {}
-            for gid in self.eligible:
-                t = gpus[gid].gpu_type
-                self.by_type.setdefault(t, []).append((load[gid], gid))
-                self.max_by_type.setdefault(t, []).append((-load[gid], gid))
-        for heap in self.by_type.values():
-            heapq.heapify(heap)
-        for heap in self.max_by_type.values():
-            heapq.heapify(heap)
-        for t in self.by_type:
+        self.eligible_set = _Eligible(index.ready)
+        # The eligible GPUs as a list, built only when a step needs them all (jobs, scale-in): in
+        # the snapshot's order, sorted by id once a GPU was made eligible (as it always was).
+        self._eligible: list[str] | None = None
+        # GPUs set aside by relieve_overflow (above K, nothing fits elsewhere) while it looks further.
+        self._aside: set[str] = set()
+        types = index.ready_types()
+        self.by_type: dict[str, list[tuple[float, str]]] = {t: [] for t in types}
+        self.max_by_type: dict[str, list[tuple[float, str]]] = {t: [] for t in types}
+        for t in types:
             self.type_spec[t] = snapshot.gpu_types[t]
-        self.type_order = sorted(self.by_type)
+        self.type_order = types
+
+    @property
+    def eligible(self) -> list[str]:
+        """The eligible GPUs (O(M) on first use: only jobs and scale-in need them all)."""
+        if self._eligible is None:
+            self._eligible = [g for g in self.snap.gpus if g in self.eligible_set]
+        return self._eligible
+
+    @property
+    def n_eligible(self) -> int:
+        return len(self.eligible_set)
+
+    def total_load(self) -> float:
+        """The sum of every GPU's load now (N_req before the queue): from the index's exact total and
+        this decision's changes where every term is exact, else the float sum in snapshot order."""
+        total = self.index.total_load()
+        if total is not None:
+            units = self.index.load_units
+            base = self.snap.gpu_load
+            for gid in dict.keys(self.load):
+                now, before = exact_units(dict.__getitem__(self.load, gid)), exact_units(base.get(gid, 0.0))
+                if now is None or before is None:
+                    break
+                units += now - before
+            else:
+                return units / UNIT
+        return sum(self.load[g] for g in self.snap.gpu_load)
 
     def _type(self, gid: str) -> str:
         return self.snap.gpus[gid].gpu_type
@@ -187,30 +265,57 @@ class PlacementWork:
         self.add(sid, dst)
 
     # -- queries ---------------------------------------------------------------------------------
+    def _valid(self, load: float, gid: str) -> bool:
+        """Whether an ordered entry still stands: its GPU eligible and its load unchanged."""
+        return gid in self.eligible_set and abs(load - self.load[gid]) <= _EPS
+
+    def _ascending(self, gpu_type: str) -> Iterator[tuple[float, str]]:
+        """Valid ``(load, gid)`` entries of a type's eligible GPUs in ascending order (duplicates
+        possible): the index's ordered set merged with this decision's heap (sorted copy)."""
+        base = self.index.ascending.get(gpu_type, ())
+        local = sorted(self.by_type.get(gpu_type, ()))
+        for load, gid in heapq.merge(base, local):
+            if self._valid(load, gid):
+                yield load, gid
+
     def least_loaded(self, gpu_type: str, sid: str, exclude: str | None = None) -> str | None:
-        """Least-loaded eligible GPU of a type that has memory for ``sid`` (lazy heap)."""
-        heap = self.by_type.get(gpu_type)
-        if not heap:
+        """Least-loaded eligible GPU of a type that has memory for ``sid`` (ties by id)."""
+        if gpu_type not in self.by_type:
             return None
-        popped: list[tuple[float, str]] = []
-        found = None
-        while heap:
-            load, gid = heap[0]
-            if gid not in self.eligible_set or abs(load - self.load[gid]) > _EPS:
-                heapq.heappop(heap)  # stale
+        found: tuple[float, str] | None = None
+        # The first fitting entry of the index (a bounded walk: past 64 full GPUs, a scan) …
+        skipped = 0
+        for load, gid in self.index.ascending.get(gpu_type, ()):
+            if not self._valid(load, gid):
                 continue
             if gid != exclude and self.fits(gid, sid):
-                found = gid
+                found = (load, gid)
+                break
+            skipped += 1
+            if skipped > 64:
+                # Memory-full GPUs at the top: fall back to a scan of this type (rare).
+                return self._scan_least_loaded(gpu_type, sid, exclude)
+        # … against the first fitting entry of this decision's heap (stale entries dropped).
+        heap = self.by_type[gpu_type]
+        popped: list[tuple[float, str]] = []
+        while heap:
+            load, gid = heap[0]
+            if not self._valid(load, gid):
+                heapq.heappop(heap)
+                continue
+            if found is not None and (load, gid) >= found:
+                break
+            if gid != exclude and self.fits(gid, sid):
+                found = (load, gid)
                 break
             popped.append(heapq.heappop(heap))
             if len(popped) > 64:
-                # Memory-full GPUs at the top: fall back to a scan of this type (rare).
                 for entry in popped:
                     heapq.heappush(heap, entry)
                 return self._scan_least_loaded(gpu_type, sid, exclude)
         for entry in popped:
             heapq.heappush(heap, entry)
-        return found
+        return found[1] if found else None
 
     def _scan_least_loaded(self, gpu_type: str, sid: str, exclude: str | None) -> str | None:
         best = None
@@ -223,14 +328,28 @@ class PlacementWork:
         return best[1] if best else None
 
     def _most_loaded(self, gpu_type: str) -> str | None:
+        """Most-loaded eligible GPU of a type (ties by id), GPUs set aside left out."""
         heap = self.max_by_type.get(gpu_type)
-        while heap:
-            neg, gid = heap[0]
-            if gid not in self.eligible_set or abs(-neg - self.load[gid]) > _EPS:
-                heapq.heappop(heap)
-                continue
-            return gid
-        return None
+        if heap is None:
+            return None
+        found: tuple[float, str] | None = None
+        for neg, gid in self.index.descending.get(gpu_type, ()):
+            if gid not in self._aside and self._valid(-neg, gid):
+                found = (neg, gid)
+                break
+        while heap and not self._valid(-heap[0][0], heap[0][1]):
+            heapq.heappop(heap)
+        if heap and (found is None or heap[0] < found):
+            if heap[0][1] not in self._aside:
+                found = heap[0]
+            else:
+                for neg, gid in sorted(heap):
+                    if found is not None and (neg, gid) >= found:
+                        break
+                    if gid not in self._aside and self._valid(-neg, gid):
+                        found = (neg, gid)
+                        break
+        return found[1] if found else None
 
     def bottleneck(self) -> tuple[str | None, float]:
         """The eligible GPU with the highest latency (per type: the most loaded one)."""
@@ -335,22 +454,19 @@ class PlacementWork:
         return out
 
     def _least_loaded_few(self, gpu_type: str, exclude: str, n: int) -> list[str]:
-        """Up to ``n`` least-loaded eligible GPUs of a type, ``exclude`` left out (lazy heap)."""
-        heap = self.by_type.get(gpu_type)
+        """Up to ``n`` least-loaded eligible GPUs of a type, ``exclude`` left out."""
         out: list[str] = []
-        popped: list[tuple[float, str]] = []
         seen: set[str] = set()
-        while heap and len(out) < n:
-            entry = heapq.heappop(heap)
-            load, gid = entry
-            if gid not in self.eligible_set or abs(load - self.load[gid]) > _EPS or gid in seen:
-                continue  # stale or duplicate entry: drop it
+        if n <= 0:
+            return out
+        for _, gid in self._ascending(gpu_type):
+            if gid in seen:
+                continue
             seen.add(gid)
-            popped.append(entry)
             if gid != exclude:
                 out.append(gid)
-        for entry in popped:
-            heapq.heappush(heap, entry)
+                if len(out) >= n:
+                    break
         return out
 
     def best_swap(self, src: str) -> tuple[Move, Move] | None:
@@ -417,7 +533,7 @@ class PlacementWork:
         with the cluster objective (bottleneck + η·Σκ) after each, and the steps after the best
         prefix are undone at the end. Returns the number of moves kept.
         """
-        limit = max_moves if max_moves is not None else 4 * len(self.eligible) + 16
+        limit = max_moves if max_moves is not None else 4 * self.n_eligible + 16
         log: list[tuple[str, str, str]] = []  # (session, from, to), in order
         spent = 0.0
         best_obj = self.bottleneck_ms()
@@ -536,9 +652,8 @@ class PlacementWork:
                 if not moved:
                     # Nothing fits below K elsewhere: set it aside so the loop can look further.
                     stuck.append(gid)
-                    heapq.heappop(self.max_by_type[t])
-            for gid in stuck:
-                heapq.heappush(self.max_by_type[t], (-self.load[gid], gid))
+                    self._aside.add(gid)
+            self._aside.clear()
         return moves
 
     def evacuate(self, gid: str) -> int:
@@ -553,16 +668,18 @@ class PlacementWork:
         return moved
 
     def make_ineligible(self, gid: str) -> None:
-        """Stop using a GPU as a target (draining). Its heap entries become stale lazily."""
+        """Stop using a GPU as a target (draining). Its ordered entries become stale lazily."""
         if gid in self.eligible_set:
-            del self.eligible_set[gid]
-            self.eligible.remove(gid)
+            self.eligible_set.discard(gid)
+            if self._eligible is not None:
+                self._eligible.remove(gid)
 
     def make_eligible(self, gid: str) -> None:
         if gid not in self.eligible_set and self.snap.gpus[gid].status in ("ready", "draining"):
-            self.eligible_set[gid] = None
-            self.eligible.append(gid)
-            self.eligible.sort()
+            eligible = self.eligible
+            self.eligible_set.include(gid)
+            eligible.append(gid)
+            eligible.sort()
             t = self._type(gid)
             self.by_type.setdefault(t, [])
             self.max_by_type.setdefault(t, [])

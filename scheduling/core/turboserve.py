@@ -57,6 +57,7 @@ from .detector import (
     fixed_table,
     load_volatility_table,
 )
+from .index import UNIT, exact_units
 from .placement import PlacementWork
 from .policy import Policy
 from .regions.forecast import predictive_floor
@@ -249,10 +250,10 @@ class TurboServePolicy(Policy):
         # (issue 29): what they run or wait for never asks for GPUs.
         spare = _spare_load(snapshot, work, set(suspend) | set(queue)) if snapshot.spare_only else {}
         demand_queue = [s for s in queue if s not in snapshot.spare_only]
-        n_req = sum(work.load.values()) - sum(spare.values())
+        n_req = work.total_load() - sum(spare.values())
         n_req += sum(snapshot.sessions[s].load for s in demand_queue)
         rho_max = work.rho_max()
-        if not work.eligible and n_req > 0:
+        if not work.n_eligible and n_req > 0:
             rho_max = math.inf
         signal_rho = rho_max
         if spare and work.eligible:
@@ -261,7 +262,7 @@ class TurboServePolicy(Policy):
                 default=0.0,
             )
         need = self._need(snapshot, pool, n_req, rho_hat, reserved)
-        plan = _ScalePlan(len(pool.live), dict(pool.counts), {}, [], [], [])
+        plan = _ScalePlan(pool.live, dict(pool.counts), {}, [], [], [])
         if self.autoscale:
             signal = signal_rho
             if self.headroom and self.spares == "off" and pool.capacity > 0:
@@ -468,6 +469,11 @@ class TurboServePolicy(Policy):
         booting GPUs first, then drain the least loaded, dearest per unit of capacity."""
         gpus, types = snapshot.gpus, snapshot.gpu_types
         surplus = pool.capacity - need.needed_recently
+        if plan.budget <= snapshot.min_gpus:
+            # Nothing may go (the loop below would skip every GPU): skip sorting them all.
+            if self.migration:
+                work.rebalance()
+            return
         cancel = sorted(pool.provisioning, key=lambda g: (-gpus[g].requested_at, g))
         ready = sorted(
             (g for g in work.eligible if g not in reserved),
@@ -484,7 +490,7 @@ class TurboServePolicy(Policy):
             if gpus[gid].status == "provisioning":
                 plan.release.append(gid)
             else:
-                if len(work.eligible) <= 1:
+                if work.n_eligible <= 1:
                     continue
                 work.make_ineligible(gid)
                 plan.drain.append(gid)
@@ -552,7 +558,7 @@ class _PoolCensus:
     """One pass over the GPUs for everything the autoscaler needs: live (ready or booting) GPUs,
     their capacity, the booting and draining ones, and GPUs held per type (draining included)."""
 
-    live: list[str] = field(default_factory=list)
+    live: int = 0
     provisioning: list[str] = field(default_factory=list)
     draining: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
@@ -560,6 +566,23 @@ class _PoolCensus:
 
     @classmethod
     def of(cls, snapshot: Snapshot) -> _PoolCensus:
+        """From the snapshot's index when it has one (O(booting + draining + types)); the capacity
+        there is exact where every type's K is a whole number of 2⁻²⁰ units, else the float sum."""
+        index = snapshot.index
+        if index is not None:
+            types = snapshot.gpu_types
+            units = [exact_units(types[t].capacity) for t, n in index.live.items() if n]
+            if all(u is not None for u in units):
+                capacity = sum(
+                    (exact_units(types[t].capacity) or 0) * n for t, n in sorted(index.live.items())
+                )
+                return cls(
+                    sum(index.live.values()),
+                    index.in_order(index.provisioning),
+                    index.in_order(index.draining),
+                    {t: n for t, n in index.held.items() if n},
+                    capacity / UNIT,
+                )
         live: list[str] = []
         provisioning: list[str] = []
         draining: list[str] = []
@@ -577,7 +600,7 @@ class _PoolCensus:
             else:
                 continue
             counts[v.gpu_type] = counts.get(v.gpu_type, 0) + 1
-        return cls(live, provisioning, draining, counts, capacity)
+        return cls(len(live), provisioning, draining, counts, capacity)
 
 
 @dataclass(slots=True)

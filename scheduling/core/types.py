@@ -15,6 +15,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
+from .index import ClusterIndex
 from .provisioning import ScaleOutModel
 from .spares import SpareTarget
 
@@ -280,6 +281,9 @@ class Snapshot:
     # of the last one (simulator) or the measured boot of the pool's newest worker (live). A type
     # without one falls back to its stated ``provisioning_delay_s``. Boot-aware spares read it.
     scale_out_delay_s: Mapping[str, float] | None = None
+    # The per-GPU index its owner keeps up to date (``scheduling.core.index``): a decision then reads
+    # only the GPUs it touches. None: PlacementWork builds one from the GPUs (same decisions).
+    index: ClusterIndex | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def build(

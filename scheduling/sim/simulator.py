@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from contracts.coserve import StreamDemand
+from scheduling.core.index import ClusterIndex
 from scheduling.core.pipeline import ONE_REGION, DecisionInputs, decision_run
 from scheduling.core.policy import Policy
 from scheduling.core.provisioning import FIXED, SCALE_OUT_PATHS
@@ -51,7 +52,7 @@ from scheduling.core.tenants import DEFAULT_TENANT, TenantShares
 from scheduling.core.types import Decision, Event, GpuTypeSpec, GpuView, SessionView, Snapshot
 
 from .jobs.cosim import JobConfig, JobSide
-from .traces import JobEvent, merge_by_time
+from .traces import JobEvent, TraceEvent, merge_by_time
 
 
 class SimulationError(RuntimeError):
@@ -275,6 +276,8 @@ class Simulator:
         self.gpu_bytes: dict[str, int] = {}
         self.pending: dict[str, None] = {}
         self.idle_resident: dict[str, None] = {}
+        # Kept with the per-GPU maps above so a decision reads only the GPUs it touches.
+        self.index = ClusterIndex()
         self.all_gpus: list[_Gpu] = []
         self.heap: list[tuple[float, int, int, Any]] = []
         self.seq = 0
@@ -335,10 +338,12 @@ class Simulator:
         self.residents[g.id] = tuple(sorted(g.members))
         self.gpu_load[g.id] = g.load
         self.gpu_bytes[g.id] = g.bytes
+        self.index.set_gpu(g.id, g.type_key, g.status, g.load)
 
     def _drop_gpu(self, g: _Gpu) -> None:
         for index in (self.gpu_views, self.residents, self.gpu_load, self.gpu_bytes):
             index.pop(g.id, None)
+        self.index.drop_gpu(g.id)
         self.gpus.pop(g.id, None)
         if g.slot >= 0:
             heapq.heappush(self.free_slots[g.type_key], g.slot)
@@ -421,6 +426,7 @@ class Simulator:
             min_gpus=self.cfg.min_gpus,
             max_gpus=self.cfg.max_gpus,
             scale_out_delay_s=self.predicted_delay_view,
+            index=self.index,
         )
 
     # -- placement mechanics ---------------------------------------------------------------------
@@ -756,6 +762,12 @@ class Simulator:
                 raise SimulationError(f"t={ev.t}: job event {ev.job} but no job policy configured")
             self.jobs.on_trace(ev)
             return
+        was_active = self._trace_event_bookkeeping(ev)
+        self._decide(Event(self.now, ev.event, session=ev.session, was_active=was_active))
+
+    def _trace_event_bookkeeping(self, ev: TraceEvent) -> bool:
+        """A session event's bookkeeping before its decision; returns whether it ended an active
+        period. (The scheduler benchmark builds its warm state with it, deciding nothing.)"""
         kind = ev.event
         was_active = False
         if kind == "arrive":
@@ -792,7 +804,7 @@ class Simulator:
                 self.pending.pop(s.id, None)
                 self.idle_resident.pop(s.id, None)
         self.active_samples.append((self.now, self.n_active))
-        self._decide(Event(self.now, kind, session=ev.session, was_active=was_active))
+        return was_active
 
     # -- results ---------------------------------------------------------------------------------
     def _result(self, duration: float) -> SimResult:

@@ -196,6 +196,8 @@ def test_pod_manifest_from_the_shipped_template():
     assert [e["name"] for e in container["env"][:2]] == ["POD_NAME", "POD_IP"]
     assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    # Pods run on many nodes: the worker refuses a loopback --listen-host.
+    assert env["WORKER_MULTI_HOST"] == {"name": "WORKER_MULTI_HOST", "value": "true"}
     for key in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY"):
         assert env[key]["valueFrom"] == {"secretKeyRef": {"name": "my-secret", "key": key}}
     assert [e["name"] for e in container["env"]].count("DATABASE_URL") == 1

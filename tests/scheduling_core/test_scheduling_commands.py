@@ -206,3 +206,32 @@ def test_bench_scaleplan_json_and_bad_flags():
         call_command("bench_scaleplan", gpus="1", stdout=io.StringIO())
     with pytest.raises(CommandError, match="--weights-gb"):
         call_command("bench_scaleplan", weights_gb=0.0, stdout=io.StringIO())
+
+
+def test_bench_scheduler_warm_state_is_built_without_decisions():
+    """Given the benchmark's warm-up trace, when the warm state is built directly, then no decision
+    ran, every warm-up arrival is a session, every activation is executing, and the pool is balanced
+    (loads differ by at most one session's load) within every GPU's memory limit."""
+    from scheduling.benchmarks.scheduler import synthetic_events, warm_state
+    from scheduling.core.gpu_profiles import BUILTIN_PROFILES
+    from scheduling.core.policy import make_policy
+    from scheduling.sim.simulator import SimConfig, Simulator
+
+    spec = BUILTIN_PROFILES["b300-1.3b"]
+    warmup, _ = synthetic_events(37, spec.capacity, 10, seed=3)
+    sim = Simulator(
+        make_policy("turboserve"),
+        SimConfig(profiles=[spec], initial_gpus=37, min_gpus=37, max_gpus=37, tick_s=0.0),
+    )
+    warm_state(sim, spec, 37, warmup)
+    assert sim.sched_ms == []
+    arrivals = {e.session for e in warmup if e.event == "arrive"}
+    actives = {e.session for e in warmup if e.event == "active"}
+    assert set(sim.sessions) == arrivals
+    assert {s.id for s in sim.sessions.values() if s.state == "executing"} == actives
+    assert sim.n_active == len(actives)
+    loads = [g.load for g in sim.gpus.values()]
+    assert len(loads) == 37 and max(loads) - min(loads) <= 1.0
+    assert all(len(g.members) <= spec.memory_limit_sessions for g in sim.gpus.values())
+    snapshot = sim.snapshot()
+    assert snapshot.pending == () and snapshot.idle_resident == ()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import os
 import signal
@@ -65,6 +66,22 @@ def resolve_device(device: str) -> str:
     raise CommandError(f"--device must be cpu, cuda:N or auto, got {device!r}")
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name) is a loopback address: peers on another host cannot
+    reach it. A name counts as loopback when any address it resolves to is (``localhost``, or a
+    hostname mapped to 127.0.1.1 as some distributions do); one that does not resolve is left to the
+    listener's bind to report."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return any(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+
+
 class Command(BaseCommand):
     help = (
         "Run a GPU worker: register, load the weights (plan, pool or disk), report ready, heartbeat and run "
@@ -119,6 +136,13 @@ class Command(BaseCommand):
             raise CommandError("--heartbeat must be positive")
         if options["threads"] < 1:
             raise CommandError("--threads must be at least 1")
+        if conf["WORKER_MULTI_HOST"] and is_loopback(options["listen_host"]):
+            raise CommandError(
+                f"--listen-host {options['listen_host']!r} is a loopback address, but WORKER_MULTI_HOST is set: "
+                "workers on other hosts could not reach this one's migration listener, weight server or "
+                "chunk publisher. Pass --listen-host with an address they reach (on Kubernetes $(POD_IP)), "
+                "or unset WORKER_MULTI_HOST for a one-host pool."
+            )
         gpu_type = options["gpu_type"] or default_gpu_type()
         if gpu_type not in gpu_profiles():
             raise CommandError(
