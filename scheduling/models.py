@@ -257,6 +257,7 @@ class WorkerCommand(models.Model):
         PROMPT = "prompt"
         STOP = "stop"
         DRAIN = "drain"
+        UNDRAIN = "undrain"
         SHUTDOWN = "shutdown"
         JOB_RUN = "job_run"
         JOB_PAUSE = "job_pause"

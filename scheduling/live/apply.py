@@ -73,6 +73,9 @@ def decision_apply(
     for name in decision.undrain:
         if name in workers and workers[name].status == GpuWorker.Status.DRAINING:
             gpu_services.worker_undrain(worker=workers[name])
+            # The daemon drains on its own flag: it must hear that it admits again (FIFO on its
+            # command stream, so before any start this decision sends it).
+            outbox.command(workers[name], "undrain", decision=record)
     # 2. Suspend idle residents to host memory (TurboServe §3.1): the state stays on that worker's host.
     for sid in decision.suspend:
         session = sessions[sid]

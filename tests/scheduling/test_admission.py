@@ -118,3 +118,24 @@ def test_a_parked_state_is_handed_off_once_however_many_runs_ask_to_release_its_
     assert WorkerCommand.objects.filter(worker=other, kind="migrate_in").count() == 1
     leaving.refresh_from_db()
     assert leaving.status == "ready"
+
+
+def test_an_undrained_worker_is_told_so_before_the_sessions_assigned_to_it():
+    # Given a worker the scheduler drained and a session waiting
+    kept = GpuWorkerFactory(status="draining")
+    session = SessionFactory()
+    record = SchedulerDecision.objects.create(
+        trigger="tick", decided_at=timezone.now(), policy="turboserve", active_sessions=1,
+        budget=1, target_budget=1, duration_ms=0.1,
+    )  # fmt: skip
+    # When a decision keeps the worker after all and places the session on it
+    decision = Decision(time=0.0, undrain=(kept.name,), assign=((str(session.pk), kept.name),))
+    pool = Pool(preset="tiny", workers={kept.name: kept}, sessions={str(session.pk): session})
+    decision_apply(decision=decision, record=record, pool=pool, config=SchedulerConfig.load(), outbox=Outbox())
+
+    # Then its row is ready and the daemon hears "undrain" before the start (its own draining flag
+    # refuses every start until then)
+    kept.refresh_from_db()
+    assert kept.status == "ready"
+    kinds = list(WorkerCommand.objects.filter(worker=kept).order_by("created_at").values_list("kind", flat=True))
+    assert kinds[:2] == ["undrain", "start"], kinds

@@ -150,6 +150,14 @@ class CommandDispatcher:
         self.draining = True
         return {"resident": len(self.streams.sessions)}
 
+    def cmd_undrain(self, command: dict) -> dict:
+        # The scheduler kept a draining worker after all (scale-out undrains paid-for GPUs first): it
+        # admits sessions and jobs again. Without this the control plane's row said ready while the
+        # daemon refused every start, and the scheduler assigned the same session to it again and
+        # again until the worker was released.
+        self.draining = False
+        return {"resident": len(self.streams.sessions)}
+
     def cmd_shutdown(self, command: dict) -> dict:
         sessions = self.streams.sessions
         if any(o for o in sessions.values()):

@@ -174,6 +174,24 @@ def test_a_draining_worker_refuses_new_sessions_and_jobs_but_serves_the_rest(doo
     assert [c[0] for c in dispatcher.stage_role.calls] == ["for_sessions"]
 
 
+def test_an_undrained_worker_admits_sessions_again(door):
+    # The scheduler keeps a draining worker after all (scale-out undrains before it asks for GPUs):
+    # the start it then sends must not be refused by a flag the control plane has already lifted.
+    dispatcher, reader, reporter = door
+    reader.send(id="d", kind="drain")
+    reader.send(id="a", kind="start", session="t", epoch=1, prompts=[[0, "x"]], seed=1)
+    reader.send(id="u", kind="undrain")
+    reader.send(id="b", kind="start", session="t", epoch=2, prompts=[[0, "x"]], seed=1)
+    dispatcher.apply_pending(block_ms=None)
+    assert [(a[0], a[1]) for a in reporter.answers] == [
+        ("d", "acked"),
+        ("a", "refused"),
+        ("u", "acked"),
+        ("b", "acked"),
+    ]
+    assert [c[0] for c in dispatcher.stage_role.calls] == ["for_sessions"]
+
+
 def test_a_prompt_is_checked_against_the_session_before_the_stage_role(door):
     dispatcher, reader, reporter = door
     dispatcher.streams.raises["owned"] = CommandRefused("session s is not on worker w1")
