@@ -4,15 +4,35 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('scheduling', '0013_stage_placement_aux_shrink'),
+        ("scheduling", "0013_stage_placement_aux_shrink"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='workercommand',
-            name='kind',
-            field=models.CharField(choices=[('start', 'Start'), ('resume', 'Resume'), ('suspend', 'Suspend'), ('migrate_out', 'Migrate Out'), ('migrate_in', 'Migrate In'), ('activate', 'Activate'), ('prompt', 'Prompt'), ('stop', 'Stop'), ('drain', 'Drain'), ('undrain', 'Undrain'), ('shutdown', 'Shutdown'), ('job_run', 'Job Run'), ('job_pause', 'Job Pause'), ('job_resume', 'Job Resume'), ('job_cancel', 'Job Cancel'), ('set_role', 'Set Role'), ('set_encoder', 'Set Encoder')], max_length=16),
+            model_name="workercommand",
+            name="kind",
+            field=models.CharField(
+                choices=[
+                    ("start", "Start"),
+                    ("resume", "Resume"),
+                    ("suspend", "Suspend"),
+                    ("migrate_out", "Migrate Out"),
+                    ("migrate_in", "Migrate In"),
+                    ("activate", "Activate"),
+                    ("prompt", "Prompt"),
+                    ("stop", "Stop"),
+                    ("drain", "Drain"),
+                    ("undrain", "Undrain"),
+                    ("shutdown", "Shutdown"),
+                    ("job_run", "Job Run"),
+                    ("job_pause", "Job Pause"),
+                    ("job_resume", "Job Resume"),
+                    ("job_cancel", "Job Cancel"),
+                    ("set_role", "Set Role"),
+                    ("set_encoder", "Set Encoder"),
+                ],
+                max_length=16,
+            ),
         ),
     ]

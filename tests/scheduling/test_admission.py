@@ -131,11 +131,15 @@ def test_an_undrained_worker_is_told_so_before_the_sessions_assigned_to_it():
     # When a decision keeps the worker after all and places the session on it
     decision = Decision(time=0.0, undrain=(kept.name,), assign=((str(session.pk), kept.name),))
     pool = Pool(preset="tiny", workers={kept.name: kept}, sessions={str(session.pk): session})
-    decision_apply(decision=decision, record=record, pool=pool, config=SchedulerConfig.load(), outbox=Outbox())
+    decision_apply(
+        decision=decision, record=record, pool=pool, config=SchedulerConfig.load(), outbox=Outbox()
+    )
 
     # Then its row is ready and the daemon hears "undrain" before the start (its own draining flag
     # refuses every start until then)
     kept.refresh_from_db()
     assert kept.status == "ready"
-    kinds = list(WorkerCommand.objects.filter(worker=kept).order_by("created_at").values_list("kind", flat=True))
+    kinds = list(
+        WorkerCommand.objects.filter(worker=kept).order_by("created_at").values_list("kind", flat=True)
+    )
     assert kinds[:2] == ["undrain", "start"], kinds
