@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
+from celery.signals import worker_init
 from django.db import close_old_connections
 
 from gpu.provisioners.registry import provisioners_by_backend
+from scheduling.core.regions.transport import preload_solver
 from scheduling.live.enqueue import JOBS_DISPATCH, SCHEDULER_EVENT, SCHEDULER_TICK, WORKER_RELEASE
 from scheduling.live.jobs import jobs_dispatch as dispatch
 from scheduling.live.liveness import workers_check
@@ -17,6 +19,13 @@ from scheduling.live.run import scheduler_run
 from scheduling.live.scaling import release
 
 logger = logging.getLogger(__name__)
+
+
+@worker_init.connect
+def _preload_transport_solver(**_kwargs) -> None:
+    # The regions' transport solver is imported lazily (every other process loads these apps too);
+    # the worker imports it before its pool forks, so no decision pays for it.
+    preload_solver()
 
 
 @shared_task(name=SCHEDULER_EVENT, time_limit=60, soft_time_limit=50, ignore_result=True)

@@ -73,6 +73,7 @@ PROCESS_TESTS = frozenset(
         "tests/controlplane/test_layers.py::test_an_import_circle_in_workers_breaks_its_contract",
         "tests/controlplane/test_process_death.py",
         "tests/controlplane/test_web_imports.py",
+        "tests/workers/test_worker_imports.py",
         "tests/controlplane/test_settings.py::test_malformed_variable_fails_at_start_naming_it",
         "tests/controlplane/test_settings.py::test_secret_key_is_required_when_debug_is_off",
         "tests/controlplane/test_settings.py::test_debug_is_off_unless_asked_for",

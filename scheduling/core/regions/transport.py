@@ -20,7 +20,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import ot  # POT, its torch backend off (the package __init__); imported here so no solve pays for it
+
+# POT (its torch backend off: the package __init__) is imported on first use: its import (networkx,
+# scipy.stats …) costs ~0.7 s of CPU, which every process that loads the scheduler's apps would pay —
+# worker daemons, the web process, management commands — though only the scheduler's Celery worker
+# solves (and imports it when it starts: ``preload_solver``, so no live solve pays for it).
+_pot = None
+
+
+def _ot():
+    global _pot
+    if _pot is None:
+        import ot
+
+        _pot = ot
+    return _pot
+
+
+def preload_solver() -> None:
+    """Import the solver now (the scheduler's Celery worker, at start)."""
+    _ot()
 
 _FORBIDDEN = 1e6  # cost of a route beyond the RTT budget (emd): never chosen while overflow exists
 _OVERFLOW = 1e4  # cost of leaving demand unplaced: above every allowed route
@@ -115,7 +134,7 @@ def solve_plan(
         # The slack row (unused capacity) costs nothing anywhere, the overflow column included.
         a = np.append(demand, capacity.sum())
         b = np.append(capacity, demand.sum())
-        plan = ot.emd(a, b, augmented, numItermax=1_000_000)
+        plan = _ot().emd(a, b, augmented, numItermax=1_000_000)
         flow = plan[:n_o, :n_r] * allowed
         return TransportPlan(flow, plan[:n_o, n_r] + (plan[:n_o, :n_r] * ~allowed).sum(axis=1))
     if method == "sinkhorn":
@@ -123,7 +142,7 @@ def solve_plan(
         scale = float(finite.max()) or 1.0
         # Forbidden routes: a cost whose Gibbs kernel underflows to zero.
         normalised = np.where(allowed, cost / scale, 50.0)
-        flow = ot.unbalanced.sinkhorn_unbalanced(
+        flow = _ot().unbalanced.sinkhorn_unbalanced(
             demand,
             capacity,
             normalised,

@@ -166,8 +166,12 @@ class TextEncoder(nn.Module):
         super().__init__()
         td = cfg.text_dim
         self.text_len = cfg.text_len
-        self.byte_embed = nn.Embedding(TEXT_VOCAB, td)
-        self.word_embed = nn.Embedding(WORD_BUCKETS, td)
+        # Uninitialised (``_weight``): the network is built on the meta device and its weights are
+        # loaded or seeded (``seeded_init``) after, so Embedding's default normal_ init would be
+        # thrown away — and on the meta device it runs PyTorch's Python reference, whose first use
+        # imports torch._dynamo (~1 s of CPU at every worker's start).
+        self.byte_embed = nn.Embedding(TEXT_VOCAB, td, _weight=torch.empty(TEXT_VOCAB, td))
+        self.word_embed = nn.Embedding(WORD_BUCKETS, td, _weight=torch.empty(WORD_BUCKETS, td))
         self.pos_embed = nn.Parameter(torch.zeros(cfg.text_len, td))
         self.layers = nn.ModuleList(TextBlock(td, cfg.text_heads) for _ in range(cfg.text_layers))
         self.norm = nn.LayerNorm(td)
