@@ -14,12 +14,13 @@ pytestmark = pytest.mark.slow
 def test_a_worker_starts_without_the_transport_solver_or_torch_dynamo():
     # POT (the regions' transport solver, ~0.7 s of CPU to import) is the scheduler's alone, and a
     # network built on the meta device must not run the default init of an Embedding there (PyTorch's
-    # Python reference of normal_, whose first use imports torch._dynamo: ~1 s of CPU).
+    # Python reference of normal_, whose first use imports torch._dynamo: ~1 s of CPU), nor allocate
+    # it with ``to_empty`` (whose reference imports sympy: ~0.3 s).
     probe = (
         "import django, sys; django.setup(); "
         "import workers.management.commands.gpuworker; "
         "from workers.runtime.models import build_model; build_model('tiny'); "
-        "print(sorted(m for m in ('ot', 'torch._dynamo') if m in sys.modules))"
+        "print(sorted(m for m in ('ot', 'torch._dynamo', 'sympy') if m in sys.modules))"
     )
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "controlplane.settings", "DEBUG": "true"}
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
