@@ -45,6 +45,18 @@ def staff_api(staff):
     return client
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_round_password_hashes():
+    """Users made by the suite get one-round PBKDF2 hashes (tests/hashers.py): ~0.23 s of CPU each
+    at the default rounds, hundreds of users. The production hashers still verify every hash."""
+    from django.test import override_settings
+
+    with override_settings(
+        PASSWORD_HASHERS=["tests.hashers.OneRoundPBKDF2PasswordHasher", *settings.PASSWORD_HASHERS]
+    ):
+        yield
+
+
 @pytest.fixture(scope="module", autouse=True)
 def own_redis_database_emptied():
     """Under xdist, each test module starts from an empty Redis database of its own worker.
