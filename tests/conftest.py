@@ -76,6 +76,7 @@ def own_redis_database_emptied():
 
 def pytest_collection_modifyitems(config, items):
     markers.apply(items)
+    items[:] = markers.longest_files_first(items)
     # The whole collection, before -m or -k deselect any (tests/test_markers.py reads it).
     config.stash[markers.COLLECTED] = list(items)
 

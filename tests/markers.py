@@ -179,6 +179,26 @@ def measured() -> dict[str, float]:
     return {str(nodeid): float(seconds) for nodeid, seconds in data["seconds"].items()}
 
 
+def longest_files_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """``items`` with whole test files ordered by their measured seconds, longest first (each file's
+    own order kept). Under ``--dist loadfile --no-loadscope-reorder`` the xdist workers take files in
+    this order: the longest-processing-time-first rule, so no long file starts last and runs alone
+    (xdist's own reorder counts tests, and put the 95-second one-test chaos file near the end).
+    A test the file does not know yet counts ``SLOW_S`` when it starts processes, else nothing."""
+    seconds = measured()
+    by_file: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        by_file.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+
+    def expected(item: pytest.Item) -> float:
+        if item.nodeid in seconds:
+            return seconds[item.nodeid]
+        return SLOW_S if item.get_closest_marker("e2e") else 0.0
+
+    order = sorted(by_file, key=lambda path: -sum(expected(item) for item in by_file[path]))
+    return [item for path in order for item in by_file[path]]
+
+
 def measured_slow(nodeid: str) -> bool:
     return measured().get(nodeid, 0.0) >= SLOW_S
 
