@@ -95,7 +95,9 @@ def beat_check(*, max_age_s: float = BEAT_MAX_AGE_S) -> Check:
     return Check("beat", True, _ms(began), f"last publish {age:.1f}s ago")
 
 
-def gpu_worker_check(name: str, *, max_age_s: float | None = None) -> Check:
+def gpu_worker_check(name: str, *, max_age_s: float | None = None, serving: bool = False) -> Check:
+    """``serving``: also the worker takes sessions (``ready``), not booting nor draining: a Pod's
+    readiness, which a PodDisruptionBudget counts and ``kubectl wait --for=condition=Ready`` waits for."""
     began = time.perf_counter()
     limit = max_age_s if max_age_s is not None else settings.STREAMSERVE["HEARTBEAT_TIMEOUT_S"]
     worker = GpuWorker.objects.filter(name=name).only("status", "last_heartbeat").first()
@@ -103,6 +105,8 @@ def gpu_worker_check(name: str, *, max_age_s: float | None = None) -> Check:
         return Check("worker", False, _ms(began), f"no worker named {name!r}")
     if worker.status not in GpuWorker.LIVE_STATUSES:
         return Check("worker", False, _ms(began), f"{name} is {worker.status}")
+    if serving and worker.status != GpuWorker.Status.READY:
+        return Check("worker", False, _ms(began), f"{name} is {worker.status}, not serving")
     if worker.last_heartbeat is None:
         return Check("worker", False, _ms(began), f"{name} has not heartbeated yet ({worker.status})")
     age = (timezone.now() - worker.last_heartbeat).total_seconds()

@@ -26,6 +26,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import urllib3
 import yaml
 from django.conf import settings
 
@@ -152,12 +153,20 @@ def explain_api_error(exc: Exception, *, verb: str, what: str, namespace: str) -
         return (
             f"{verb} {what}: 404 Not Found in namespace {namespace}; apply deploy/namespace.yaml ({message})"
         )
+    if status == 400:
+        return f"{verb} {what}: 400 Bad Request: the worker Pod template has unknown or duplicate fields ({message})"
     if status == 422:
         return f"{verb} {what}: 422 Invalid: the worker Pod template is rejected ({message})"
     if status is not None and status >= 500:
         return f"{verb} {what}: the API server failed with {status} {getattr(exc, 'reason', '')} ({message}); try again later"
     if status is not None:
         return f"{verb} {what}: API status {status} ({message})"
+    if isinstance(exc, (ValueError, TypeError)) and not isinstance(exc, urllib3.exceptions.HTTPError):
+        # The client (>= 37) checks the body against its own model of the API before sending it:
+        # an unknown field or a wrong type in the worker Pod template never reaches the server.
+        return (
+            f"{verb} {what}: the kubernetes client refused the worker Pod template before sending it: {exc}"
+        )
     return f"{verb} {what}: cannot reach the Kubernetes API server: {type(exc).__name__}: {exc}"
 
 
@@ -271,7 +280,9 @@ class KubernetesProvisioner(Provisioner):
     def start(self, worker: GpuWorker) -> str:
         body = self.pod_manifest(worker)
         try:
-            self.core.create_namespaced_pod(namespace=self.namespace, body=body)
+            # Strict: an unknown field in the template (a misspelt nodeSelector, say) is refused
+            # with 400 instead of being dropped with a warning, the API server's default.
+            self.core.create_namespaced_pod(namespace=self.namespace, body=body, field_validation="Strict")
         except ProvisionerError:
             raise
         except Exception as exc:

@@ -2,7 +2,8 @@
 
 ``probe web`` (PostgreSQL and Redis, what ``/readyz`` checks, without HTTP), ``probe celery
 [--node scheduler@host]`` (the worker answers a ping over the broker), ``probe beat`` (beat
-published a task recently), ``probe worker NAME`` (the GPU worker's heartbeat is fresh). Prints
+published a task recently), ``probe worker NAME [--serving]`` (the GPU worker's heartbeat is fresh;
+with ``--serving``, it also takes sessions). Prints
 one JSON line; exits 0 when healthy, 1 when not (see ``scheduling/health.py`` for each rule).
 """
 
@@ -31,12 +32,25 @@ class Command(BaseCommand):
         parser.add_argument(
             "--max-age", type=float, default=None, help="heartbeat age limit, seconds (beat, worker)"
         )
+        parser.add_argument(
+            "--serving", action="store_true", help="worker: healthy only while it takes sessions (ready)"
+        )
 
     def handle(
-        self, *args, role: str, name: str | None, node: str | None, timeout: float, max_age, **options
+        self,
+        *args,
+        role: str,
+        name: str | None,
+        node: str | None,
+        timeout: float,
+        max_age,
+        serving: bool,
+        **options,
     ):
         if role == "worker" and not name:
             raise CommandError("probe worker needs the worker's NAME")
+        if serving and role != "worker":
+            raise CommandError("--serving applies to probe worker only")
         if max_age is not None and max_age <= 0:
             raise CommandError("--max-age must be positive")
         checks: list[Check]
@@ -47,7 +61,7 @@ class Command(BaseCommand):
         elif role == "beat":
             checks = [beat_check(max_age_s=max_age or BEAT_MAX_AGE_S)]
         else:
-            checks = [gpu_worker_check(name, max_age_s=max_age)]
+            checks = [gpu_worker_check(name, max_age_s=max_age, serving=serving)]
         healthy = all(check.ok for check in checks)
         self.stdout.write(
             json.dumps({"role": role, "healthy": healthy, "checks": [asdict(c) for c in checks]})
