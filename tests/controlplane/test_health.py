@@ -18,8 +18,9 @@ from django.test import Client
 from django.utils import timezone
 
 from contracts.health import database_check
-from gpu.models import GpuWorker
+from gpu.models import GpuWorker, HostCache
 from gpu.provisioners.kubernetes import load_template, worker_pod_manifest
+from gpu.services import host_cache_stop
 from scheduling import health
 from tests.factories import GpuWorkerFactory
 
@@ -167,6 +168,26 @@ def test_probe_worker_serving_is_healthy_only_while_the_worker_takes_sessions():
     GpuWorker.objects.filter(pk=worker.pk).update(status=GpuWorker.Status.DRAINING)
     code, body = probe("worker", worker.name, "--serving")
     assert code == 1 and "draining, not serving" in body["checks"][0]["detail"]
+
+
+@pytest.mark.django_db
+def test_probe_hostcache_follows_the_heartbeat_and_the_row():
+    cache = HostCache.objects.create(
+        name="cache-gpu-node-3", host="gpu-node-3", capacity_bytes=1 << 30, started_at=timezone.now(),
+        last_heartbeat=timezone.now(),
+    )  # fmt: skip
+    assert probe("hostcache", cache.name)[0] == 0
+    HostCache.objects.filter(pk=cache.pk).update(last_heartbeat=timezone.now() - timedelta(seconds=90))
+    code, body = probe("hostcache", cache.name, "--max-age", "60")
+    assert code == 1 and "limit 60.0s" in body["checks"][0]["detail"]
+    HostCache.objects.filter(pk=cache.pk).update(last_heartbeat=timezone.now())
+    host_cache_stop(cache_id=cache.pk, status=HostCache.Status.LOST)
+    code, body = probe("hostcache", cache.name)
+    assert code == 1 and "is lost" in body["checks"][0]["detail"]
+    code, body = probe("hostcache", "cache-nowhere")
+    assert code == 1 and "no host cache named 'cache-nowhere'" in body["checks"][0]["detail"]
+    with pytest.raises(CommandError, match="probe hostcache needs the hostcache's NAME"):
+        call_command("probe", "hostcache", stdout=StringIO())
 
 
 def test_probe_serving_is_for_workers_only():

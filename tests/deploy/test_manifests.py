@@ -14,6 +14,7 @@ import pytest
 import yaml
 from django.conf import settings
 from kubernetes import client
+from kubernetes.utils import parse_quantity
 
 from tests.kube_schema import KUBERNETES_VERSIONS, problems, schema_problems
 
@@ -210,3 +211,64 @@ def test_each_pinned_version_rejects_a_field_the_other_lacks():
     removed = worker_pod()
     removed["spec"]["workloadRef"] = {}
     assert "'workloadRef' was unexpected" in schema_problems(removed, newest)[0]
+
+
+# --- the parameter pool's host cache on every GPU node -------------------------------------------
+
+
+def config() -> dict[str, str]:
+    return documents("configmap.yaml")[0]["data"]
+
+
+def test_the_host_cache_runs_on_every_gpu_node_without_taking_a_gpu():
+    daemonset = documents("hostcache.yaml")[0]
+    assert daemonset["kind"] == "DaemonSet"
+    spec = daemonset["spec"]["template"]["spec"]
+    worker = worker_pod()["spec"]
+    # Scheduled where the workers are: the GPU nodes' taint tolerated like theirs.
+    assert spec["tolerations"] == worker["tolerations"]
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    container = spec["containers"][0]
+    resources = container["resources"]
+    assert not any("gpu" in name for part in resources.values() for name in part)
+    # Its memory bound fits under its limit, with room for the interpreter and torch.
+    limit = parse_quantity(resources["limits"]["memory"])
+    assert resources["requests"]["memory"] == resources["limits"]["memory"]
+    assert limit >= (int(config()["HOSTCACHE_CAPACITY_MB"]) << 20) + (1 << 30)
+
+
+def test_the_host_cache_and_the_worker_pods_share_the_node_identity_and_its_weights_files():
+    cache = documents("hostcache.yaml")[0]["spec"]["template"]["spec"]
+    worker = worker_pod()["spec"]
+    cache_container, worker_container = cache["containers"][0], worker["containers"][0]
+    for container in (cache_container, worker_container):
+        command = container["command"]
+        # Both register as their node, so a host copy counts as on the worker's machine.
+        assert command[command.index("--node") + 1] == "$(NODE_NAME)"
+        assert command[command.index("--listen-host") + 1] == "$(POD_IP)"
+        env = {e["name"]: e for e in container["env"]}
+        assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+        assert env["WORKER_MULTI_HOST"]["value"] == "true"
+    # The same hostPath, mounted at WEIGHTS_DIR in both.
+    for spec, container in ((cache, cache_container), (worker, worker_container)):
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        mount = next(m for m in container["volumeMounts"] if m["mountPath"] == config()["WEIGHTS_DIR"])
+        assert volumes[mount["name"]]["hostPath"] == {
+            "path": "/var/lib/streamserve/weights",
+            "type": "DirectoryOrCreate",
+        }
+    # The cache keeps the model the worker Pods serve.
+    preset = worker_container["command"][worker_container["command"].index("--preset") + 1]
+    assert preset in config()["HOSTCACHE_MODELS"].split(",")
+
+
+def test_the_host_cache_probes_ask_for_the_name_it_runs_under():
+    container = documents("hostcache.yaml")[0]["spec"]["template"]["spec"]["containers"][0]
+    command = container["command"]
+    name = command[command.index("--name") + 1]
+    assert name == "cache-$(NODE_NAME)"
+    for probe in ("livenessProbe", "readinessProbe"):
+        shell = container[probe]["exec"]["command"]
+        # Probes get no $(VAR) expansion: the shell expands $NODE_NAME to the same name.
+        assert shell[:2] == ["sh", "-c"]
+        assert 'manage.py probe hostcache "cache-$NODE_NAME"' in shell[2], probe

@@ -24,6 +24,7 @@ from django.conf import settings
 from django.utils import timezone
 from kubernetes import client
 
+from gpu import services as pool_services
 from gpu.models import GpuWorker
 from gpu.provisioners.base import ProvisionerError
 from gpu.provisioners.kubernetes import (
@@ -206,16 +207,20 @@ def test_pod_manifest_from_the_shipped_template():
         "h100",
         "--listen-host",
         "$(POD_IP)",
+        "--node",
+        "$(NODE_NAME)",
     ]
     env = {e["name"]: e for e in container["env"]}
-    assert [e["name"] for e in container["env"][:2]] == ["POD_NAME", "POD_IP"]
+    assert [e["name"] for e in container["env"][:3]] == ["POD_NAME", "POD_IP", "NODE_NAME"]
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     # Pods run on many nodes: the worker refuses a loopback --listen-host.
     assert env["WORKER_MULTI_HOST"] == {"name": "WORKER_MULTI_HOST", "value": "true"}
     for key in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY"):
         assert env[key]["valueFrom"] == {"secretKeyRef": {"name": "my-secret", "key": key}}
-    assert [e["name"] for e in container["env"]].count("DATABASE_URL") == 1
+    names = [e["name"] for e in container["env"]]
+    assert names.count("DATABASE_URL") == 1 and names.count("WORKER_MULTI_HOST") == 1
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert pod["spec"]["restartPolicy"] == "Never"
     # The body is what the pinned Kubernetes versions' API accepts (tests/kube_schema.py).
@@ -296,6 +301,41 @@ def test_the_shipped_worker_pod_has_startup_liveness_and_readiness_probes():
         command = container[probe]["exec"]["command"]
         assert command[:2] == ["sh", "-c"] and "manage.py probe worker" in command[2], probe
     assert "--serving" in container["readinessProbe"]["exec"]["command"][2]
+
+
+def test_a_new_worker_prefers_the_nodes_whose_host_cache_holds_its_preset(provisioner, settings):
+    settings.STREAMSERVE = {**settings.STREAMSERVE, "POOL_HOST_COPIES": 2}
+    # given host caches on two nodes (the DaemonSet registers each as its node): one holds a
+    # complete copy of wan-1.3b, the other only a copy still loading
+    for node, complete in (("gpu-node-3", True), ("gpu-node-4", False)):
+        cache = pool_services.host_cache_register(
+            name=f"cache-{node}", host=node, address="10.1.0.9", capacity_bytes=8 << 30, pinned=False
+        )
+        holding = pool_services.host_copy_register(
+            cache=cache, model_preset="wan-1.3b", weights_bytes=1 << 30
+        )
+        if complete:
+            pool_services.holding_complete(holding_id=holding.pk, digest="d1", address="10.1.0.9:5000")
+    worker = GpuWorker.objects.get(
+        pk=provisioner.request(count=1, gpu_type="h100", preset="wan-1.3b").worker_ids[0]
+    )
+
+    pod = provisioner.pod_manifest(worker)
+
+    # then its Pod prefers the node with the complete copy, and only that one
+    preferred = pod["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert preferred == [
+        {
+            "weight": 100,
+            "preference": {
+                "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-node-3"]}]
+            },
+        }
+    ]
+    assert problems(pod) == []
+    # and a preset no cache holds gets no preference
+    worker.model_preset = "tiny"
+    assert "affinity" not in provisioner.pod_manifest(worker)["spec"]
 
 
 def test_the_provisioner_asks_for_strict_field_validation_and_sends_valid_pods(provisioner, api_server):
