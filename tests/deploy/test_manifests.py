@@ -137,7 +137,7 @@ BROKEN = {
     ),
     "an API version without the kind": (
         lambda p: p.update(apiVersion="apps/v1"),
-        "Couldn't find schema for kind Pod with api version apps/v1",
+        "no kind 'Pod' in API version 'apps/v1'",
     ),
     "bad quantity": (
         lambda p: container_of(p)["resources"]["requests"].update(memory="32 GB"),
