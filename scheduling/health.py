@@ -13,6 +13,7 @@ status for an exec probe (Kubernetes) or a supervisor's check.
 - **GPU worker**: ``GpuWorker.last_heartbeat``, which the worker's reporter writes every
   ``HEARTBEAT_INTERVAL_S``, younger than ``HEARTBEAT_TIMEOUT_S`` (the scheduler's own rule for a
   lost worker), and the row live.
+- **host cache**: ``HostCache.last_heartbeat``, written at each of its steps, and the row live.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from contracts.health import Check
-from gpu.models import GpuWorker
+from gpu.models import GpuWorker, HostCache
 
 BEAT_HEARTBEAT_KEY = "streamserve:health:beat"
 # Twice the longest default period (60 s): beat publishes something at least that often.
@@ -95,7 +96,9 @@ def beat_check(*, max_age_s: float = BEAT_MAX_AGE_S) -> Check:
     return Check("beat", True, _ms(began), f"last publish {age:.1f}s ago")
 
 
-def gpu_worker_check(name: str, *, max_age_s: float | None = None) -> Check:
+def gpu_worker_check(name: str, *, max_age_s: float | None = None, serving: bool = False) -> Check:
+    """``serving``: also the worker takes sessions (``ready``), not booting nor draining: a Pod's
+    readiness, which a PodDisruptionBudget counts and ``kubectl wait --for=condition=Ready`` waits for."""
     began = time.perf_counter()
     limit = max_age_s if max_age_s is not None else settings.STREAMSERVE["HEARTBEAT_TIMEOUT_S"]
     worker = GpuWorker.objects.filter(name=name).only("status", "last_heartbeat").first()
@@ -103,6 +106,8 @@ def gpu_worker_check(name: str, *, max_age_s: float | None = None) -> Check:
         return Check("worker", False, _ms(began), f"no worker named {name!r}")
     if worker.status not in GpuWorker.LIVE_STATUSES:
         return Check("worker", False, _ms(began), f"{name} is {worker.status}")
+    if serving and worker.status != GpuWorker.Status.READY:
+        return Check("worker", False, _ms(began), f"{name} is {worker.status}, not serving")
     if worker.last_heartbeat is None:
         return Check("worker", False, _ms(began), f"{name} has not heartbeated yet ({worker.status})")
     age = (timezone.now() - worker.last_heartbeat).total_seconds()
@@ -111,6 +116,24 @@ def gpu_worker_check(name: str, *, max_age_s: float | None = None) -> Check:
             "worker", False, _ms(began), f"{name}: last heartbeat {age:.1f}s ago (limit {limit:.1f}s)"
         )
     return Check("worker", True, _ms(began), f"{name}: last heartbeat {age:.1f}s ago")
+
+
+def host_cache_check(name: str, *, max_age_s: float | None = None) -> Check:
+    """The host cache's row is live (the pool counts it: its copies are sources) and its heartbeat,
+    written at each step, younger than ``max_age_s`` (default ``HEARTBEAT_TIMEOUT_S``)."""
+    began = time.perf_counter()
+    limit = max_age_s if max_age_s is not None else settings.STREAMSERVE["HEARTBEAT_TIMEOUT_S"]
+    cache = HostCache.objects.filter(name=name).only("status", "last_heartbeat").first()
+    if cache is None:
+        return Check("hostcache", False, _ms(began), f"no host cache named {name!r}")
+    if cache.status != HostCache.Status.LIVE:
+        return Check("hostcache", False, _ms(began), f"{name} is {cache.status}")
+    age = (timezone.now() - cache.last_heartbeat).total_seconds()
+    if age > limit:
+        return Check(
+            "hostcache", False, _ms(began), f"{name}: last heartbeat {age:.1f}s ago (limit {limit:.1f}s)"
+        )
+    return Check("hostcache", True, _ms(began), f"{name}: last heartbeat {age:.1f}s ago")
 
 
 def _ms(began: float) -> float:

@@ -61,6 +61,9 @@ class HostCacheDaemon:
     heartbeat_s: float = 1.0
     retry_s: float = 5.0
     pinned: bool = False
+    # The machine, as the scale planner's ``host`` (a host copy reaches the GPUs of its own machine
+    # over PCIe, BlitzScale §5.1); the Kubernetes node name in a cluster. Empty: the listen host.
+    node: str = ""
     held: dict[str, CachedModel] = field(default_factory=dict)
     stopping: threading.Event = field(default_factory=threading.Event)
     _next_try: dict[str, float] = field(default_factory=dict)
@@ -69,7 +72,7 @@ class HostCacheDaemon:
         self.pinned = pinned_memory_available()
         self.pool.join(
             name=self.name,
-            host=self.host,
+            host=self.node or self.host,
             address=self.host,
             capacity_bytes=self.capacity_bytes,
             pinned=self.pinned,

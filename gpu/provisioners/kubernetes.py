@@ -3,9 +3,12 @@
 The Pod comes from a template manifest (``deploy/worker-pod.yaml`` unless ``K8S_WORKER_TEMPLATE``
 names another) with, per worker: the worker's name as Pod name, selection labels, the command
 ``python manage.py gpuworker --name $(POD_NAME) --device cuda:0 --preset P --gpu-type T
---listen-host $(POD_IP)``, ``POD_NAME``/``POD_IP`` from the downward API, ``DATABASE_URL`` / ``REDIS_URL`` / ``SECRET_KEY`` from a Secret, and one
-``nvidia.com/gpu``. ``restartPolicy: Never``: a worker that dies is replaced by the scheduler (its
-sessions have moved), never restarted in place under the same identity.
+--listen-host $(POD_IP) --node $(NODE_NAME)``, ``POD_NAME``/``POD_IP``/``NODE_NAME`` from the
+downward API, ``DATABASE_URL`` / ``REDIS_URL`` / ``SECRET_KEY`` from a Secret, one
+``nvidia.com/gpu``, and a preference for the nodes whose host cache holds the preset.
+``restartPolicy: Never``: a worker that dies is replaced by the scheduler (its sessions have
+moved), never restarted in place under the same identity. Pods are created with
+``fieldValidation=Strict``: a field the cluster does not know is refused, not dropped.
 
 ``external_id`` is ``<namespace>/<pod name>``. ``reconcile`` lists this backend's Pods once per
 tick by label: a missing Pod or phase ``Failed``/``Succeeded`` fails the worker; ``Pending`` past
@@ -26,10 +29,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+import urllib3
 import yaml
 from django.conf import settings
 
-from gpu.models import GpuWorker
+from gpu import selectors as pool_selectors
+from gpu.models import GpuWorker, WeightHolding
 from gpu.provisioners.base import Probe, Provisioner, ProvisionerError, WorkerSpec, new_worker_name
 
 logger = logging.getLogger("gpu.provisioners")
@@ -71,12 +76,15 @@ def worker_pod_manifest(
     image: str = "",
     gpu_type_node_label: str = "",
     stage_role: str = "EDC",
+    host_cache_nodes: list[str] | tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The Pod body for one worker: the template with this worker's identity and command
     (``--stages`` when its stage role is not the whole pipeline, docs/stages.md).
 
     With ``gpu_type_node_label`` (e.g. ``streamserve.io/gpu-type``), the Pod is pinned to nodes
-    labelled with its GPU type, for heterogeneous pools.
+    labelled with its GPU type, for heterogeneous pools. ``host_cache_nodes``: the nodes whose host
+    cache (deploy/hostcache.yaml) holds a complete copy of the preset; the Pod prefers them, so its
+    weights come from host memory on its own machine (BlitzScale §5.3) when one has a free GPU.
     """
     pod = copy.deepcopy(template)
     metadata = pod.setdefault("metadata", {})
@@ -96,23 +104,40 @@ def worker_pod_manifest(
     spec["restartPolicy"] = "Never"
     if gpu_type_node_label:
         spec.setdefault("nodeSelector", {})[gpu_type_node_label] = gpu_type
+    if host_cache_nodes:
+        # matchFields on metadata.name: the node's name itself, which the cache registers as its
+        # host (hostcache --node $(NODE_NAME)); the kubernetes.io/hostname label may differ from it.
+        preferred = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+        preferred.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).append(
+            {
+                "weight": 100,
+                "preference": {
+                    "matchFields": [
+                        {"key": "metadata.name", "operator": "In", "values": sorted(set(host_cache_nodes))}
+                    ]
+                },
+            }
+        )
     container = spec["containers"][0]
     if image:
         container["image"] = image
     # --listen-host: peers reach this worker's migration listener at the Pod IP (ephemeral ports).
+    # --node: the scale planner's host is the node (a Pod's hostname is the Pod's own name), the
+    # same the node's host cache registers, so a copy in its memory counts as on this machine.
     container["command"] = [
         "python", "manage.py", "gpuworker", "--name", "$(POD_NAME)", "--device", "cuda:0", "--preset", preset,
-        "--gpu-type", gpu_type, "--listen-host", "$(POD_IP)",
+        "--gpu-type", gpu_type, "--listen-host", "$(POD_IP)", "--node", "$(NODE_NAME)",
     ] + (["--stages", stage_role] if stage_role != "EDC" else [])  # fmt: skip
     env = [
         e
         for e in container.get("env", [])
-        if e.get("name") not in {"POD_NAME", "POD_IP", "WORKER_MULTI_HOST", *SECRET_KEYS}
+        if e.get("name") not in {"POD_NAME", "POD_IP", "NODE_NAME", "WORKER_MULTI_HOST", *SECRET_KEYS}
     ]
     # $(VAR) in the command expands only variables defined in env.
     env[:0] = [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         # Pods land on many nodes: a worker refuses a loopback --listen-host (gpuworker).
         {"name": "WORKER_MULTI_HOST", "value": "true"},
     ]
@@ -152,12 +177,20 @@ def explain_api_error(exc: Exception, *, verb: str, what: str, namespace: str) -
         return (
             f"{verb} {what}: 404 Not Found in namespace {namespace}; apply deploy/namespace.yaml ({message})"
         )
+    if status == 400:
+        return f"{verb} {what}: 400 Bad Request: the worker Pod template has unknown or duplicate fields ({message})"
     if status == 422:
         return f"{verb} {what}: 422 Invalid: the worker Pod template is rejected ({message})"
     if status is not None and status >= 500:
         return f"{verb} {what}: the API server failed with {status} {getattr(exc, 'reason', '')} ({message}); try again later"
     if status is not None:
         return f"{verb} {what}: API status {status} ({message})"
+    if isinstance(exc, (ValueError, TypeError)) and not isinstance(exc, urllib3.exceptions.HTTPError):
+        # The client (>= 37) checks the body against its own model of the API before sending it:
+        # an unknown field or a wrong type in the worker Pod template never reaches the server.
+        return (
+            f"{verb} {what}: the kubernetes client refused the worker Pod template before sending it: {exc}"
+        )
     return f"{verb} {what}: cannot reach the Kubernetes API server: {type(exc).__name__}: {exc}"
 
 
@@ -250,6 +283,11 @@ class KubernetesProvisioner(Provisioner):
             image=self.image,
             gpu_type_node_label=self.gpu_type_node_label,
             stage_role=worker.stage_role,
+            host_cache_nodes=[
+                source["host"]
+                for source in pool_selectors.weight_sources(model_preset=worker.model_preset)
+                if source["kind"] == WeightHolding.Kind.HOST
+            ],
         )
 
     def plan(self, *, count: int, gpu_type: str | None, preset: str) -> tuple[list[WorkerSpec], str]:
@@ -271,7 +309,9 @@ class KubernetesProvisioner(Provisioner):
     def start(self, worker: GpuWorker) -> str:
         body = self.pod_manifest(worker)
         try:
-            self.core.create_namespaced_pod(namespace=self.namespace, body=body)
+            # Strict: an unknown field in the template (a misspelt nodeSelector, say) is refused
+            # with 400 instead of being dropped with a warning, the API server's default.
+            self.core.create_namespaced_pod(namespace=self.namespace, body=body, field_validation="Strict")
         except ProvisionerError:
             raise
         except Exception as exc:

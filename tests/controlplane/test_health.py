@@ -12,14 +12,15 @@ import pytest
 import yaml
 from celery.signals import before_task_publish
 from django.conf import settings
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connections
 from django.test import Client
 from django.utils import timezone
 
 from contracts.health import database_check
-from gpu.models import GpuWorker
+from gpu.models import GpuWorker, HostCache
 from gpu.provisioners.kubernetes import load_template, worker_pod_manifest
+from gpu.services import host_cache_stop
 from scheduling import health
 from tests.factories import GpuWorkerFactory
 
@@ -155,6 +156,45 @@ def test_probe_worker_follows_the_heartbeat(settings):
     assert code == 1
 
 
+@pytest.mark.django_db
+def test_probe_worker_serving_is_healthy_only_while_the_worker_takes_sessions():
+    worker = GpuWorkerFactory(status=GpuWorker.Status.PROVISIONING, last_heartbeat=timezone.now())
+    # A booting worker is alive (its startup and liveness probes pass) but not ready.
+    assert probe("worker", worker.name)[0] == 0
+    code, body = probe("worker", worker.name, "--serving")
+    assert code == 1 and "provisioning, not serving" in body["checks"][0]["detail"]
+    GpuWorker.objects.filter(pk=worker.pk).update(status=GpuWorker.Status.READY)
+    assert probe("worker", worker.name, "--serving")[0] == 0
+    GpuWorker.objects.filter(pk=worker.pk).update(status=GpuWorker.Status.DRAINING)
+    code, body = probe("worker", worker.name, "--serving")
+    assert code == 1 and "draining, not serving" in body["checks"][0]["detail"]
+
+
+@pytest.mark.django_db
+def test_probe_hostcache_follows_the_heartbeat_and_the_row():
+    cache = HostCache.objects.create(
+        name="cache-gpu-node-3", host="gpu-node-3", capacity_bytes=1 << 30, started_at=timezone.now(),
+        last_heartbeat=timezone.now(),
+    )  # fmt: skip
+    assert probe("hostcache", cache.name)[0] == 0
+    HostCache.objects.filter(pk=cache.pk).update(last_heartbeat=timezone.now() - timedelta(seconds=90))
+    code, body = probe("hostcache", cache.name, "--max-age", "60")
+    assert code == 1 and "limit 60.0s" in body["checks"][0]["detail"]
+    HostCache.objects.filter(pk=cache.pk).update(last_heartbeat=timezone.now())
+    host_cache_stop(cache_id=cache.pk, status=HostCache.Status.LOST)
+    code, body = probe("hostcache", cache.name)
+    assert code == 1 and "is lost" in body["checks"][0]["detail"]
+    code, body = probe("hostcache", "cache-nowhere")
+    assert code == 1 and "no host cache named 'cache-nowhere'" in body["checks"][0]["detail"]
+    with pytest.raises(CommandError, match="probe hostcache needs the hostcache's NAME"):
+        call_command("probe", "hostcache", stdout=StringIO())
+
+
+def test_probe_serving_is_for_workers_only():
+    with pytest.raises(CommandError, match="--serving applies to probe worker only"):
+        call_command("probe", "web", "--serving", stdout=StringIO())
+
+
 def _containers(path: str) -> dict[str, dict]:
     found = {}
     for document in yaml.safe_load_all((Path(settings.BASE_DIR) / "deploy" / path).read_text()):
@@ -177,8 +217,9 @@ def test_the_kubernetes_manifests_probe_each_role_with_these_checks():
     assert "scheduler@%h" in celery["celery"]["command"]
     assert celery["beat"]["livenessProbe"]["exec"]["command"][2:4] == ["probe", "beat"]
     worker = _containers("worker-pod.yaml")["worker"]
-    for probe_kind in ("startupProbe", "livenessProbe"):
+    for probe_kind in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert 'manage.py probe worker "$POD_NAME"' in worker[probe_kind]["exec"]["command"][2]
+    assert worker["readinessProbe"]["exec"]["command"][2].endswith("--serving")
 
 
 def test_worker_pods_built_by_the_provisioner_keep_the_probes_and_the_name_they_read():

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.utils import timezone
 
 from gpu import services as pool
@@ -141,3 +144,36 @@ def test_shutdown_leaves_the_pool(tmp_path, daemons):
     daemons.remove(cache)
     assert HostCache.objects.get(name="c1").status == "stopped"
     assert not WeightHolding.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cache_given_its_node_registers_it_as_host_and_serves_on_its_listen_address(tmp_path, daemons):
+    # On Kubernetes the cache listens on its Pod IP and registers as its node (hostcache --node),
+    # the host the worker Pods of that node register (gpuworker --node) and the planner compares.
+    cache = make_daemon(daemons, tmp_path, "cache-gpu-node-3", node="gpu-node-3")
+    assert cache.step()
+    row = HostCache.objects.get(name="cache-gpu-node-3")
+    assert (row.host, row.address) == ("gpu-node-3", "127.0.0.1")
+    holding = WeightHolding.objects.get(cache=row)
+    assert holding.host == "gpu-node-3" and holding.address.startswith("127.0.0.1:")
+
+
+@pytest.mark.django_db
+def test_a_multi_host_cache_refuses_a_loopback_listen_host_naming_the_setting(settings):
+    # The DaemonSet sets WORKER_MULTI_HOST: workers on other nodes fetch from the cache's address.
+    settings.STREAMSERVE = {**settings.STREAMSERVE, "WORKER_MULTI_HOST": True}
+    with pytest.raises(CommandError, match=r"--listen-host '127.0.0.1' is a loopback.*WORKER_MULTI_HOST"):
+        call_command("hostcache", model=["tiny"], name="cache-node-1")
+    assert not HostCache.objects.filter(name="cache-node-1").exists()
+
+
+def test_the_models_default_to_hostcache_models(settings):
+    # The DaemonSet names no --model: HOSTCACHE_MODELS (configmap.yaml) is read, and checked.
+    settings.STREAMSERVE = {**settings.STREAMSERVE, "HOSTCACHE_MODELS": ["nosuch"]}
+    with pytest.raises(CommandError, match=re.escape("--model: unknown preset(s) nosuch")):
+        call_command("hostcache")
+    settings.STREAMSERVE = {**settings.STREAMSERVE, "HOSTCACHE_MODELS": []}
+    with pytest.raises(
+        CommandError, match=re.escape("--model: name at least one model preset (or set HOSTCACHE_MODELS)")
+    ):
+        call_command("hostcache")

@@ -104,6 +104,12 @@ class Command(BaseCommand):
         parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
         parser.add_argument("--listen-host", default="127.0.0.1", help="address peers use for migrations")
         parser.add_argument(
+            "--node",
+            default="",
+            help="the machine it runs on, as the scale planner's host (default: the hostname); "
+            "on Kubernetes $(NODE_NAME): a Pod's hostname is its own name, not its node's",
+        )
+        parser.add_argument(
             "--weights-from",
             default=None,
             choices=WEIGHTS_FROM,
@@ -167,7 +173,7 @@ class Command(BaseCommand):
         memory = torch.cuda.get_device_properties(device).total_memory if device.startswith("cuda") else 0
         identity = {
             "name": name,
-            "host": socket.gethostname(),
+            "host": options["node"] or socket.gethostname(),
             "device": device,
             "preset": preset,
             "gpu_type": gpu_type,
