@@ -110,6 +110,7 @@ BROWSER_FIXTURES = frozenset({"tests/browser::browser"})
 # Measured serially (2026-11-28, `pytest --durations=0` under the heavy lock), setup + call + teardown.
 SLOW = frozenset(
     {
+        "tests/gpu/test_hostcache.py::test_a_load_longer_than_the_heartbeat_timeout_keeps_the_cache_alive_and_its_copy",
         "tests/browser/test_console_pages.py::test_audit_page_totals_and_csv_exports_match_the_api",
         "tests/browser/test_console_pages.py::test_console_shows_workers_updates_live_and_records_actions",
         "tests/browser/test_generate_page.py::test_a_session_plays_as_h264_through_media_source_extensions",

@@ -18,9 +18,11 @@ This module holds no ORM code: the pool is reached through the ``HostCacheLink``
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,7 +131,8 @@ class HostCacheDaemon:
             return False
         started = time.monotonic()
         try:
-            packed, source = self._fill(model, manifest, path)
+            with self._beating(model):
+                packed, source = self._fill(model, manifest, path)
         except (WeightsUnavailable, OSError, ValueError) as exc:
             logger.error("hostcache.load_failed cache=%s model=%s error=%s", self.name, model, exc)
             self.pool.evict(model_preset=model)
@@ -151,6 +154,33 @@ class HostCacheDaemon:
             self.pinned,
         )
         return True
+
+    @contextlib.contextmanager
+    def _beating(self, model: str) -> Iterator[None]:
+        """Heartbeats from a thread of their own while a load runs: a load takes as long as its bytes
+        take (GBs from storage or a peer), far past ``HEARTBEAT_TIMEOUT_S``, and a cache that went
+        quiet that long was declared lost and its copy thrown away when the load finished. The beats
+        only keep the cache alive; the next step's beat reads what the pool evicted meanwhile."""
+        done = threading.Event()
+
+        def keep_alive() -> None:
+            try:
+                while not done.wait(self.heartbeat_s):
+                    try:
+                        if self.pool.beat() is None:
+                            return  # declared lost all the same: ``complete`` will say so
+                    except Exception:  # a missed beat is retried; the load goes on
+                        logger.exception("hostcache.beat_failed cache=%s model=%s", self.name, model)
+            finally:
+                self.pool.beat_thread_done()
+
+        beater = threading.Thread(target=keep_alive, name=f"hostcache-beat-{model}", daemon=True)
+        beater.start()
+        try:
+            yield
+        finally:
+            done.set()
+            beater.join()
 
     def _fill(self, model: str, manifest, path) -> tuple[PackedWeights, str]:
         """From GPU holders first (the fast network), then local storage (unless ``pool``)."""

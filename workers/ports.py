@@ -99,6 +99,9 @@ class HostCacheLink:
         when it was declared lost meanwhile (its copies left the pool: join again)."""
         return []
 
+    def beat_thread_done(self) -> None:
+        """A thread that called ``beat`` (the keep-alive during a load) ends: release what it held."""
+
     def reserve(self, *, model_preset: str, weights_bytes: int) -> int:
         """Reserve a host copy of ``model_preset`` (state loading); returns its holding's id.
         Raises `CopyRefused` when the pool gives no copy."""

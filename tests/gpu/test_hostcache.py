@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
+import threading
+import time
 from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
 from django.utils import timezone
 
 from gpu import services as pool
@@ -177,3 +180,57 @@ def test_the_models_default_to_hostcache_models(settings):
         CommandError, match=re.escape("--model: name at least one model preset (or set HOSTCACHE_MODELS)")
     ):
         call_command("hostcache")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_load_longer_than_the_heartbeat_timeout_keeps_the_cache_alive_and_its_copy(
+    tmp_path, daemons, settings
+):
+    # given a worker serving the weights over a slow link: the cache's load takes seconds
+    settings.STREAMSERVE = {**settings.STREAMSERVE, "HEARTBEAT_TIMEOUT_S": 0.6}
+    source = GpuWorkerFactory(model_preset=PRESET)
+    served = WeightsLoader(
+        preset=PRESET,
+        device="cpu",
+        host="127.0.0.1",
+        weights_from="disk",
+        weights_dir=tmp_path,
+        pool=DjangoPoolLink(source.pk, PRESET),
+        link_mbps=8.0 * served_bytes_per_second_for(seconds=2.0, tmp_path=tmp_path) / 1e6,
+    ).load()
+    cache = make_daemon(daemons, tmp_path, "c1", heartbeat_s=0.1)
+    declared_lost: list[str] = []
+    checking = threading.Event()
+
+    def liveness() -> None:  # the scheduler's liveness check, every 0.2 s while the load runs
+        try:
+            while not checking.wait(0.2):
+                declared_lost.extend(pool.host_caches_check())
+        finally:
+            connection.close()
+
+    checker = threading.Thread(target=liveness)
+    checker.start()
+    started = time.monotonic()
+    try:
+        # when the cache loads the model
+        assert cache.step()
+    finally:
+        checking.set()
+        checker.join()
+        served.close()
+    # then the load outlasted the heartbeat timeout, and the cache was never declared lost: it holds
+    # a complete copy the pool lists
+    assert time.monotonic() - started > 3 * 0.6
+    assert declared_lost == []
+    assert PRESET in cache.held
+    assert WeightHolding.objects.get(cache__name="c1").state == "complete"
+
+
+def served_bytes_per_second_for(*, seconds: float, tmp_path) -> float:
+    """The rate at which the tiny model's weights take ``seconds`` to send."""
+    from workers.weights_loading import weights_file_ensure
+
+    path = weights_file(tmp_path, PRESET)
+    weights_file_ensure(path, PRESET)
+    return read_manifest(path).total_bytes / seconds

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 from django.db.models import Q
 
 from gpu import services as pool
@@ -84,6 +84,9 @@ class DjangoHostCacheLink(HostCacheLink):
         # One beat per step of the cache's loop: the connection it finds may have gone stale since.
         close_old_connections()
         return pool.host_cache_heartbeat(cache_id=self._cache().pk)
+
+    def beat_thread_done(self) -> None:
+        connection.close()  # the keep-alive thread's own connection (Django's are per thread)
 
     def reserve(self, *, model_preset: str, weights_bytes: int) -> int:
         try:
