@@ -43,6 +43,8 @@ PROCESS_FIXTURES = frozenset(
         "tests/e2e/test_chaos_h264.py::h264_platform",
         "tests/e2e::demo_platform",
         "tests/browser::asgi_server",
+        "tests/browser::media_server",
+        "tests/sessions/test_webrtc_consumer.py::a_media_process",
         "tests/gpu/test_local_orphans.py::started_pids",
         "tests/gpu/test_provisioner_local.py::make_local",
         "tests/scheduling/test_jobs_move_live.py::two_workers",
