@@ -75,10 +75,18 @@ class MediaPeer:
     async def open(self, sdp: object) -> str:
         """The answer to the browser's offer; from then on the session's chunks come to this peer."""
         answer = await self.viewer.answer(sdp)
+        if self.closed:  # closed while answering: nothing to subscribe
+            return answer
         layer = self.process.layer
-        self.chunk_channel = await layer.new_channel()
-        await layer.group_add(group_name(self.session_id), self.chunk_channel)
-        self.tasks.append(asyncio.create_task(self._receive_chunks()))
+        channel = await layer.new_channel()
+        receiver = asyncio.create_task(self._receive_chunks(channel))
+        await layer.group_add(group_name(self.session_id), channel)
+        if self.closed:  # closed meanwhile: undo (cancelling the receiver unsubscribes its channel)
+            await layer.group_discard(group_name(self.session_id), channel)
+            receiver.cancel()
+            return answer
+        self.chunk_channel = channel
+        self.tasks.append(receiver)
         return answer
 
     def emit(self, event: str, **fields) -> None:
@@ -95,9 +103,9 @@ class MediaPeer:
             finally:
                 self.outgoing.task_done()
 
-    async def _receive_chunks(self) -> None:
+    async def _receive_chunks(self, channel: str) -> None:
         while True:
-            message = await self.process.layer.receive(self.chunk_channel)
+            message = await self.process.layer.receive(channel)
             if message.get("type") == CHUNK_MESSAGE:
                 self.chunk(message)
 
@@ -191,8 +199,18 @@ class MediaProcess:
     async def handle(self, message: dict) -> bool:
         kind, peer = message.get("type"), message.get("peer")
         if kind == OFFER_MESSAGE:
-            # Offers are answered concurrently: aiortc gathers its candidates before answering.
-            task = asyncio.create_task(self._offer(message))
+            if peer in self.peers:  # the same offer twice: keep the first
+                return False
+            # Known at once, so that a close right behind the offer finds it; answered concurrently
+            # (aiortc gathers its candidates before answering).
+            media_peer = self.peers[peer] = MediaPeer(
+                process=self,
+                peer=peer,
+                reply=message["reply"],
+                session_id=str(message["session"]),
+                ice=message.get("ice") or [],
+            )
+            task = asyncio.create_task(self._offer(media_peer, message.get("sdp")))
             self.background.add(task)
             task.add_done_callback(self.background.discard)
             return True
@@ -204,19 +222,9 @@ class MediaProcess:
             return True
         return False
 
-    async def _offer(self, message: dict) -> None:
-        if message["peer"] in self.peers:  # the same offer twice: keep the first
-            return
-        media_peer = MediaPeer(
-            process=self,
-            peer=message["peer"],
-            reply=message["reply"],
-            session_id=str(message["session"]),
-            ice=message.get("ice") or [],
-        )
-        self.peers[media_peer.peer] = media_peer
+    async def _offer(self, media_peer: MediaPeer, sdp: object) -> None:
         try:
-            answer = await media_peer.open(message.get("sdp"))
+            answer = await media_peer.open(sdp)
         except SignallingError as exc:
             media_peer.emit("error", code=exc.code, detail=str(exc))
             self.forget(media_peer.peer)
@@ -225,6 +233,8 @@ class MediaProcess:
             logger.exception("webrtc offer failed peer=%s", media_peer.peer)
             media_peer.emit("error", code="bad_sdp", detail=f"the offer could not be answered: {exc}")
             self.forget(media_peer.peer)
+            return
+        if media_peer.closed:  # closed while it was being answered (the socket went)
             return
         media_peer.emit("answer", sdp=answer)
 

@@ -24,7 +24,7 @@ from contracts.wire.codecs import codecs_wanted_many
 from contracts.wire.frames import chunk_message, decode_chunk_frame, group_name
 from contracts.wire.viewers import viewer_count
 from sessions.viewers import viewers_client
-from sessions.webrtc.relay import media_process_leave, media_process_register
+from sessions.webrtc.relay import MediaRelay, media_process_leave, media_process_register
 from tests.factories import SessionFactory, UserFactory
 from tests.sessions.sockets import connect_as
 from tests.webrtc_media import media_process
@@ -300,3 +300,34 @@ async def test_an_offer_no_media_process_answers_is_an_error_frame_and_the_socke
         await communicator.disconnect()
     finally:
         await sync_to_async(media_process_leave)(client, "specific.gone")
+
+
+async def test_a_media_process_whose_lease_lapses_is_a_failed_connection_to_its_viewer():
+    # Given a viewer's relay answered by a registered media process
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    await sync_to_async(media_process_register)(client, "specific.serving", 1)
+    states: list[str] = []
+    relay = MediaRelay(
+        layer=get_channel_layer(),
+        session_id="s",
+        ice=[],
+        on_started=lambda header: None,
+        on_skipped=lambda index: None,
+        on_state=states.append,
+        on_error=lambda code, detail: None,
+    )
+    relay.media_channel = "specific.serving"
+    relay.answered = asyncio.get_running_loop().create_future()
+    relay.answered.set_result({"event": "answer", "sdp": "v=0"})
+
+    # While its lease holds, nothing is said
+    await relay.check_alive()
+    assert states == []
+
+    # When the media process is gone from the registry (stopped, or its lease lapsed)
+    await sync_to_async(media_process_leave)(client, "specific.serving")
+    await relay.check_alive()
+    await relay.check_alive()
+
+    # Then the page is told the connection failed, once (it falls back to the socket)
+    assert states == ["failed"]
