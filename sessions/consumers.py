@@ -147,7 +147,6 @@ class SessionConsumer(AsyncWebsocketConsumer):
     codec = H264
     transport = SOCKET
     webrtc: WebRtcViewer | MediaRelay | None = None
-    webrtc_started = False  # whether a chunk has left on this viewer's peer connection
     init_sent: bytes | None = None  # the init segment this H.264 viewer last received
     jpeg_sent = False  # whether this JPEG viewer's stream has begun
     codec_lease: CodecLease | None = None
@@ -327,7 +326,6 @@ class SessionConsumer(AsyncWebsocketConsumer):
 
     def _webrtc_started(self, header: dict) -> None:
         """A chunk's first picture left on the peer connection: its delivery, and the page's figures."""
-        self.webrtc_started = True
         header = dict(header)
         generated_at = header.get("generated_at")
         if generated_at is not None:
@@ -386,7 +384,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
         frames, ref, init = event["frames"], event.get("frames_ref"), None
         if self.transport == WEBRTC:
             if self.webrtc is not None and self.webrtc.in_process:
-                self._offer_webrtc(header, event.get("media"))
+                self.webrtc.take_admitted(self.session_id, header, event.get("media"))
             # else its media process receives the session's chunks itself and fences them alike
             return
         if self.codec == H264:
@@ -411,19 +409,6 @@ class SessionConsumer(AsyncWebsocketConsumer):
         self.outbox.append(("chunk", (header, frames, ref, init)))
         self.pending_chunks += 1
         self.wakeup.set()
-
-    def _offer_webrtc(self, header: dict, media: dict | None) -> None:
-        """An admitted chunk to the peer connection, once it is up; before that nothing is sent (the
-        stream starts at the first chunk after, each a closed GOP)."""
-        if self.webrtc is None or not self.webrtc.live:
-            return
-        if media is None:
-            if self.webrtc_started:  # its stream had begun: say what it misses
-                self._webrtc_skipped(int(header["index"]))
-            return
-        header.update(codec=H264, mime=media["mime"], transport=WEBRTC)
-        key = (self.session_id, header.get("epoch"), header["index"], media.get("encoder"))
-        self.webrtc.offer_chunk(key, header, media)
 
     async def session_status(self, event: dict) -> None:
         await self._enqueue_text({k: v for k, v in event.items() if k != "type"} | {"type": "status"})

@@ -32,7 +32,6 @@ import time
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from contracts.wire.codecs import H264
 from contracts.wire.frames import CHUNK_MESSAGE, group_name
 from sessions.consumers import StreamPosition
 from sessions.webrtc.access_units import process_cache
@@ -59,7 +58,6 @@ class MediaPeer:
     ) -> None:
         self.process, self.peer, self.reply, self.session_id = process, peer, reply, session_id
         self.position = StreamPosition()
-        self.started = False  # whether a chunk has left on the peer connection
         self.outgoing: asyncio.Queue[dict] = asyncio.Queue()
         self.viewer = WebRtcViewer(
             ice=ice,
@@ -111,22 +109,11 @@ class MediaPeer:
 
     def chunk(self, event: dict) -> None:
         """A chunk of the session, as the socket's ``session_chunk`` admits it (``StreamPosition``)."""
-        header = dict(event["header"])
-        if not self.position.admit(header):
-            return
-        if not self.viewer.live:  # nothing before the connection is up: the stream starts at a GOP
-            return
-        media = event.get("media")
-        if media is None:
-            if self.started:  # its stream had begun: say what it misses
-                self._skipped(int(header["index"]))
-            return
-        header.update(codec=H264, mime=media["mime"], transport="webrtc")
-        key = (self.session_id, header.get("epoch"), header["index"], media.get("encoder"))
-        self.viewer.offer_chunk(key, header, media)
+        header = event["header"]
+        if self.position.admit(header):
+            self.viewer.take_admitted(self.session_id, header, event.get("media"))
 
     def _started(self, header: dict) -> None:
-        self.started = True
         generated_at = header.get("generated_at")
         if generated_at is not None:
             header = {**header, "delivery_ms": max(0.0, (time.time() - generated_at) * 1000.0)}

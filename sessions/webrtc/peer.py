@@ -161,6 +161,21 @@ class WebRtcViewer:
     def live(self) -> bool:
         return self.pc.connectionState == "connected"
 
+    def take_admitted(self, session_id: str, header: dict, media: dict | None) -> None:
+        """A chunk the socket's ``StreamPosition`` admitted (``media``: the chunk message's H.264
+        part, ``None`` when it was encoded without it). Nothing is sent before the connection is up:
+        the stream starts at the next chunk, a closed GOP. A chunk without a fragment once the stream
+        has begun is skipped (``on_skipped``), as on the socket."""
+        if not self.live:
+            return
+        if media is None:
+            if self.track.chunks_sent:
+                self.track.on_skipped(int(header["index"]))
+            return
+        header = {**header, "codec": "h264", "mime": media["mime"], "transport": "webrtc"}
+        key = (session_id, header.get("epoch"), header["index"], media.get("encoder"))
+        self.offer_chunk(key, header, media)
+
     def offer_chunk(self, key: tuple, header: dict, media: dict) -> None:
         """Queue an admitted chunk (``media``: the channel message's ``init`` and its ``fragment``, or
         the ``fragment_ref`` of a fragment too large for the message, read from Redis once per web
