@@ -120,6 +120,7 @@ SLOW = frozenset(
         "tests/browser/test_generate_page.py::test_without_media_source_extensions_the_page_plays_jpeg",
         "tests/browser/test_webrtc_page.py::test_a_session_plays_over_webrtc",
         "tests/browser/test_webrtc_page.py::test_a_refused_offer_falls_back_to_the_socket",
+        "tests/browser/test_webrtc_no_media_process.py::test_without_a_media_process_the_page_falls_back_to_the_socket",
         "tests/browser/test_jobs_page.py::test_submit_a_video_job_see_it_queued_follow_it_and_cancel_it",
         "tests/browser/test_player_modules.py::test_mse_player_plays_fragments_and_jumps_over_a_skipped_chunk",
         "tests/controlplane/test_settings.py::test_debug_is_off_unless_asked_for",
