@@ -446,6 +446,12 @@ STREAMSERVE = {
     "REALTIME_STALL_TIMEOUT_S": _typed("REALTIME_STALL_TIMEOUT_S", env.float, 60.0),
     # STUN/TURN servers for WebRTC viewers (docs/media.md#webrtc), given to aiortc and to the page.
     "WEBRTC_ICE_SERVERS": _ice_servers("WEBRTC_ICE_SERVERS"),
+    # Where WebRTC peer connections run (docs/media.md#the-media-process): `process`, in the media
+    # process(es) beside the web process (`manage.py runmedia`, started by runplatform), off the
+    # event loop that serves the sockets; `inline`, in the web process's own event loop.
+    "WEBRTC_MEDIA": _choice("WEBRTC_MEDIA", "process", ("process", "inline")),
+    # An offer no media process answers within this long is an error frame (the page falls back).
+    "WEBRTC_MEDIA_ANSWER_TIMEOUT_S": _typed("WEBRTC_MEDIA_ANSWER_TIMEOUT_S", env.float, 10.0),
     # The job dispatcher's policy (scheduling.core.jobs.policy): `edf`, `genserve` or
     # package.module:ClassName.
     "JOB_POLICY": env.str("JOB_POLICY", default="edf"),
@@ -573,6 +579,7 @@ for _name in (
     "JOB_DEFAULT_SLO_S",
     "OPENAI_IMAGES_TIMEOUT_S",
     "REALTIME_STALL_TIMEOUT_S",
+    "WEBRTC_MEDIA_ANSWER_TIMEOUT_S",
     "REGION_RTT_BUDGET_MS",
     "REGION_FORECAST_SEASON_SLOTS",
     "STAGE_WINDOW_S",

@@ -106,16 +106,24 @@ def hostcache_argv(*, models: Sequence[str], python: str | None = None) -> tuple
     return (python or sys.executable, "manage.py", "hostcache", *flags)
 
 
+def media_argv(*, python: str | None = None) -> tuple[str, ...]:
+    """The media process: WebRTC peer connections beside the web process (docs/media.md)."""
+    return (python or sys.executable, "manage.py", "runmedia")
+
+
 def platform_programs(
     *, host: str, port: int, python: str | None = None, hostcache_models: Sequence[str] = ()
 ) -> list[Program]:
-    """Web server, the scheduler's Celery worker and beat: the platform's long-lived roles; and a
-    host cache when ``hostcache_models`` names models to keep in this machine's memory."""
+    """Web server, the scheduler's Celery worker and beat: the platform's long-lived roles; the
+    media process when WebRTC runs there (``WEBRTC_MEDIA=process``, the default); and a host cache
+    when ``hostcache_models`` names models to keep in this machine's memory."""
     programs = [
         Program("web", web_argv(host=host, port=port, python=python)),
         Program("scheduler", scheduler_argv(python=python), stopwaitsecs=70),
         Program("beat", beat_argv(python=python)),
     ]
+    if settings.STREAMSERVE["WEBRTC_MEDIA"] == "process":
+        programs.append(Program("media", media_argv(python=python)))
     if hostcache_models:
         programs.append(Program("hostcache", hostcache_argv(models=hostcache_models, python=python)))
     return programs

@@ -37,7 +37,10 @@ then carries the signalling (the browser's ``webrtc.offer`` and ``webrtc.ice``, 
 ``webrtc.answer``), status and a ``webrtc.chunk`` text frame as each chunk's first picture leaves on
 the peer connection (its header, for the page's figures); the pictures themselves go over the peer
 connection (``sessions.webrtc``), admitted by the same ``StreamPosition`` and with the same H.264
-codec lease as a socket viewer. Until the peer connection is up no chunk is sent at all.
+codec lease as a socket viewer. Until the peer connection is up no chunk is sent at all. The peer
+connection runs in a media process (``WEBRTC_MEDIA=process``, the default: ``sessions.webrtc.relay``
+relays the signalling there and its events back; the media process takes the session's chunks from
+the channel layer itself) or in this process's event loop (``inline``).
 
 Each socket is a viewer of its session (``contracts.wire.viewers``): registered once accepted,
 refreshed every ``VIEWER_REFRESH_S``, gone on disconnect. A session nobody watches goes idle and
@@ -83,6 +86,7 @@ from sessions.selectors import (
 )
 from sessions.webrtc.access_units import process_cache
 from sessions.webrtc.peer import SignallingError, WebRtcViewer
+from sessions.webrtc.relay import PROCESS, MediaRelay
 
 logger = logging.getLogger(__name__)
 
@@ -142,8 +146,7 @@ class StreamPosition:
 class SessionConsumer(AsyncWebsocketConsumer):
     codec = H264
     transport = SOCKET
-    webrtc: WebRtcViewer | None = None
-    webrtc_started = False  # whether a chunk has left on this viewer's peer connection
+    webrtc: WebRtcViewer | MediaRelay | None = None
     init_sent: bytes | None = None  # the init segment this H.264 viewer last received
     jpeg_sent = False  # whether this JPEG viewer's stream has begun
     codec_lease: CodecLease | None = None
@@ -292,13 +295,27 @@ class SessionConsumer(AsyncWebsocketConsumer):
         if self.webrtc is not None:
             previous, self.webrtc = self.webrtc, None
             await previous.close()
-        viewer = WebRtcViewer(
-            ice=settings.STREAMSERVE["WEBRTC_ICE_SERVERS"],
-            cache=process_cache(),
-            on_started=self._webrtc_started,
-            on_skipped=self._webrtc_skipped,
-            on_state=self._webrtc_state,
-        )
+        viewer: WebRtcViewer | MediaRelay
+        if settings.STREAMSERVE["WEBRTC_MEDIA"] == PROCESS:
+            # The peer connection runs in a media process (sessions.webrtc.relay): its events come
+            # back with delivery_ms measured there.
+            viewer = MediaRelay(
+                layer=self.channel_layer,
+                session_id=self.session_id,
+                ice=settings.STREAMSERVE["WEBRTC_ICE_SERVERS"],
+                on_started=self._webrtc_started,
+                on_skipped=self._webrtc_skipped,
+                on_state=self._webrtc_state,
+                on_error=self._webrtc_error,
+            )
+        else:
+            viewer = WebRtcViewer(
+                ice=settings.STREAMSERVE["WEBRTC_ICE_SERVERS"],
+                cache=process_cache(),
+                on_started=self._webrtc_started,
+                on_skipped=self._webrtc_skipped,
+                on_state=self._webrtc_state,
+            )
         try:
             answer = await viewer.answer(sdp)
         except SignallingError:
@@ -309,11 +326,11 @@ class SessionConsumer(AsyncWebsocketConsumer):
 
     def _webrtc_started(self, header: dict) -> None:
         """A chunk's first picture left on the peer connection: its delivery, and the page's figures."""
-        self.webrtc_started = True
         header = dict(header)
         generated_at = header.get("generated_at")
         if generated_at is not None:
-            header["delivery_ms"] = max(0.0, (time.time() - generated_at) * 1000.0)
+            if "delivery_ms" not in header:  # a media process measured it where the picture left
+                header["delivery_ms"] = max(0.0, (time.time() - generated_at) * 1000.0)
             self.deliveries.append(header)
         self.outbox.append(("text", json.dumps({**header, "type": "webrtc.chunk"})))
         self.wakeup.set()
@@ -324,6 +341,11 @@ class SessionConsumer(AsyncWebsocketConsumer):
 
     def _webrtc_state(self, state: str) -> None:
         self.outbox.append(("text", json.dumps({"type": "webrtc.state", "state": state})))
+        self.wakeup.set()
+
+    def _webrtc_error(self, code: str, detail: str) -> None:
+        """A signalling error the media process found after answering (a candidate it refused)."""
+        self.outbox.append(("text", json.dumps({"type": "error", "code": code, "detail": detail})))
         self.wakeup.set()
 
     @database_sync_to_async
@@ -361,7 +383,9 @@ class SessionConsumer(AsyncWebsocketConsumer):
             return
         frames, ref, init = event["frames"], event.get("frames_ref"), None
         if self.transport == WEBRTC:
-            self._offer_webrtc(header, event.get("media"))
+            if self.webrtc is not None and self.webrtc.in_process:
+                self.webrtc.take_admitted(self.session_id, header, event.get("media"))
+            # else its media process receives the session's chunks itself and fences them alike
             return
         if self.codec == H264:
             media = event.get("media")
@@ -385,19 +409,6 @@ class SessionConsumer(AsyncWebsocketConsumer):
         self.outbox.append(("chunk", (header, frames, ref, init)))
         self.pending_chunks += 1
         self.wakeup.set()
-
-    def _offer_webrtc(self, header: dict, media: dict | None) -> None:
-        """An admitted chunk to the peer connection, once it is up; before that nothing is sent (the
-        stream starts at the first chunk after, each a closed GOP)."""
-        if self.webrtc is None or not self.webrtc.live:
-            return
-        if media is None:
-            if self.webrtc_started:  # its stream had begun: say what it misses
-                self._webrtc_skipped(int(header["index"]))
-            return
-        header.update(codec=H264, mime=media["mime"], transport=WEBRTC)
-        key = (self.session_id, header.get("epoch"), header["index"], media.get("encoder"))
-        self.webrtc.offer_chunk(key, header, media)
 
     async def session_status(self, event: dict) -> None:
         await self._enqueue_text({k: v for k, v in event.items() if k != "type"} | {"type": "status"})
@@ -465,6 +476,8 @@ class SessionConsumer(AsyncWebsocketConsumer):
         while True:
             await asyncio.sleep(VIEWER_REFRESH_S)
             await self._viewer_call(viewer_register)
+            if isinstance(self.webrtc, MediaRelay):
+                await self.webrtc.check_alive()
 
     async def _flush_deliveries_periodically(self) -> None:
         while True:

@@ -54,6 +54,7 @@ from workers.benchmarks.live import BenchmarkFailed
 
 # The web process under tracemalloc (``--trace-memory``): named, not imported (it wraps the deployed app).
 MEMORY_TRACE_APP = "sessions.benchmarks.memory_trace:application"
+LAYER_QUEUES_APP = "sessions.benchmarks.layer_queues:application"
 
 PROMPTS = (
     "a lighthouse in a storm",
@@ -99,10 +100,13 @@ def run_soak(
     codec: str = "jpeg",
     warmup_s: float | None = None,
     trace_memory_dir: str | None = None,
+    trace_queues_dir: str | None = None,
 ) -> dict[str, Any]:
     """``codec``: what every client reads (``?codec=``; ``h264``: fragments, docs/media.md).
     ``trace_memory_dir``: the web process runs under ``tracemalloc`` and writes a snapshot there
-    every minute (``sessions.benchmarks.memory_trace``), to tell what grows.
+    every minute (``sessions.benchmarks.memory_trace``), to tell what grows. ``trace_queues_dir``:
+    the web process writes its RSS and the channel layer's in-process queues there every 5 s
+    (``sessions.benchmarks.layer_queues``), without tracemalloc's cost.
     ``warmup_s``: each process's memory samples in its first ``warmup_s`` seconds (from its first
     sample: workers started mid-run warm up then) are left out of its RSS slope (default a fifth
     of the run)."""
@@ -121,6 +125,12 @@ def run_soak(
         Path(trace_memory_dir).mkdir(parents=True, exist_ok=True)
         rule_env["BENCH_TRACEMALLOC_DIR"] = str(Path(trace_memory_dir).resolve())
         asgi_app = MEMORY_TRACE_APP
+    if trace_queues_dir is not None:
+        if trace_memory_dir is not None:
+            raise ValueError("--trace-memory and --trace-queues each wrap the web application: choose one")
+        Path(trace_queues_dir).mkdir(parents=True, exist_ok=True)
+        rule_env["BENCH_LAYER_QUEUES_DIR"] = str(Path(trace_queues_dir).resolve())
+        asgi_app = LAYER_QUEUES_APP
     run = uuid.uuid4().hex[:8]
     rng = random.Random(seed)
     load_before = machine_load()

@@ -12,7 +12,9 @@ clock).
 viewers (aiortc peers, ``sessions.benchmarks.webrtc_clients``) on the same web process, beside the
 socket clients, the web process then serving ``sessions.benchmarks.loop_lag:application`` (the
 deployed application plus a probe of its event loop's lag): each run reports the loop's lag p50/p99
-over its measured window beside the socket viewers' added delay.
+over its measured window beside the socket viewers' added delay. ``webrtc_media``
+(``--webrtc-media``): where the peer connections run, ``process`` (a media process beside the web
+process, ``manage.py runmedia``, as deployed; its CPU reported too) or ``inline`` (in the web process).
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ def run_delivery(
     say: Callable[[str], Any],
     shape: dict[str, Any] | None = None,
     webrtc_viewers: Sequence[int] = (),
+    webrtc_media: str = "process",
 ) -> dict[str, Any]:
     """``shape``: each chunk's ``width``, ``height``, ``frames``, the viewers' ``codec`` and the
     frames' ``content`` (default the tiny preset's: 64×64, 4 frames, JPEG, of the panned photograph;
@@ -98,6 +101,7 @@ def run_delivery(
         "CELERY_BROKER_URL": redis_url_with_db(settings.REDIS_URL, BENCH_BROKER_DB),
         "PYTHONUNBUFFERED": "1",
         "LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "WARNING"),
+        "WEBRTC_MEDIA": webrtc_media,
     }
     if lag_file is not None:
         env["BENCH_LOOP_LAG_FILE"] = str(lag_file)
@@ -130,6 +134,15 @@ def run_delivery(
             )
             wait_until(lambda: port_open(port), 60, "the ASGI server", alive=processes.dead)
             say(f"uvicorn on :{port}, database {db['NAME']}, Redis {settings.REDIS_URL}")
+            if webrtc_viewers and webrtc_media == "process":
+                processes.spawn("media", "manage.py", "runmedia")
+                wait_until(
+                    lambda: b"serving WebRTC" in (processes.log_dir / "media.log").read_bytes(),
+                    60,
+                    "the media process",
+                    alive=processes.dead,
+                )
+                say("media process up (WebRTC peer connections run there)")
             offset = 0
             for count in streams:  # fresh sessions per run: chunk indices start at 0 again
                 for viewers in viewer_counts:
@@ -170,6 +183,7 @@ def run_delivery(
         "publishers": publishers,
         "shape": shape,
         "webrtc_viewers": list(webrtc_viewers),
+        "webrtc_media": webrtc_media if webrtc_viewers else None,
         "runs": results,
         "target_p99_ms": TARGET_P99_MS,
         "target_streams": TARGET_STREAMS,
@@ -200,6 +214,11 @@ def format_run(result: dict[str, Any]) -> str:
             f"\n        WebRTC viewers {w['connected']}/{w['viewers']} connected, pictures"
             f" {w['pictures_received']}/{w['pictures_expected']}, chunks sent {w['chunks_announced']},"
             f" skipped {w['skipped']}{(', errors ' + '; '.join(w['errors'])) if w['errors'] else ''}"
+        )
+    if result.get("media_cpu_s") is not None:
+        extra += (
+            f"\n        media process CPU s {result['media_cpu_s']}"
+            f" ({result['media_cpu_core_share']:.0%} of a core)"
         )
     if result.get("loop_lag_ms") is not None:
         lag = result["loop_lag_ms"]
@@ -248,6 +267,8 @@ def _measure(
     ready, client_out = tmp / f"{tag}.ready", tmp / f"{tag}-clients.json"
     load_before = machine_load()
     server = psutil.Process(processes.processes["web"].pid)
+    media = psutil.Process(processes.processes["media"].pid) if "media" in processes.processes else None
+    media_cpu_before = sum(media.cpu_times()[:2]) if media is not None else 0.0
     redis_client = redis.Redis.from_url(settings.REDIS_URL)
     redis_net_before = _redis_net_bytes(redis_client)
     server_cpu_before, began = sum(server.cpu_times()[:2]), time.monotonic()
@@ -347,6 +368,7 @@ def _measure(
     )
     measured_until = time.time()
     server_cpu = sum(server.cpu_times()[:2]) - server_cpu_before
+    media_cpu = sum(media.cpu_times()[:2]) - media_cpu_before if media is not None else None
     wall = time.monotonic() - began
     webrtc = None
     if webrtc_viewers:
@@ -390,6 +412,9 @@ def _measure(
         "server_cpu_s": round(server_cpu, 3),
         "server_cpu_core_share": round(server_cpu / wall, 3),
         "server_cpu_ms_per_chunk": round(1000.0 * server_cpu / max(figures["received"], 1), 3),
+        # The media process's (WebRTC peer connections) over the same phase, when one runs.
+        "media_cpu_s": round(media_cpu, 3) if media_cpu is not None else None,
+        "media_cpu_core_share": round(media_cpu / wall, 3) if media_cpu is not None else None,
         # The whole Redis server's network bytes over the phase (in: written to it, out: read from
         # it), connects and the clients' setup included: exact only on a Redis nobody else uses.
         "redis_bytes_per_s": redis_bytes_per_s,

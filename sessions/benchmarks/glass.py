@@ -150,6 +150,15 @@ def run_glass(
                 "warning",
             )
             wait_until(lambda: port_open(port), 60, "the ASGI server", alive=processes.dead)
+            if "webrtc" in transports and settings.STREAMSERVE["WEBRTC_MEDIA"] == "process":
+                # The WebRTC peer connections run in the media process beside the web process, as deployed.
+                processes.spawn("media", "manage.py", "runmedia")
+                wait_until(
+                    lambda: b"serving WebRTC" in (processes.log_dir / "media.log").read_bytes(),
+                    60,
+                    "the media process",
+                    alive=processes.dead,
+                )
             base_url = f"http://127.0.0.1:{port}"
             say(f"uvicorn on :{port}, database {db['NAME']}, Redis {settings.REDIS_URL}, Chromium {CHROMIUM}")
             from playwright.sync_api import sync_playwright

@@ -7,9 +7,11 @@ offers and aiortc answers: the browser is the one that receives, and its offer n
 decode; the answer sends H.264 only (the worker's encoding, passed through) with packetization mode
 1 (FU-A, needed for pictures larger than one packet).
 
-It runs in the web process's event loop, beside the other sockets: aiortc is asyncio, and passing
-encoded packets through leaves it only ICE, DTLS and SRTP (C), and RTP packetization per packet;
-the demux of each fragment runs in a thread (``AccessUnitCache``). docs/media.md has the figures.
+It runs in a media process (``sessions.webrtc.media_process``, the default: ``WEBRTC_MEDIA=process``)
+or in the web process's event loop beside the other sockets (``WEBRTC_MEDIA=inline``). aiortc is
+asyncio, and passing encoded packets through leaves it ICE, DTLS and SRTP (C), and RTP packetization
+per packet; the demux of each fragment runs in a thread (``AccessUnitCache``). docs/media.md has the
+figures.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable
 
 from aiortc import (
     RTCConfiguration,
+    RTCIceCandidate,
     RTCIceServer,
     RTCPeerConnection,
     RTCRtpSender,
@@ -79,10 +82,31 @@ def check_offer(sdp: object) -> str:
     return sdp
 
 
+def check_candidate(candidate: object, sdp_mid: object, sdp_mline_index: object) -> RTCIceCandidate | None:
+    """A trickled candidate (``candidate`` as the browser's ``RTCIceCandidate.candidate``) parsed, or
+    ``None`` for the empty one that means the browser has no more; else ``SignallingError``."""
+    if candidate in (None, ""):
+        return None
+    if not isinstance(candidate, str):
+        raise SignallingError("bad_candidate", "'candidate' must be a string")
+    if not isinstance(sdp_mid, str | None) or not isinstance(sdp_mline_index, int | None):
+        raise SignallingError("bad_candidate", "'sdpMid' must be a string and 'sdpMLineIndex' an integer")
+    try:
+        parsed = candidate_from_sdp(candidate.removeprefix("candidate:"))
+    except (AssertionError, ValueError, IndexError) as exc:
+        raise SignallingError("bad_candidate", f"malformed ICE candidate {candidate[:80]!r}") from exc
+    parsed.sdpMid, parsed.sdpMLineIndex = sdp_mid, sdp_mline_index
+    if sdp_mid is None and sdp_mline_index is None:
+        parsed.sdpMLineIndex = 0
+    return parsed
+
+
 class WebRtcViewer:
     """The peer connection of one socket. ``on_started(header)``/``on_skipped(index)``: a chunk's
     first picture left / a chunk was dropped unsent; ``on_state(state)``: the connection's state
     (``connecting``, ``connected``, ``failed``, ``closed``)."""
+
+    in_process = True  # fed its chunks by the socket (a ``MediaRelay``'s media process feeds its own)
 
     def __init__(
         self,
@@ -128,27 +152,29 @@ class WebRtcViewer:
     async def add_candidate(self, candidate: object, sdp_mid: object, sdp_mline_index: object) -> None:
         """One candidate the browser trickled (``candidate`` as its ``RTCIceCandidate.candidate``);
         an empty one means the browser has no more."""
-        if candidate in (None, ""):
-            await self.pc.addIceCandidate(None)
-            return
-        if not isinstance(candidate, str):
-            raise SignallingError("bad_candidate", "'candidate' must be a string")
-        if not isinstance(sdp_mid, str | None) or not isinstance(sdp_mline_index, int | None):
-            raise SignallingError("bad_candidate", "'sdpMid' must be a string and 'sdpMLineIndex' an integer")
-        if self.pc.remoteDescription is None:
+        parsed = check_candidate(candidate, sdp_mid, sdp_mline_index)
+        if parsed is not None and self.pc.remoteDescription is None:
             raise SignallingError("bad_candidate", "send the offer before its candidates")
-        try:
-            parsed = candidate_from_sdp(candidate.removeprefix("candidate:"))
-        except (AssertionError, ValueError, IndexError) as exc:
-            raise SignallingError("bad_candidate", f"malformed ICE candidate {candidate[:80]!r}") from exc
-        parsed.sdpMid, parsed.sdpMLineIndex = sdp_mid, sdp_mline_index
-        if sdp_mid is None and sdp_mline_index is None:
-            parsed.sdpMLineIndex = 0
         await self.pc.addIceCandidate(parsed)
 
     @property
     def live(self) -> bool:
         return self.pc.connectionState == "connected"
+
+    def take_admitted(self, session_id: str, header: dict, media: dict | None) -> None:
+        """A chunk the socket's ``StreamPosition`` admitted (``media``: the chunk message's H.264
+        part, ``None`` when it was encoded without it). Nothing is sent before the connection is up:
+        the stream starts at the next chunk, a closed GOP. A chunk without a fragment once the stream
+        has begun is skipped (``on_skipped``), as on the socket."""
+        if not self.live:
+            return
+        if media is None:
+            if self.track.chunks_sent:
+                self.track.on_skipped(int(header["index"]))
+            return
+        header = {**header, "codec": "h264", "mime": media["mime"], "transport": "webrtc"}
+        key = (session_id, header.get("epoch"), header["index"], media.get("encoder"))
+        self.offer_chunk(key, header, media)
 
     def offer_chunk(self, key: tuple, header: dict, media: dict) -> None:
         """Queue an admitted chunk (``media``: the channel message's ``init`` and its ``fragment``, or

@@ -396,8 +396,9 @@ const SOCKET_ERRORS = {
   terminated: "The session has ended",
 };
 
-// Error frames that mean this socket cannot carry WebRTC for this page: fall back to the socket.
-const WEBRTC_ERRORS = ["bad_sdp", "bad_candidate", "bad_signal", "bad_transport"];
+// Error frames that mean this socket cannot carry WebRTC for this page (webrtc_unavailable: no media
+// process answered the offer): fall back to the socket.
+const WEBRTC_ERRORS = ["bad_sdp", "bad_candidate", "bad_signal", "bad_transport", "webrtc_unavailable"];
 
 const socketHandlers = {
   codec() {

@@ -103,7 +103,9 @@ def test_bench_delivery_with_webrtc_viewers_reports_the_web_loop_lag_beside_the_
     )
 
     assert report["webrtc_viewers"] == [0, 2]
+    assert report["webrtc_media"] == "process"  # the peer connections in a media process, as deployed
     without, with_webrtc = report["runs"]
+    assert with_webrtc["media_cpu_s"] > 0
     for result in (without, with_webrtc):
         assert (result["received"], result["lost"], result["skipped"]) == (3, 0, 0)
         assert result["loop_lag_ms"]["count"] > 0 and result["loop_lag_ms"]["max"] >= 0

@@ -26,6 +26,7 @@ from playwright.sync_api import expect
 from contracts.wire.frames import chunk_message, group_name
 from scheduling.supervision import web_argv
 from tests import isolation
+from tests.webrtc_media import media_process
 
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -145,6 +146,20 @@ def asgi_server(django_db_setup, django_db_blocker):
         process.kill()
         process.wait()
     log.close()
+
+
+@pytest.fixture(scope="module")
+def media_server(asgi_server):
+    """The media process beside the server (``manage.py runmedia``: WebRTC peer connections run
+    there, ``WEBRTC_MEDIA=process``), on the server's Redis."""
+    redis_url = _server_redis_url()
+    env = {
+        "REDIS_URL": redis_url,
+        "CELERY_BROKER_URL": redis_url,
+        "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+    }
+    with media_process(ARTIFACTS / f"browser-media{isolation.suffix()}.log", env=env):
+        yield
 
 
 @pytest.fixture(scope="module")

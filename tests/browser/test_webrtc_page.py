@@ -1,5 +1,6 @@
-"""The generation page playing a session over WebRTC in Chromium: the server's aiortc peer connection,
-signalled over the session socket, sending the worker's H.264 as it was encoded (no re-encoding)."""
+"""The generation page playing a session over WebRTC in Chromium: the server's aiortc peer connection
+(in the media process beside the web process), signalled over the session socket, sending the
+worker's H.264 as it was encoded (no re-encoding)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ from playwright.sync_api import expect
 from tests.browser.conftest import h264_media, screenshot
 from tests.browser.test_generate_page import _watch_executing_session
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    # The peer connections run in the media process beside the server, as deployed.
+    pytest.mark.usefixtures("media_server"),
+]
 
 # Mean colour of what the WebRTC <video> presents now, and the player's counters.
 RTC_SAMPLE = """() => {

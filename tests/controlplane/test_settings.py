@@ -79,6 +79,8 @@ def load_settings(expression: str = "settings.DEBUG", **env: str) -> subprocess.
         ("WEBRTC_ICE_SERVERS", '[{"urls": "http://stun.example.org"}]'),
         ("WEBRTC_ICE_SERVERS", '[{"urls": ["turn:turn.example.org:3478"]}]'),
         ("WEBRTC_ICE_SERVERS", '[{"urls": "stun:a", "password": "x"}]'),
+        ("WEBRTC_MEDIA", "gpu"),
+        ("WEBRTC_MEDIA_ANSWER_TIMEOUT_S", "0"),
         ("SPARE_POLICY", "always"),
         ("SPARE_MARGIN_Z", "wide"),
         ("SPARE_MARGIN_Z", "-1"),

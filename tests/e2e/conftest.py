@@ -24,7 +24,7 @@ import pytest
 from django.conf import settings
 from django.core.management import call_command
 
-from scheduling.supervision import beat_argv, scheduler_argv, web_argv
+from scheduling.supervision import beat_argv, media_argv, scheduler_argv, web_argv
 from tests import isolation
 from workers.benchmarks.live import ProcessGroup, free_port
 
@@ -104,6 +104,8 @@ class Platform:
         self.spawn("web", *web_argv(port=self.port))
         self.spawn("celery", *scheduler_argv(node_name=f"e2e-{self.port}@%h"))
         self.spawn("beat", *beat_argv(schedule=self.tmp / "beat-schedule"))
+        # WebRTC viewers' peer connections (WEBRTC_MEDIA=process, the default), as runplatform runs it.
+        self.spawn("media", *media_argv())
         wait_for(self._web_up, 60, message="the ASGI server")
 
     def _web_up(self) -> bool:

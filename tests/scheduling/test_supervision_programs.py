@@ -9,7 +9,14 @@ import yaml
 from django.conf import settings
 from supervisor.options import ServerOptions
 
-from scheduling.supervision import beat_argv, platform_programs, scheduler_argv, supervisord_config, web_argv
+from scheduling.supervision import (
+    beat_argv,
+    media_argv,
+    platform_programs,
+    scheduler_argv,
+    supervisord_config,
+    web_argv,
+)
 
 
 def test_the_supervised_programs_are_the_shared_command_lines():
@@ -29,6 +36,13 @@ def test_the_supervised_programs_are_the_shared_command_lines():
     assert programs["scheduler"].argv == scheduler_argv(python="py")
     assert programs["scheduler"].stopwaitsecs == 70  # a Celery worker finishes its tasks
     assert programs["beat"].argv == beat_argv(python="py")
+    # WebRTC's peer connections in their own process (WEBRTC_MEDIA=process, the default)
+    assert programs["media"].argv == media_argv(python="py") == ("py", "manage.py", "runmedia")
+
+
+def test_inline_webrtc_runs_no_media_process(settings):
+    settings.STREAMSERVE = {**settings.STREAMSERVE, "WEBRTC_MEDIA": "inline"}
+    assert "media" not in {p.name for p in platform_programs(host="127.0.0.1", port=8100, python="py")}
 
 
 def test_a_node_name_and_a_beat_schedule_file_are_options():
@@ -88,3 +102,11 @@ def test_supervisord_writes_each_line_of_its_own_log_once(tmp_path):
         for handler in options.logger.handlers:
             if hasattr(handler, "baseFilename"):  # an echo handler's stream is this process's stdout
                 handler.close()
+
+
+def test_the_kubernetes_media_container_runs_the_same_command_line():
+    manifest = yaml.safe_load((Path(settings.BASE_DIR) / "deploy" / "media.yaml").read_text())
+    (media,) = manifest["spec"]["template"]["spec"]["containers"]
+    assert tuple(media["command"]) == media_argv(python="python")
+    kustomization = yaml.safe_load((Path(settings.BASE_DIR) / "deploy" / "kustomization.yaml").read_text())
+    assert "media.yaml" in kustomization["resources"]

@@ -1,6 +1,10 @@
 """WebRTC on the session socket (``?transport=webrtc``): signalling and its bad input, and a real
 aiortc peer standing in for the browser: it receives the session's chunks as decoded pictures, each
-admitted index once, from the current owner only, with the viewer counted for the H.264 lease."""
+admitted index once, from the current owner only, with the viewer counted for the H.264 lease.
+
+The peer connections run where the deployment runs them: in a real media process (``manage.py
+runmedia``, started for this module, ``WEBRTC_MEDIA=process``, the default) and, for the pictures
+test, also in the web process itself (``inline``)."""
 
 from __future__ import annotations
 
@@ -20,8 +24,10 @@ from contracts.wire.codecs import codecs_wanted_many
 from contracts.wire.frames import chunk_message, decode_chunk_frame, group_name
 from contracts.wire.viewers import viewer_count
 from sessions.viewers import viewers_client
+from sessions.webrtc.relay import MediaRelay, media_process_leave, media_process_register
 from tests.factories import SessionFactory, UserFactory
 from tests.sessions.sockets import connect_as
+from tests.webrtc_media import media_process
 from workers.runtime.media import FragmentEncoder
 
 pytestmark = [
@@ -31,6 +37,13 @@ pytestmark = [
 ]
 
 PER_CHUNK, FPS = 4, 8
+
+
+@pytest.fixture(scope="module", autouse=True)
+def a_media_process(tmp_path_factory):
+    with media_process(tmp_path_factory.mktemp("media") / "runmedia.log") as process:
+        yield process
+
 
 # A browser's offer, cut down to what aiortc reads: valid SDP that only VP8 can satisfy.
 VP8_ONLY_OFFER = (
@@ -188,8 +201,11 @@ def an_h264_chunk(session, index: int, epoch: int, grey: int) -> dict:
     return chunk_message(header, [], media=media)
 
 
-async def test_a_webrtc_viewer_receives_each_admitted_chunk_once_as_pictures():
-    # Given a WebRTC viewer (an aiortc peer for the browser) connected through the session socket
+@pytest.mark.parametrize("where", ["process", "inline"])
+async def test_a_webrtc_viewer_receives_each_admitted_chunk_once_as_pictures(where, monkeypatch):
+    # Given a WebRTC viewer (an aiortc peer for the browser) connected through the session socket,
+    # its peer connection in the media process or in the web process
+    monkeypatch.setitem(settings.STREAMSERVE, "WEBRTC_MEDIA", where)
     user, session = await an_owner_and_session()
     communicator = await webrtc_socket(session, user)
     client = redis.Redis.from_url(settings.REDIS_URL)
@@ -256,3 +272,62 @@ async def test_a_webrtc_viewer_receives_each_admitted_chunk_once_as_pictures():
     await browser.close()
     await communicator.disconnect()
     client.delete(f"ss:codecs:{session.pk}")
+
+
+async def test_an_offer_no_media_process_answers_is_an_error_frame_and_the_socket_carries_on(monkeypatch):
+    # Given a media process that holds its lease but no longer reads its channel (killed within it)
+    monkeypatch.setitem(settings.STREAMSERVE, "WEBRTC_MEDIA_ANSWER_TIMEOUT_S", 1.0)
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    await sync_to_async(media_process_register)(client, "specific.gone", -1)  # the fewest peers: chosen
+    try:
+        user, session = await an_owner_and_session()
+        communicator = await webrtc_socket(session, user)
+        browser = await a_browser()
+
+        # When the page offers
+        await communicator.send_to(
+            text_data=json.dumps({"type": "webrtc.offer", "sdp": browser.localDescription.sdp})
+        )
+
+        # Then an error frame says WebRTC is unavailable (the page falls back to the socket)
+        error = await next_text(communicator)
+        assert error["type"] == "error" and error["code"] == "webrtc_unavailable", error
+        assert "did not answer within 1 s" in error["detail"]
+        # and the socket carries on
+        await communicator.send_to(text_data=json.dumps({"type": "prompt", "text": "a lighthouse"}))
+        assert (await next_text(communicator))["type"] == "prompt"
+        await browser.close()
+        await communicator.disconnect()
+    finally:
+        await sync_to_async(media_process_leave)(client, "specific.gone")
+
+
+async def test_a_media_process_whose_lease_lapses_is_a_failed_connection_to_its_viewer():
+    # Given a viewer's relay answered by a registered media process
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    await sync_to_async(media_process_register)(client, "specific.serving", 1)
+    states: list[str] = []
+    relay = MediaRelay(
+        layer=get_channel_layer(),
+        session_id="s",
+        ice=[],
+        on_started=lambda header: None,
+        on_skipped=lambda index: None,
+        on_state=states.append,
+        on_error=lambda code, detail: None,
+    )
+    relay.media_channel = "specific.serving"
+    relay.answered = asyncio.get_running_loop().create_future()
+    relay.answered.set_result({"event": "answer", "sdp": "v=0"})
+
+    # While its lease holds, nothing is said
+    await relay.check_alive()
+    assert states == []
+
+    # When the media process is gone from the registry (stopped, or its lease lapsed)
+    await sync_to_async(media_process_leave)(client, "specific.serving")
+    await relay.check_alive()
+    await relay.check_alive()
+
+    # Then the page is told the connection failed, once (it falls back to the socket)
+    assert states == ["failed"]

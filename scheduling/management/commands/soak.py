@@ -64,6 +64,13 @@ class Command(BaseCommand):
             help="run the web process under tracemalloc, a snapshot into DIR every minute"
             " (compare them with scripts/memory_trace_diff.py)",
         )
+        parser.add_argument(
+            "--trace-queues",
+            default=None,
+            metavar="DIR",
+            help="the web process writes its RSS and the channel layer's in-process queues (channels,"
+            " messages waiting) to DIR/queues.jsonl every 5 s",
+        )
         bench.add_seed_argument(parser)
         add_platform_arguments(parser)
         bench.add_report_arguments(parser)
@@ -81,6 +88,9 @@ class Command(BaseCommand):
             "--leave-share": 0 <= options["leave_share"] <= 1,
             "--viewer-grace-s": options["viewer_grace_s"] is None or options["viewer_grace_s"] >= 0,
             "--idle-timeout-s": options["idle_timeout_s"] is None or options["idle_timeout_s"] >= 0,
+            "--trace-queues (with --trace-memory: choose one)": not (
+                options["trace_memory"] and options["trace_queues"]
+            ),
         }
         for flag, ok in checks.items():
             if not ok:
@@ -99,6 +109,7 @@ class Command(BaseCommand):
                 codec=options["codec"],
                 warmup_s=None if options["warmup_minutes"] is None else options["warmup_minutes"] * 60.0,
                 trace_memory_dir=options["trace_memory"],
+                trace_queues_dir=options["trace_queues"],
                 seed=options["seed"],
                 **platform_options(options),
                 say=bench.quiet_unless_text(options["json"], self.stdout.write),

@@ -67,6 +67,13 @@ class Command(BaseCommand):
             " WebRTC viewers (aiortc peers) beside the socket clients, and the web process's event-loop"
             " lag reported (needs --codec h264)",
         )
+        parser.add_argument(
+            "--webrtc-media",
+            choices=("process", "inline"),
+            default="process",
+            help="where the WebRTC viewers' peer connections run: process (a media process beside the web"
+            " process, as deployed by default; its CPU is reported) or inline (in the web process)",
+        )
         parser.add_argument("--keep-logs", default=None, help="copy the processes' logs to this folder")
         bench.add_report_arguments(parser)
 
@@ -96,6 +103,7 @@ class Command(BaseCommand):
                 keep_logs=options["keep_logs"],
                 shape={key: options[key] for key in ("width", "height", "frames", "codec", "content")},
                 webrtc_viewers=webrtc_viewers,
+                webrtc_media=options["webrtc_media"],
                 say=bench.quiet_unless_text(options["json"], self.stdout.write),
             )
         except ServiceUnavailable as exc:
