@@ -45,8 +45,16 @@ class Platform:
     """``profile``: fields replacing the measured CPU profile's (default: the e2e profile below);
     ``env``: variables replacing the defaults (a private Redis or PostgreSQL, a policy …)."""
 
-    def __init__(self, tmp: Path, *, profile: dict | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        *,
+        profile: dict | None = None,
+        env: dict[str, str] | None = None,
+        media: bool = False,
+    ) -> None:
         self.tmp = tmp
+        self.media = media
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}"
@@ -104,8 +112,11 @@ class Platform:
         self.spawn("web", *web_argv(port=self.port))
         self.spawn("celery", *scheduler_argv(node_name=f"e2e-{self.port}@%h"))
         self.spawn("beat", *beat_argv(schedule=self.tmp / "beat-schedule"))
-        # WebRTC viewers' peer connections (WEBRTC_MEDIA=process, the default), as runplatform runs it.
-        self.spawn("media", *media_argv())
+        if self.media:
+            # WebRTC viewers' peer connections (WEBRTC_MEDIA=process, the default), as runplatform runs
+            # it; only for the tests that play WebRTC (a process start of CPU for every other platform:
+            # without one a WebRTC offer gets `webrtc_unavailable` and the page stays on the socket).
+            self.spawn("media", *media_argv())
         wait_for(self._web_up, 60, message="the ASGI server")
 
     def _web_up(self) -> bool:
@@ -171,7 +182,9 @@ def platform(django_db_setup, django_db_blocker, tmp_path_factory, request):
             pk=1,
             defaults={"min_gpus": 1, "max_gpus": 3, "scale_in_cooldown_s": 5.0, "target_utilization": 0.5},
         )
-        platform = Platform(tmp_path_factory.mktemp("platform"))
+        platform = Platform(
+            tmp_path_factory.mktemp("platform"), media=getattr(request.module, "PLATFORM_MEDIA", False)
+        )
         platform.start()
         try:
             yield platform

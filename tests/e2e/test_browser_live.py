@@ -42,6 +42,9 @@ SAMPLE = """(id) => {
   return {checksum: sum, lit: lit / (d.length / 4), chunk: Number(surface.dataset.chunk)};
 }"""
 
+# The platform fixture starts a media process for this module: it plays WebRTC.
+PLATFORM_MEDIA = True
+
 
 @pytest.fixture(scope="module")
 def creator(platform, django_db_blocker):
