@@ -1,12 +1,13 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.db import models
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from contracts.catalog import PRESETS
 from contracts.catalog.presets import DEFAULT_PRESET
-from contracts.http.api import StrictCharField, StrictFloatField
+from contracts.http.api import StrictCharField, StrictFloatField, StrictSlugField
 from sessions.jobs import MAX_PRIORITY, MAX_SLO_S
 from sessions.models import ChunkRecord, GenerationSession, Job, Prompt, SessionEvent, Tenant
 from sessions.selectors import job_result_url
@@ -244,6 +245,14 @@ class JobCreateSerializer(serializers.Serializer):
 
 class TenantSerializer(serializers.ModelSerializer):
     """A tenant with its weight, priority class and quotas (null: unlimited); members by username."""
+
+    # The name is a JSON string: DRF's CharField turns a number into its text (found by the schema
+    # fuzzer: PUT {"name": -123790849466915200} renamed the tenant).
+    serializer_field_mapping = {
+        **serializers.ModelSerializer.serializer_field_mapping,
+        models.CharField: StrictCharField,
+        models.SlugField: StrictSlugField,
+    }
 
     weight = StrictFloatField(
         required=False, min_value=1e-6, max_value=1e6, help_text="fair share: weight over the sum of weights"

@@ -66,6 +66,21 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+class StrictSlugField(serializers.SlugField):
+    """A slug that takes only JSON strings (``StrictCharField``'s rule for slugs: DRF's turns
+    ``123`` into ``"123"``)."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid_string")
+        return super().to_internal_value(data)
+
+    default_error_messages = {
+        **serializers.SlugField.default_error_messages,
+        "invalid_string": "Not a valid string.",
+    }
+
+
 class StrictFloatField(serializers.FloatField):
     """A number field that refuses JSON booleans: DRF's own turns ``true`` into ``1.0`` (Python's
     ``float(True)``), so a client sending a flag where a number belongs would be silently obeyed."""

@@ -90,7 +90,8 @@ class Supervised:
 
     def all_running(self) -> dict[str, dict] | None:
         programs = self.programs()
-        ok = set(programs) == {"web", "scheduler", "beat"}
+        # The media process too: WebRTC runs there by default (WEBRTC_MEDIA=process).
+        ok = set(programs) == {"web", "scheduler", "beat", "media"}
         return programs if ok and all(p["statename"] == "RUNNING" for p in programs.values()) else None
 
     def stop(self) -> None:
@@ -115,7 +116,7 @@ def test_a_killed_celery_worker_or_beat_comes_back_and_the_web_server_never_stop
     platform = Supervised(tmp_path)
     try:
         # Given the supervised platform up: every program running, ready, the worker answering pings
-        before = wait_for(platform.all_running, 120, "web, scheduler and beat RUNNING")
+        before = wait_for(platform.all_running, 120, "web, scheduler, beat and media RUNNING")
         wait_for(lambda: http_status(f"{platform.url}/readyz") == 200, 60, "/readyz")
         wait_for(lambda: celery_check(timeout_s=1.0).ok, 60, "the Celery worker to answer a ping")
 
@@ -182,7 +183,7 @@ def test_no_process_of_the_platform_outlives_it_when_it_is_killed_with_sigkill(t
     try:
         # Given the supervised platform up, and every process under it (supervisord, its
         # programs, their children: Celery's pool, …)
-        wait_for(platform.all_running, 120, "web, scheduler and beat RUNNING")
+        wait_for(platform.all_running, 120, "web, scheduler, beat and media RUNNING")
         wait_for(lambda: celery_check(timeout_s=1.0).ok, 60, "the Celery worker to answer a ping")
         descendants = [p.pid for p in psutil.Process(platform.process.pid).children(recursive=True)]
         assert len(descendants) >= 4, descendants  # supervisord, web, scheduler (+ pool), beat

@@ -199,6 +199,7 @@ def test_staff_create_and_change_tenants_and_members(staff_api, user):
     ("body", "field", "reason"),
     [
         ({"name": "a b"}, "name", "letters, numbers"),
+        ({"name": 123}, "name", "Not a valid string"),
         ({"name": "t", "weight": 0}, "weight", "greater than or equal"),
         ({"name": "t", "weight": "NaN"}, "weight", "valid number"),
         ({"name": "t", "weight": True}, "weight", "valid number"),

@@ -148,6 +148,10 @@ def test_a_worker_that_lost_its_control_plane_checkpoints_its_sessions_and_stops
     worker = GpuWorkerFactory(name=f"test-{uuid.uuid4().hex[:8]}", model_preset="tiny", gpu_type="cpu")
     clock = OffsetClock()
     options = {"capacity": 2, "checkpoint_dir": tmp_path, "checkpoint_every": 1000, "heartbeat_s": 0.2}
+    # The Redis beat too (as gpuworker runs it): the control plane then counts the worker alive by a
+    # beat this test makes, not by its reporter thread's PostgreSQL write landing in time (which a
+    # loaded machine delayed past HEARTBEAT_TIMEOUT_S: no acknowledgement, orphaned at +40 s).
+    options["liveness_ttl_s"] = 60
     with stepped_daemon(worker, max_batch=2, clock=clock, orphan_timeout_s=30, **options) as daemon:
         session = SessionFactory(status="executing", worker=worker, state_location="worker")
         send(daemon, "start", session=session, epoch=1, seed=3, prompts=[[0, "a fox"]], deliver_from=0)
@@ -159,6 +163,7 @@ def test_a_worker_that_lost_its_control_plane_checkpoints_its_sessions_and_stops
         # when the control plane acknowledges its heartbeat (the scheduler tick's liveness pass)
         # 20 s on, and the worker reads the acknowledgement on its next beat, then 20 s more pass
         clock.offset += 20
+        daemon.heartbeat.beat()
         workers_check()
         daemon.heartbeat.beat()
         clock.offset += 20
