@@ -196,6 +196,18 @@ class Hosts:
             if f" {name}:" in links or f" {name}@" in links
         ]
 
+    @staticmethod
+    def listening(host: Host) -> dict[int, str]:
+        """Port → the address a TCP socket listens on in ``host`` (``*`` for every interface)."""
+        out = subprocess.run(
+            ["ip", "netns", "exec", host.netns, "ss", "-Htln"], capture_output=True, text=True, check=True
+        ).stdout
+        found = {}
+        for line in out.splitlines():
+            address, _, port = line.split()[3].rpartition(":")
+            found[int(port)] = address.strip("[]")
+        return found
+
     def layout(self, env: dict[str, str]) -> str:
         """``STREAMSERVE_TEST_NETNS``: the hosts and the environment their workers get."""
         return json.dumps({"hosts": [dataclasses.asdict(h) for h in self.hosts], "env": env})

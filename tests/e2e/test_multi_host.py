@@ -238,6 +238,11 @@ def test_a_worker_on_another_host_serves_chunks_byte_exact(hosts, cluster, refer
         lambda: WeightHolding.objects.filter(worker=first, state="complete").first(), 30, message="weights"
     )
     assert holding.address.startswith(f"{host.address}:"), holding.address
+    # and listening there only: not on the host's loopback nor on any other interface it may have
+    listening = hosts.listening(host)
+    for address in (first.migration_address, holding.address):
+        port = int(address.rpartition(":")[2])
+        assert listening.get(port) == host.address, (address, listening)
     # When a client watches a session
     sid = session_create(cluster)
     stream = collect(cluster, sid, chunks=5, timeout=90)

@@ -83,6 +83,32 @@ def pair_group_class(backend: str) -> type[PairGroup]:
     return pkgutil.resolve_name(dotted)
 
 
+def store_server(host: str, port: int = 0, *, timeout: datetime.timedelta) -> Any:
+    """The server side of a rendezvous ``TCPStore`` (a migration listener's, a weight server's),
+    listening on ``host`` only.
+
+    Given just a host, TCPStore's server listens on every interface (torch 2.13: ``*:port``, IPv4
+    and IPv6): a worker's listeners were reachable on all of its host's addresses, not only on the
+    ``--listen-host`` it advertises. The socket is bound here and handed over (``master_listen_fd``),
+    so the operator's choice of network is the one the listener serves.
+    """
+    from torch._C._distributed_c10d import TCPStore
+
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    listening = socket.socket(family, kind, proto)
+    try:
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listening.bind(address)
+        listening.listen(socket.SOMAXCONN)
+        bound_port = listening.getsockname()[1]
+    except OSError:
+        listening.close()
+        raise
+    return TCPStore(
+        host, bound_port, None, True, timeout, wait_for_workers=False, master_listen_fd=listening.detach()
+    )
+
+
 def local_address_towards(host: str, port: int) -> str:
     """The local IP that routes to ``host`` (no packet is sent: a UDP connect only picks a route)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
