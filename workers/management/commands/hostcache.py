@@ -15,6 +15,7 @@ from contracts.catalog.presets import PRESETS
 from workers.adapters.pool import DjangoHostCacheLink
 from workers.hostcache import HostCacheDaemon
 from workers.runtime.models import model_class
+from workers.runtime.transport.pair import is_loopback
 
 logger = logging.getLogger("workers.hostcache")
 
@@ -64,6 +65,15 @@ class Command(BaseCommand):
             raise CommandError("--heartbeat must be positive")
         if options["link_mbps"] is not None and options["link_mbps"] <= 0:
             raise CommandError("--link-mbps must be positive")
+        if conf["WORKER_MULTI_HOST"] and is_loopback(options["listen_host"]):
+            # The cache registers this address in the parameter pool; a scale plan on another host
+            # would chain from it, fail to connect and fall back to disk without a word.
+            raise CommandError(
+                f"--listen-host {options['listen_host']!r} is a loopback address, but WORKER_MULTI_HOST is set: "
+                "workers on other hosts could not fetch blocks from this cache. Pass --listen-host with an "
+                "address they reach (the node's address for a DaemonSet), or unset WORKER_MULTI_HOST for a "
+                "one-host pool."
+            )
         torch.set_num_threads(max(1, options["threads"]))
         daemon = HostCacheDaemon(
             name=options["name"] or f"cache-{socket.gethostname()}-{os.getpid()}",

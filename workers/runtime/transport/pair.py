@@ -12,6 +12,7 @@ No global ``init_process_group`` is involved: the backend object is constructed 
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import pkgutil
 import socket
 from typing import Any, ClassVar
@@ -117,3 +118,19 @@ def local_address_towards(host: str, port: int) -> str:
             return probe.getsockname()[0]
         except OSError:
             return "127.0.0.1"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name) is a loopback address: peers on another host cannot
+    reach it. A name counts as loopback when any address it resolves to is (``localhost``, or a
+    hostname mapped to 127.0.1.1 as some distributions do); one that does not resolve is left to the
+    listener's bind to report."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return any(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
