@@ -129,6 +129,7 @@ SLOW = frozenset(
         "tests/controlplane/test_settings.py::test_every_variable_is_read_into_settings_once",
         "tests/controlplane/test_settings.py::test_webrtc_ice_servers_are_read_as_rtc_ice_servers",
         "tests/controlplane/test_settings.py::test_secret_key_is_required_when_debug_is_off",
+        "tests/e2e/test_multi_host.py",
         "tests/e2e/test_supervision.py",
         "tests/e2e/test_viewers.py",
         "tests/gpu/test_parameter_pool.py::test_property_host_copies_never_exceed_the_bound",

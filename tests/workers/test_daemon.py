@@ -62,6 +62,25 @@ def test_start_generates_publishes_and_records_chunks(daemon):
     wait_for(lambda: type(daemon.worker).objects.get(pk=daemon.worker.pk).telemetry, 5, message="a heartbeat")
 
 
+def test_a_restart_whose_checkpoint_this_host_cannot_read_regenerates_from_chunk_zero(daemon, tmp_path):
+    """Given a restart naming a checkpoint this worker's host does not have (the control plane's
+    CHECKPOINT_DIR not shared with it), when the worker starts it, then it acks saying so, regenerates
+    the stream from chunk 0 and publishes from deliver_from on (a failed start was requeued onto the
+    same path at every placement)."""
+    session = SessionFactory(status="executing", worker=daemon.worker, state_location="worker")
+    elsewhere = tmp_path / "another-host" / f"{session.pk}.safetensors"
+    start = send(
+        daemon, "start", session=session, epoch=1, seed=3, prompts=[[0, "a fox"]], deliver_from=3,
+        checkpoint=str(elsewhere),
+    )  # fmt: skip
+    row = steps_until(daemon, lambda: answered(start))
+    assert row.status == "acked", row.reason
+    assert row.result["restored_from_chunk"] is None and str(elsewhere) in row.result["checkpoint_unreadable"]
+    steps_until(daemon, lambda: chunk_records_drain(client=daemon.redis) >= 0 and recorded(session) >= 2)
+    indices = sorted(ChunkRecord.objects.filter(session=session).values_list("chunk_index", flat=True))
+    assert indices[:2] == [3, 4]
+
+
 def test_commands_for_sessions_it_does_not_own_are_refused_with_a_reason(daemon):
     session = SessionFactory()
     body = send(daemon, "suspend", session=session, epoch=4)

@@ -199,9 +199,25 @@ class Streams:
         if not prompts:
             raise CommandRefused("start needs the prompt history")
         restored_from = None
-        checkpoint = command.get("checkpoint")
+        checkpoint, unreadable = command.get("checkpoint"), None
+        data = None
         if checkpoint:
-            data = Path(checkpoint).read_bytes()
+            try:
+                data = Path(checkpoint).read_bytes()
+            except OSError as exc:
+                # The control plane found the file in its CHECKPOINT_DIR, this host does not: a
+                # directory not shared by every host (docs/production.md, "Several hosts"). Failing
+                # the start would requeue the session onto the same path at every placement; the
+                # stream is deterministic, so it is regenerated from chunk 0 instead, silently up to
+                # deliver_from (unpaced, but as long as the session has run).
+                unreadable = f"{checkpoint}: {exc.strerror or exc}"
+                logger.warning(
+                    "checkpoint.unreadable session=%s worker=%s %s; regenerating from chunk 0",
+                    sid,
+                    self.name,
+                    unreadable,
+                )
+        if data is not None:
             self.engine.state_from_bytes(sid, data)
             restored_from = self.engine.next_chunk(sid)
         else:
@@ -211,7 +227,10 @@ class Streams:
         owned.prompts = prompts
         self.sessions[sid] = owned
         self.apply_prompts(owned)
-        return {"restored_from_chunk": restored_from, "next_chunk": self.engine.next_chunk(sid)}
+        answer = {"restored_from_chunk": restored_from, "next_chunk": self.engine.next_chunk(sid)}
+        if unreadable:
+            answer["checkpoint_unreadable"] = unreadable
+        return answer
 
     def apply_prompts(self, owned: OwnedSession) -> None:
         """Install every prompt whose chunk is still ahead (the engine keeps the history in state)."""

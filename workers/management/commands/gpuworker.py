@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import logging
 import os
 import signal
@@ -32,6 +31,7 @@ from workers.runtime.stages.contract import RoleError, staged_class
 from workers.runtime.stages.host import StageHost
 from workers.runtime.stages.staged_model import daemon_role, staged_engine_model
 from workers.runtime.transport import MigrationListener
+from workers.runtime.transport.pair import is_loopback
 from workers.runtime.weights import WeightsUnavailable
 from workers.weights_loading import (
     DISK,
@@ -64,22 +64,6 @@ def resolve_device(device: str) -> str:
             raise CommandError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s)")
         return f"cuda:{index}"
     raise CommandError(f"--device must be cpu, cuda:N or auto, got {device!r}")
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (an address or a name) is a loopback address: peers on another host cannot
-    reach it. A name counts as loopback when any address it resolves to is (``localhost``, or a
-    hostname mapped to 127.0.1.1 as some distributions do); one that does not resolve is left to the
-    listener's bind to report."""
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(host, None)
-    except OSError:
-        return False
-    return any(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
 
 
 class Command(BaseCommand):

@@ -14,8 +14,8 @@ from django.core.management.base import BaseCommand, CommandError
 from contracts.catalog.presets import PRESETS
 from workers.adapters.pool import DjangoHostCacheLink
 from workers.hostcache import HostCacheDaemon
-from workers.management.commands.gpuworker import is_loopback
 from workers.runtime.models import model_class
+from workers.runtime.transport.pair import is_loopback
 
 logger = logging.getLogger("workers.hostcache")
 
@@ -80,10 +80,13 @@ class Command(BaseCommand):
         if options["link_mbps"] is not None and options["link_mbps"] <= 0:
             raise CommandError("--link-mbps must be positive")
         if conf["WORKER_MULTI_HOST"] and is_loopback(options["listen_host"]):
+            # The cache registers this address in the parameter pool; a scale plan on another host
+            # would chain from it, fail to connect and fall back to disk without a word.
             raise CommandError(
                 f"--listen-host {options['listen_host']!r} is a loopback address, but WORKER_MULTI_HOST is set: "
                 "workers on other hosts could not fetch blocks from this cache. Pass --listen-host with an "
-                "address they reach (on Kubernetes $(POD_IP)), or unset WORKER_MULTI_HOST for a one-host pool."
+                "address they reach (the node's address for a DaemonSet), or unset WORKER_MULTI_HOST for a "
+                "one-host pool."
             )
         torch.set_num_threads(max(1, options["threads"]))
         daemon = HostCacheDaemon(

@@ -57,6 +57,7 @@ from .pair import (
     backend_for_device,
     local_address_towards,
     pair_group_class,
+    store_server,
     timedelta,
 )
 
@@ -561,7 +562,7 @@ class MigrationListener:
         # when it does not, the source is told the link is stale and opens a new one.
         self.link_idle_timeout_s = link_idle_timeout_s
         # The server side of the rendezvous store lives in this process for the listener's lifetime.
-        self._server: Any = TCPStore(host, port, None, True, timedelta(60), wait_for_workers=False)
+        self._server: Any = store_server(host, port, timeout=timedelta(60))
         self.port = int(self._server.port)
         self._closed = False
         self._links: dict[str, _Link] = {}

@@ -12,6 +12,7 @@ No global ``init_process_group`` is involved: the backend object is constructed 
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import pkgutil
 import socket
 from typing import Any, ClassVar
@@ -83,6 +84,32 @@ def pair_group_class(backend: str) -> type[PairGroup]:
     return pkgutil.resolve_name(dotted)
 
 
+def store_server(host: str, port: int = 0, *, timeout: datetime.timedelta) -> Any:
+    """The server side of a rendezvous ``TCPStore`` (a migration listener's, a weight server's),
+    listening on ``host`` only.
+
+    Given just a host, TCPStore's server listens on every interface (torch 2.13: ``*:port``, IPv4
+    and IPv6): a worker's listeners were reachable on all of its host's addresses, not only on the
+    ``--listen-host`` it advertises. The socket is bound here and handed over (``master_listen_fd``),
+    so the operator's choice of network is the one the listener serves.
+    """
+    from torch._C._distributed_c10d import TCPStore
+
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    listening = socket.socket(family, kind, proto)
+    try:
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listening.bind(address)
+        listening.listen(socket.SOMAXCONN)
+        bound_port = listening.getsockname()[1]
+    except OSError:
+        listening.close()
+        raise
+    return TCPStore(
+        host, bound_port, None, True, timeout, wait_for_workers=False, master_listen_fd=listening.detach()
+    )
+
+
 def local_address_towards(host: str, port: int) -> str:
     """The local IP that routes to ``host`` (no packet is sent: a UDP connect only picks a route)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
@@ -91,3 +118,19 @@ def local_address_towards(host: str, port: int) -> str:
             return probe.getsockname()[0]
         except OSError:
             return "127.0.0.1"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name) is a loopback address: peers on another host cannot
+    reach it. A name counts as loopback when any address it resolves to is (``localhost``, or a
+    hostname mapped to 127.0.1.1 as some distributions do); one that does not resolve is left to the
+    listener's bind to report."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return any(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)

@@ -70,6 +70,7 @@ from workers.runtime.transport.pair import (
     backend_for_device,
     local_address_towards,
     pair_group_class,
+    store_server,
     timedelta,
 )
 
@@ -302,7 +303,7 @@ class WeightServer:
         # or falling back); the receiver's own stall timeout usually fires first.
         self.piece_wait_s = piece_wait_s
         self.egress = _pacer(link_mbps)
-        self._server: Any = TCPStore(host, port, None, True, timedelta(60), wait_for_workers=False)
+        self._server: Any = store_server(host, port, timeout=timedelta(60))
         self.port = int(self._server.port)
         self._closed = threading.Event()
         self._links: set[PairGroup] = set()
