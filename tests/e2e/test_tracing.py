@@ -10,13 +10,9 @@ under one trace id across processes. And a web process whose tracing is off impo
 from __future__ import annotations
 
 import asyncio
-import gzip
 import os
 import subprocess
 import sys
-import threading
-from collections import defaultdict
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import redis
@@ -24,100 +20,17 @@ from django.conf import settings
 from django.core.management import call_command
 from rest_framework.authtoken.models import Token
 
+from contracts.otlp_sink import OtlpSink
 from contracts.wire.channel import heartbeat_acknowledged
 from gpu.models import GpuWorker
 from scheduling.live.enqueue import SCHEDULER_TICK
 from tests.e2e.conftest import ROOT, Platform, wait_for
 from tests.e2e.test_live_loop import Stream, create_session
 from tests.factories import UserFactory
-from workers.benchmarks.live import free_port
 
 # The platform's processes see only committed rows: what they must see is written by the module
 # fixtures, outside the tests' transactions.
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db]
-
-
-class OtlpReceiver:
-    """An OTLP/HTTP trace receiver on a local port: every span it is sent, decoded, with its
-    process's ``service.name``."""
-
-    def __init__(self) -> None:
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-            ExportTraceServiceRequest,
-            ExportTraceServiceResponse,
-        )
-
-        self.spans: list[dict] = []
-        self.lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                if self.headers.get("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
-                request = ExportTraceServiceRequest()
-                request.ParseFromString(body)
-                receiver.add(request)
-                answer = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.port = free_port()
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def add(self, request) -> None:
-        spans = []
-        for resource_spans in request.resource_spans:
-            resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
-            for scope_spans in resource_spans.scope_spans:
-                for span in scope_spans.spans:
-                    spans.append(
-                        {
-                            "name": span.name,
-                            "service": resource.get("service.name"),
-                            "trace_id": span.trace_id.hex(),
-                            "span_id": span.span_id.hex(),
-                            "parent_span_id": span.parent_span_id.hex(),
-                            "attributes": {a.key: _value(a.value) for a in span.attributes},
-                            "events": [
-                                {"name": e.name, "attributes": {a.key: _value(a.value) for a in e.attributes}}
-                                for e in span.events
-                            ],
-                        }
-                    )
-        with self.lock:
-            self.spans.extend(spans)
-
-    def traces(self) -> dict[str, list[dict]]:
-        by_trace = defaultdict(list)
-        with self.lock:
-            for span in self.spans:
-                by_trace[span["trace_id"]].append(span)
-        return by_trace
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def _value(any_value):
-    kind = any_value.WhichOneof("value")
-    if kind == "array_value":
-        return [_value(v) for v in any_value.array_value.values]
-    return getattr(any_value, kind) if kind else None
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +39,7 @@ def traced(django_db_setup, django_db_blocker, tmp_path_factory, request):
     from scheduling.models import SchedulerConfig
     from scheduling.services import beat_schedule_install
 
-    receiver = OtlpReceiver()
+    receiver = OtlpSink()
     with django_db_blocker.unblock():
         call_command("flush", "--noinput", verbosity=0)
         beat_schedule_install(tick_s=1)
@@ -158,7 +71,7 @@ def traced(django_db_setup, django_db_blocker, tmp_path_factory, request):
             call_command("flush", "--noinput", verbosity=0)
 
 
-def _trace_with(receiver: OtlpReceiver, names: set[str], **where) -> list[dict] | None:
+def _trace_with(receiver: OtlpSink, names: set[str], **where) -> list[dict] | None:
     """A trace that holds a span of each of ``names``, one of which has the attributes ``where``."""
     for spans in receiver.traces().values():
         if names <= {s["name"] for s in spans} and any(
