@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import os
 
+import django
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+django.setup(set_prefix=False)
+
+from controlplane.tracing import tracing_configure  # noqa: E402  (reads the settings)
+
+# Before the handler is built: the Django instrumentation adds its middleware to the settings.
+tracing_configure("web")
 django_asgi_app = get_asgi_application()
 
 from django.conf import settings  # noqa: E402  (configured by the line above)

@@ -665,6 +665,20 @@ for _name in (
     if STREAMSERVE[_name] < 1:
         raise ImproperlyConfigured(f"Environment variable {_name} must be at least 1")
 
+# OpenTelemetry traces (docs/observability.md, "Traces"): off by default, and off means the SDK is
+# never imported. Each process exports under its own service name to one OTLP/HTTP endpoint.
+TRACING = {
+    "ENABLED": _strict_bool("OTEL_ENABLED", False),
+    "ENDPOINT": _url("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318", ("http", "https")),
+    "CHUNK_SAMPLE_RATE": _typed("OTEL_CHUNK_SAMPLE_RATE", env.float, 0.01),
+    "SERVICE_NAMES": {
+        process: env.str(f"OTEL_SERVICE_NAME_{process.upper()}", default=f"streamserve-{process}")
+        for process in ("web", "celery", "beat", "worker")
+    },
+}
+if not 0.0 <= TRACING["CHUNK_SAMPLE_RATE"] <= 1.0:
+    raise ImproperlyConfigured("Environment variable OTEL_CHUNK_SAMPLE_RATE must be between 0 and 1")
+
 LOG_LEVEL = env.str("LOG_LEVEL", default="INFO").upper()
 if LOG_LEVEL not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
     raise ImproperlyConfigured(f"Environment variable LOG_LEVEL={LOG_LEVEL!r} is malformed")

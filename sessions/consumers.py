@@ -65,6 +65,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
+from contracts import tracing
 from contracts.wire.codecs import CODEC_REFRESH_S, CODECS, H264, codec_leave, codec_want
 from contracts.wire.frames import (
     CHUNK_MESSAGE,
@@ -406,9 +407,27 @@ class SessionConsumer(AsyncWebsocketConsumer):
             self.jpeg_sent = True
         if self.pending_chunks >= MAX_PENDING_CHUNKS:
             self._drop_oldest_chunk()
-        self.outbox.append(("chunk", (header, frames, ref, init)))
+        # A sampled chunk's trace goes on here (docs/observability.md): its send is the next span.
+        traced = (
+            self._chunk_received(header, event["traceparent"])
+            if tracing.ON and "traceparent" in event
+            else None
+        )
+        self.outbox.append(("chunk", (header, frames, ref, init, traced)))
         self.pending_chunks += 1
         self.wakeup.set()
+
+    def _chunk_received(self, header: dict, traceparent: str) -> str | None:
+        """The ``chunk.receive`` span of a traced chunk queued for this socket; returns its context
+        for the send."""
+        attributes = {
+            "session.id": self.session_id,
+            "chunk.index": header.get("index"),
+            "chunk.codec": self.codec,
+            "socket.pending_chunks": self.pending_chunks,
+        }
+        with tracing.span(tracing.CHUNK_RECEIVE, parent=traceparent, kind="consumer", attributes=attributes):
+            return tracing.traceparent()
 
     async def session_status(self, event: dict) -> None:
         await self._enqueue_text({k: v for k, v in event.items() if k != "type"} | {"type": "status"})
@@ -439,7 +458,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
                     await self.send(text_data=payload)
                     continue
                 self.pending_chunks -= 1
-                header, frames, ref, init = payload
+                header, frames, ref, init, traced = payload
                 if ref is not None:
                     # Read only now, when it will be sent (sessions.payloads); gone means skipped.
                     payloads = await payload_read(ref)
@@ -457,7 +476,21 @@ class SessionConsumer(AsyncWebsocketConsumer):
                 if generated_at is not None:
                     header["delivery_ms"] = max(0.0, (time.time() - generated_at) * 1000.0)
                     self.deliveries.append(header)
-                await self.send(bytes_data=encode_chunk_frame(header, frames))
+                if traced is None:
+                    await self.send(bytes_data=encode_chunk_frame(header, frames))
+                else:
+                    await self._send_traced(header, frames, traced)
+
+    async def _send_traced(self, header: dict, frames: list[bytes], traceparent: str) -> None:
+        frame = encode_chunk_frame(header, frames)
+        attributes = {
+            "session.id": self.session_id,
+            "chunk.index": header.get("index"),
+            "chunk.bytes": len(frame),
+            "chunk.delivery_ms": header.get("delivery_ms"),
+        }
+        with tracing.span(tracing.CHUNK_SEND, parent=traceparent, attributes=attributes):
+            await self.send(bytes_data=frame)
 
     # --- the viewer registry (sessions.viewers: a session nobody watches goes idle) ---------------
 

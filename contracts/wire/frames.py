@@ -5,7 +5,8 @@ status broadcast all import it from here. Each session has one channel-layer gro
 (``group_name``); two message types travel on it:
 
 - ``session.chunk`` (``chunk_message``): ``{"type": "session.chunk", "header": {...}, "frames":
-  [bytes, ...]}``, sent once per chunk by the worker. It reaches the browser as one binary
+  [bytes, ...]}``, sent once per chunk by the worker; a chunk sampled for tracing also carries
+  ``"traceparent"`` (W3C, ``contracts.tracing``), beside the header so browsers never see it. It reaches the browser as one binary
   WebSocket frame (``encode_chunk_frame``): a 4-byte big-endian header length N, N bytes of UTF-8
   JSON header, then the frames' bytes concatenated (their lengths are listed in
   ``header["frames"]``).

@@ -141,4 +141,6 @@ def format_bench(report: dict[str, Any]) -> str:
             f"  {r['gpus']:>6} {r['sessions']:>9} {r['runs']:>5} {r['p50_ms']:>9.2f} {r['p99_ms']:>9.2f}"
             f" {r['max_ms']:>9.2f} {q:>9}"
         )
+    if report.get("tracing") is not None:
+        lines.append(f"  tracing on: spans {report['tracing']['spans_received']}")
     return "\n".join(lines)

@@ -10,6 +10,7 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
+from contracts import tracing
 from scheduling.live.enqueue import scheduler_trigger
 from scheduling.live.jobs import job_command_failed
 from scheduling.live.outbox import Outbox
@@ -27,7 +28,20 @@ Status = GenerationSession.Status
 def command_answered(*, command: dict, status: str, reason: str, result: dict) -> None:
     """A worker answered a command; a refused start or resume puts the session back in the queue (a
     refused job command, its job: ``jobs.job_command_failed``; a ``set_role``, its stage role change:
-    ``stages.stage_change_answered``)."""
+    ``stages.stage_change_answered``). A traced command's answer ends its decision's trace."""
+    if tracing.ON and command.get("traceparent"):
+        attributes = {
+            "command.id": command.get("id"),
+            "command.kind": command.get("kind"),
+            "command.status": status,
+        }
+        with tracing.span(tracing.COMMAND_ANSWERED, parent=command["traceparent"], attributes=attributes):
+            _command_answered(command=command, status=status, reason=reason, result=result)
+    else:
+        _command_answered(command=command, status=status, reason=reason, result=result)
+
+
+def _command_answered(*, command: dict, status: str, reason: str, result: dict) -> None:
     updated = WorkerCommand.objects.filter(pk=command["id"], status=WorkerCommand.Status.SENT).update(
         status=status, reason=reason[:2000], result=result, answered_at=timezone.now()
     )

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from celery import current_app
 
+from contracts import tracing
+
 SCHEDULER_EVENT = "scheduling.tasks.scheduler_event"
 SCHEDULER_TICK = "scheduling.tasks.scheduler_tick"
 WORKER_RELEASE = "scheduling.tasks.worker_release"
@@ -16,10 +18,14 @@ JOBS_DISPATCH = "scheduling.tasks.jobs_dispatch"
 
 
 def scheduler_trigger(trigger: str, session_id: str | None = None, was_active: bool = False) -> None:
-    """Wake the scheduler now (TurboServe is event-driven)."""
-    current_app.send_task(
-        SCHEDULER_EVENT, kwargs={"trigger": str(trigger), "session_id": session_id, "was_active": was_active}
-    )
+    """Wake the scheduler now (TurboServe is event-driven). Traced, the event starts the decision's
+    trace (or joins the request's): the task carries it in its headers (the Celery instrumentation)."""
+    attributes = {"scheduler.trigger": str(trigger), "session.id": session_id}
+    with tracing.span(tracing.SCHEDULER_EVENT, kind="producer", attributes=attributes):
+        current_app.send_task(
+            SCHEDULER_EVENT,
+            kwargs={"trigger": str(trigger), "session_id": session_id, "was_active": was_active},
+        )
 
 
 def worker_release_enqueue(*, worker_id: int, action_id: int | None) -> None:

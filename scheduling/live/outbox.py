@@ -17,6 +17,7 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
+from contracts import tracing
 from contracts.wire.channel import new_command, send_command
 from gpu.models import GpuWorker
 from scheduling.models import SchedulerDecision, WorkerCommand
@@ -59,6 +60,11 @@ class Outbox:
         # A job's commands name the job in place of the session (the contract of issue 14).
         subject = {"job": str(job.pk)} if job else {"session": str(session.pk) if session else None}
         body = new_command(kind, **subject, epoch=epoch, **payload)
+        if tracing.ON:
+            # The decision's trace, which the send (after commit) and the worker's answer continue.
+            traceparent = tracing.traceparent()
+            if traceparent is not None:
+                body["traceparent"] = traceparent
         WorkerCommand.objects.create(
             id=body["id"],
             worker=worker,
@@ -76,9 +82,27 @@ class Outbox:
     def send(self) -> None:
         client = redis_client()
         for worker_name, body in self.commands:
-            send_command(client, worker_name, body)
+            if tracing.ON and "traceparent" in body:
+                self._send_traced(client, worker_name, body)
+            else:
+                send_command(client, worker_name, body)
         for action in self.after:
             try:
                 action()
             except Exception:
                 logger.exception("post-decision action failed")
+
+    @staticmethod
+    def _send_traced(client: redis.Redis, worker_name: str, body: dict) -> None:
+        attributes = {
+            "command.id": body["id"],
+            "command.kind": body["kind"],
+            "worker.name": worker_name,
+            "session.id": body.get("session"),
+            "job.id": body.get("job"),
+        }
+        with tracing.span(
+            tracing.COMMAND_SEND, parent=body["traceparent"], kind="producer", attributes=attributes
+        ):
+            body["traceparent"] = tracing.traceparent()  # the worker's span is this one's child
+            send_command(client, worker_name, body)

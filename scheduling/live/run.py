@@ -28,6 +28,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from contracts import tracing
 from gpu.models import GpuWorker, Region
 from scheduling.core.pipeline import DecisionInputs, JobDemand, RegionDecision, decision_run
 from scheduling.core.policy import Policy, make_policy
@@ -69,9 +70,17 @@ def scheduler_run(*, trigger: str, session_id: str | None = None, was_active: bo
     with scheduler_lock():
         decisions = []
         for preset in settings.STREAMSERVE["SERVED_MODELS"]:
-            decisions += _run_pool(
-                preset=preset, trigger=trigger, session_id=session_id, was_active=was_active
-            )
+            attributes = {
+                "scheduler.trigger": str(trigger),
+                "scheduler.preset": preset,
+                "session.id": session_id,
+            }
+            with tracing.span(tracing.SCHEDULER_DECISION, attributes=attributes):
+                recorded = _run_pool(
+                    preset=preset, trigger=trigger, session_id=session_id, was_active=was_active
+                )
+                tracing.attributes_set({"scheduler.decision_ids": recorded})
+            decisions += recorded
         return decisions
 
 
@@ -403,6 +412,24 @@ def _record_and_apply(
     )
     commands_before = len(outbox.commands)
     applied = decision_apply(decision=decision, record=record, pool=pool, config=config, outbox=outbox)
+    # The decision's inputs and outcome on its trace (one event per region: a run may decide several).
+    tracing.event_add(
+        "scheduler.region_decision",
+        {
+            "region": region,
+            "decision.id": record.pk,
+            "inputs.sessions": len(snapshot.sessions),
+            "inputs.active_sessions": record.active_sessions,
+            "inputs.gpus": len(pool.workers),
+            "inputs.rho_max": decision.signals.rho_max,
+            "outcome.target_budget": decision.target_budget,
+            "outcome.placements_changed": applied.placements,
+            "outcome.add_gpus": decision.add_gpus,
+            "outcome.drain": list(decision.drain),
+            "outcome.release": list(decision.release),
+            "outcome.commands": len(outbox.commands) - commands_before,
+        },
+    )
     changed = applied.placements
     acted = changed or decision.add_gpus or decision.drain or decision.undrain or decision.release
     sent = len(outbox.commands) > commands_before

@@ -78,8 +78,11 @@ def run_delivery(
     shape: dict[str, Any] | None = None,
     webrtc_viewers: Sequence[int] = (),
     webrtc_media: str = "process",
+    chunk_sample_rate: float | None = None,
 ) -> dict[str, Any]:
-    """``shape``: each chunk's ``width``, ``height``, ``frames``, the viewers' ``codec`` and the
+    """``chunk_sample_rate``: tracing on in the server and publisher processes (None: off, the
+    deployment default), exporting to an OTLP receiver in this process (``contracts.otlp_sink``),
+    that share of the chunks traced. ``shape``: each chunk's ``width``, ``height``, ``frames``, the viewers' ``codec`` and the
     frames' ``content`` (default the tiny preset's: 64×64, 4 frames, JPEG, of the panned photograph;
     ``workers.benchmarks.content``). The whole benchmark; raises ``ServiceUnavailable`` when PostgreSQL or Redis does not answer."""
     check_redis(settings.REDIS_URL)
@@ -105,6 +108,17 @@ def run_delivery(
     }
     if lag_file is not None:
         env["BENCH_LOOP_LAG_FILE"] = str(lag_file)
+    env = {k: v for k, v in env.items() if not k.startswith("OTEL_")}
+    sink = None
+    if chunk_sample_rate is not None:
+        from contracts.otlp_sink import OtlpSink
+
+        sink = OtlpSink()
+        env |= {
+            "OTEL_ENABLED": "true",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint,
+            "OTEL_CHUNK_SAMPLE_RATE": str(chunk_sample_rate),
+        }
     if channel_layer == "pubsub":
         # A settings overlay in the run's temporary folder: the deployed settings, another layer.
         (tmp / "bench_pubsub_settings.py").write_text(
@@ -171,6 +185,8 @@ def run_delivery(
                 shutil.copytree(tmp, keep_logs, dirs_exist_ok=True)
     finally:
         _delete_rows(run)
+        if sink is not None:
+            sink.stop()
     at_target = [r for r in results if r["streams"] == TARGET_STREAMS]
     return {
         "benchmark": "delivery",
@@ -184,6 +200,11 @@ def run_delivery(
         "shape": shape,
         "webrtc_viewers": list(webrtc_viewers),
         "webrtc_media": webrtc_media if webrtc_viewers else None,
+        # Spans the processes exported, by name (None: tracing off). A process exports its last
+        # batch as it stops: the server's may be missing.
+        "tracing": None
+        if sink is None
+        else {"chunk_sample_rate": chunk_sample_rate, "spans_received": sink.names()},
         "runs": results,
         "target_p99_ms": TARGET_P99_MS,
         "target_streams": TARGET_STREAMS,
@@ -192,11 +213,18 @@ def run_delivery(
 
 
 def format_verdict(report: dict[str, Any]) -> str:
-    """The closing line (each run's figures are printed as it ends); empty without a run at the target."""
-    if report["target_met"] is None:
-        return ""
-    verdict = "met" if report["target_met"] else "MISSED"
-    return f"target p99 added delay <= {TARGET_P99_MS} ms at {TARGET_STREAMS} streams: {verdict}"
+    """The closing lines (each run's figures are printed as it ends): the spans exported with tracing
+    on, and the verdict (none without a run at the target)."""
+    lines = []
+    if report["tracing"] is not None:
+        tracing = report["tracing"]
+        lines.append(
+            f"tracing on, chunk sample rate {tracing['chunk_sample_rate']}: spans {tracing['spans_received']}"
+        )
+    if report["target_met"] is not None:
+        verdict = "met" if report["target_met"] else "MISSED"
+        lines.append(f"target p99 added delay <= {TARGET_P99_MS} ms at {TARGET_STREAMS} streams: {verdict}")
+    return "\n".join(lines)
 
 
 def format_run(result: dict[str, Any]) -> str:

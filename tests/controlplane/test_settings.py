@@ -85,6 +85,10 @@ def load_settings(expression: str = "settings.DEBUG", **env: str) -> subprocess.
         ("SPARE_MARGIN_Z", "wide"),
         ("SPARE_MARGIN_Z", "-1"),
         ("SPARE_MIN_SESSIONS", "-2"),
+        ("OTEL_ENABLED", "maybe"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "grpc://collector:4317"),
+        ("OTEL_CHUNK_SAMPLE_RATE", "1.5"),
+        ("OTEL_CHUNK_SAMPLE_RATE", "often"),
     ],
 )
 def test_malformed_variable_fails_at_start_naming_it(variable, value):

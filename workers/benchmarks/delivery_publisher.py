@@ -97,7 +97,12 @@ def run_publisher(
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
     django.setup()
     # The worker's own channel key needs the app registry set up just above.
+    from contracts import tracing
     from contracts.wire.channel import delivered_key
+    from controlplane.tracing import tracing_configure
+
+    # Traced as the worker is when the environment turns it on (bench_delivery --tracing on).
+    tracing_configure("worker")
 
     client = redis.Redis.from_url(settings.REDIS_URL)
 
@@ -155,9 +160,19 @@ def run_publisher(
 
             placed = fragment_placed(media["placed"], chunk_index=index, fps=fps)
             media = {key: value for key, value in media.items() if key != "placed"} | {"fragment": placed}
-        # Large payloads beside the message, as the worker's publisher sends them (contracts.wire.frames).
-        message = chunk_message_offloaded(header, frames, media=media, store=store_payloads)
-        loop.run_until_complete(layer.group_send(group_name(sid), message))
+        if tracing.ON and tracing.chunk_sampled():  # as ChunkPublisher traces a chunk
+            attributes = {"session.id": sid, "chunk.index": index, "worker.name": "bench-delivery"}
+            with (
+                tracing.span(tracing.CHUNK, attributes=attributes),
+                tracing.span(tracing.CHUNK_PUBLISH, kind="producer"),
+            ):
+                message = chunk_message_offloaded(header, frames, media=media, store=store_payloads)
+                message["traceparent"] = tracing.traceparent()
+                loop.run_until_complete(layer.group_send(group_name(sid), message))
+        else:
+            # Large payloads beside the message, as the worker's publisher sends them (contracts.wire.frames).
+            message = chunk_message_offloaded(header, frames, media=media, store=store_payloads)
+            loop.run_until_complete(layer.group_send(group_name(sid), message))
         send_ms.append((time.time() - header["generated_at"]) * 1000.0)
     loop.close()
     client.delete(*[delivered_key(sid) for sid in session_ids])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from contracts import tracing
 from workers.ports import Reporter
 
 
@@ -30,4 +31,11 @@ class Answers:
         self, command: dict[str, Any], status: str, reason: str = "", result: dict | None = None
     ) -> None:
         self.answered[command.get("id", "")] = status
-        self.reporter.answer(command, status, reason, result)
+        if tracing.ON and isinstance(command.get("traceparent"), str):
+            attributes = {"command.id": command.get("id"), "command.status": status, "command.reason": reason}
+            with tracing.span(tracing.WORKER_ANSWER, parent=command["traceparent"], attributes=attributes):
+                # Recorded in PostgreSQL by the reporter's thread, as a child of this span.
+                command = {**command, "traceparent": tracing.traceparent()}
+                self.reporter.answer(command, status, reason, result)
+        else:
+            self.reporter.answer(command, status, reason, result)

@@ -15,6 +15,7 @@ import logging
 import threading
 from typing import Any
 
+from contracts import tracing
 from contracts.wire.channel import CommandReader, ReceivedCommand, claims_the_device
 from workers.daemon.answers import DEFERRED, Answers, CommandRefused
 from workers.daemon.jobs import JobRefused, JobRunner
@@ -62,6 +63,21 @@ class CommandDispatcher:
         if command_id in self.answers:
             self.reader.ack(item.entry_id)
             return
+        if tracing.ON and isinstance(command.get("traceparent"), str):
+            attributes = {
+                "command.id": command_id,
+                "command.kind": command.get("kind"),
+                "worker.name": self.name,
+            }
+            with tracing.span(
+                tracing.WORKER_COMMAND, parent=command["traceparent"], kind="consumer", attributes=attributes
+            ):
+                # The answer, given now or later (a migration's), is this span's child.
+                self._apply(item, {**command, "traceparent": tracing.traceparent()})
+        else:
+            self._apply(item, command)
+
+    def _apply(self, item: ReceivedCommand, command: dict) -> None:
         kind = command.get("kind")
         handler = getattr(self, f"cmd_{kind}", None) if isinstance(kind, str) else None
         try:

@@ -20,6 +20,7 @@ from typing import Any
 
 import redis
 
+from contracts import tracing
 from contracts.wire.channel import PublishFence, Verdict
 from contracts.wire.codecs import DEFAULT_CODECS, codecs_wanted_many
 from contracts.wire.frames import PAYLOAD_TTL_S, chunk_message_offloaded, group_name
@@ -51,8 +52,11 @@ class ChunkPublisher(threading.Thread):
         self.worker_name = worker_name
         self.redis = redis_client
         self.fence = PublishFence(redis_client)
-        # Chunks to publish, in order; a callable runs once every chunk before it is done (``after``).
-        self.items: queue.Queue[tuple[ChunkResult, int] | Callable[[], None] | None] = queue.Queue()
+        # Chunks to publish, in order, each with when its trace began (None: not traced); a callable
+        # runs once every chunk before it is done (``after``).
+        self.items: queue.Queue[tuple[ChunkResult, int, int | None] | Callable[[], None] | None] = (
+            queue.Queue()
+        )
         self.superseded: queue.Queue[tuple[str, int]] = queue.Queue()
         self.leases_lost: dict[str, int] = {}  # session id → the newer epoch that fenced us out
         self.published = 0
@@ -84,7 +88,9 @@ class ChunkPublisher(threading.Thread):
     def submit(self, result: ChunkResult, epoch: int) -> None:
         with self._queued_lock:
             self._queued[result.session_id] += 1
-        self.items.put((result, epoch))
+        # The chunk's trace (sampled at OTEL_CHUNK_SAMPLE_RATE) begins as the engine hands it over.
+        traced = time.time_ns() if tracing.ON and tracing.chunk_sampled() else None
+        self.items.put((result, epoch, traced))
 
     def after(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` on this thread once every chunk submitted before it was published (its
@@ -118,9 +124,12 @@ class ChunkPublisher(threading.Thread):
                 except Exception:
                     logger.exception("after-publish callback failed worker=%s", self.worker_name)
                 continue
-            result, epoch = item
+            result, epoch, traced = item
             try:
-                self._publish_retrying(loop, layer, result, epoch)
+                if traced is None:
+                    self._publish_retrying(loop, layer, result, epoch)
+                else:
+                    self._publish_traced(loop, layer, result, epoch, traced)
             except Exception:
                 logger.exception(
                     "publishing chunk failed session=%s index=%s", result.session_id, result.chunk_index
@@ -132,8 +141,28 @@ class ChunkPublisher(threading.Thread):
                         del self._queued[result.session_id]
         loop.close()
 
+    def _publish_traced(
+        self, loop: asyncio.AbstractEventLoop, layer: Any, result: ChunkResult, epoch: int, started_ns: int
+    ) -> None:
+        """``_publish_retrying`` inside the chunk's root span; the message carries the trace on."""
+        attributes = {
+            "session.id": result.session_id,
+            "chunk.index": result.chunk_index,
+            "chunk.epoch": epoch,
+            "chunk.batch_size": result.batch_size,
+            "chunk.generation_ms": round(result.generation_ms, 3),
+            "worker.name": self.worker_name,
+        }
+        with tracing.span(tracing.CHUNK, attributes=attributes, start_ns=started_ns):
+            self._publish_retrying(loop, layer, result, epoch, traced=True)
+
     def _publish_retrying(
-        self, loop: asyncio.AbstractEventLoop, layer: Any, result: ChunkResult, epoch: int
+        self,
+        loop: asyncio.AbstractEventLoop,
+        layer: Any,
+        result: ChunkResult,
+        epoch: int,
+        traced: bool = False,
     ) -> None:
         """Publish, waiting out a Redis outage: a chunk is never dropped because Redis restarted.
 
@@ -144,7 +173,7 @@ class ChunkPublisher(threading.Thread):
         """
         for attempt in itertools.count():
             try:
-                self._publish(loop, layer, result, epoch)
+                self._publish(loop, layer, result, epoch, traced)
                 return
             except REDIS_DOWN as exc:
                 self.redis_failed()
@@ -157,7 +186,14 @@ class ChunkPublisher(threading.Thread):
                     )
                 time.sleep(retry_delay(attempt))
 
-    def _publish(self, loop: asyncio.AbstractEventLoop, layer: Any, result: ChunkResult, epoch: int) -> None:
+    def _publish(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        layer: Any,
+        result: ChunkResult,
+        epoch: int,
+        traced: bool = False,
+    ) -> None:
         sid, index = result.session_id, result.chunk_index
         if epoch < self.leases_lost.get(sid, -1):
             return  # already fenced out at this epoch: no round trip for the rest of the queue
@@ -216,9 +252,17 @@ class ChunkPublisher(threading.Thread):
                 "mime": fragment.mime,
                 "encoder": fragment.encoder,
             }
-        # Payloads of a real frame size go beside the message (contracts.wire.frames), before it.
-        message = chunk_message_offloaded(header, frames, media=media, store=self._store_payloads)
-        loop.run_until_complete(layer.group_send(group_name(sid), message))
+        if traced:
+            with tracing.span(
+                tracing.CHUNK_PUBLISH, kind="producer", attributes={"chunk.codecs": header["codecs"]}
+            ):
+                # Payloads of a real frame size go beside the message (contracts.wire.frames), before it.
+                message = chunk_message_offloaded(header, frames, media=media, store=self._store_payloads)
+                message["traceparent"] = tracing.traceparent()
+                loop.run_until_complete(layer.group_send(group_name(sid), message))
+        else:
+            message = chunk_message_offloaded(header, frames, media=media, store=self._store_payloads)
+            loop.run_until_complete(layer.group_send(group_name(sid), message))
         # Marked only now that the channel layer has it: a takeover resumes after the last chunk
         # actually sent, never after one announced and then lost with a frozen or dead worker.
         self.fence.mark_delivered(sid, epoch, index)

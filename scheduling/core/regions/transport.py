@@ -41,6 +41,7 @@ def preload_solver() -> None:
     """Import the solver now (the scheduler's Celery worker, at start)."""
     _ot()
 
+
 _FORBIDDEN = 1e6  # cost of a route beyond the RTT budget (emd): never chosen while overflow exists
 _OVERFLOW = 1e4  # cost of leaving demand unplaced: above every allowed route
 _NEGLIGIBLE = 1e-9  # load units

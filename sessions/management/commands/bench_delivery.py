@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from contracts import bench
@@ -74,6 +75,19 @@ class Command(BaseCommand):
             help="where the WebRTC viewers' peer connections run: process (a media process beside the web"
             " process, as deployed by default; its CPU is reported) or inline (in the web process)",
         )
+        parser.add_argument(
+            "--tracing",
+            choices=("off", "on"),
+            default="off",
+            help="OpenTelemetry traces in the server and publisher processes (docs/observability.md), exported"
+            " to an OTLP receiver in this process; off (default) as deployed",
+        )
+        parser.add_argument(
+            "--chunk-sample-rate",
+            type=float,
+            default=None,
+            help="with --tracing on: the share of chunks traced, 0..1 (default OTEL_CHUNK_SAMPLE_RATE's)",
+        )
         parser.add_argument("--keep-logs", default=None, help="copy the processes' logs to this folder")
         bench.add_report_arguments(parser)
 
@@ -90,6 +104,13 @@ class Command(BaseCommand):
             raise CommandError("--webrtc-viewers: WebRTC carries H.264 only; add --codec h264")
         if webrtc_viewers and options["asgi_app"] != DEPLOYED_APP:
             raise CommandError("--webrtc-viewers measures the deployed application: leave --asgi-app out")
+        rate = options["chunk_sample_rate"]
+        if rate is not None and not 0.0 <= rate <= 1.0:
+            raise CommandError("--chunk-sample-rate must be between 0 and 1")
+        if rate is not None and options["tracing"] == "off":
+            raise CommandError("--chunk-sample-rate needs --tracing on")
+        if options["tracing"] == "on" and rate is None:
+            rate = settings.TRACING["CHUNK_SAMPLE_RATE"]
         try:
             report = run_delivery(
                 streams=streams,
@@ -104,6 +125,7 @@ class Command(BaseCommand):
                 shape={key: options[key] for key in ("width", "height", "frames", "codec", "content")},
                 webrtc_viewers=webrtc_viewers,
                 webrtc_media=options["webrtc_media"],
+                chunk_sample_rate=rate if options["tracing"] == "on" else None,
                 say=bench.quiet_unless_text(options["json"], self.stdout.write),
             )
         except ServiceUnavailable as exc:

@@ -17,6 +17,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from contracts.catalog.presets import DEFAULT_PRESET, PRESETS
 from contracts.process import platform_pid, stop_when_orphaned
+from controlplane.tracing import tracing_configure
 from gpu.models import GpuWorker
 from gpu.services import TransitionError, worker_fail, worker_register, worker_release
 from scheduling.live.enqueue import scheduler_trigger
@@ -122,6 +123,7 @@ class Command(BaseCommand):
         # (WORKER_ORPHAN_TIMEOUT_S) is what ends a worker that lost its control plane.
         if platform_pid() is not None:
             stop_when_orphaned()
+        tracing_configure("worker")
         conf = settings.STREAMSERVE
         name = options["name"] or f"{socket.gethostname()}-{os.getpid()}"
         device = resolve_device(options["device"])
