@@ -13,8 +13,8 @@ TORCH_PIN ?= torch==2.13.0
 # pytest-xdist workers for the suite (tests/isolation.py gives each its own test database and Redis
 # databases). Much of the suite waits on the processes its e2e tests start (chunks at their pace,
 # heartbeats, timeouts), so even on two cores a third worker fills time the CPUs sit idle (a whole
-# run beside other jobs measured the suite's own processes at about 0.9 of a core on two workers). A test module runs on one worker (loadfile): its module-scoped
-# platform or browser starts once. Files go out longest first (tests/markers.py,
+# run beside other jobs measured the suite's own processes at about 0.9 of a core on two workers).
+# A test module runs on one worker (loadfile): its module-scoped platform or browser starts once. Files go out longest first (tests/markers.py,
 # longest_files_first), not in xdist's order by test count. TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 3
 XDIST  := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
