@@ -49,6 +49,7 @@ def tracing_start(
     global ON, _tracing
     if ON:
         return
+    # Only when tracing is on: off, no OpenTelemetry module is imported (docs/observability.md).
     from contracts import otel
 
     _tracing = otel.Tracing(

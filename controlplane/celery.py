@@ -18,6 +18,7 @@ app.autodiscover_tasks()
 # thread does not survive one. Beat sends the periodic tasks.
 @worker_process_init.connect(weak=False)
 def _tracing_worker_process(**_kwargs) -> None:
+    # Only when tracing is on: off, no OpenTelemetry module is imported (docs/observability.md).
     from controlplane.tracing import tracing_configure
 
     tracing_configure("celery")
@@ -25,6 +26,7 @@ def _tracing_worker_process(**_kwargs) -> None:
 
 @beat_init.connect(weak=False)
 def _tracing_beat(**_kwargs) -> None:
+    # Only when tracing is on: off, no OpenTelemetry module is imported (docs/observability.md).
     from controlplane.tracing import tracing_configure
 
     tracing_configure("beat")

@@ -21,6 +21,7 @@ def tracing_configure(process: str) -> bool:
     conf = settings.TRACING
     if not conf["ENABLED"]:
         return False
+    # Only when tracing is on: off, no OpenTelemetry module is imported (docs/observability.md).
     from contracts import tracing
 
     if tracing.ON:

@@ -111,6 +111,7 @@ def run_delivery(
     env = {k: v for k, v in env.items() if not k.startswith("OTEL_")}
     sink = None
     if chunk_sample_rate is not None:
+        # Only when tracing is on: off, no OpenTelemetry module is imported (docs/observability.md).
         from contracts.otlp_sink import OtlpSink
 
         sink = OtlpSink()

@@ -36,6 +36,7 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         finally:
             if sink is not None:
+                # Only when tracing is on: off, no OpenTelemetry module is imported (docs/observability.md).
                 from contracts import tracing
 
                 tracing.tracing_stop()  # exports what is buffered
@@ -50,6 +51,7 @@ def _tracing_on():
     """Tracing as a Celery worker process starts it, exporting to a receiver in this process."""
     from django.conf import settings
 
+    # Only when tracing is on: off, no OpenTelemetry module is imported (docs/observability.md).
     from contracts.otlp_sink import OtlpSink
     from controlplane.tracing import tracing_configure
 
