@@ -1,17 +1,19 @@
 """One closed-loop decision on live state: PostgreSQL and Redis → the decision pipeline → apply.
 
 ``scheduler_run`` is what the Celery tasks call, one run at a time cluster-wide (a Redis lock). Per
-served model pool, in one transaction with the pool's rows locked, ``_run_pool``:
+served model pool, in one transaction with the pool's workers locked, ``_run_pool``:
 
 1. reads the pipeline's inputs (``_pipeline_inputs``): the pool's ``Snapshot`` (the one the
-   simulator builds from its own state), the regions' layout, the jobs in flight, the predictive
+   simulator builds from its own state; its sessions read through the process's pool cache,
+   ``scheduling.live.snapshot``: only the rows changed since the last run, the snapshot patched), the regions' layout, the jobs in flight, the predictive
    floor from the region forecast slot and, asked only with several regions, the idle regions;
 2. runs the pipeline the simulator runs (``scheduling.core.pipeline.decision_run``: partition by
    region, job demand, floor, each region's policy — its state loaded from and saved to its
    ``SchedulerState`` row, ``_RegionPolicies`` —, spill to a near region, regions to zero);
 3. applies its result: re-routed sessions (``regions.sessions_reroute``), encoder failover
    (``stages.encoders``), each region's decision recorded with its inputs and applied
-   (``_record_and_apply``, ``apply``), then the stage placement (``stages.placement``); the commands
+   (``_record_and_apply``, ``apply``; the sessions the decisions name are locked first, in one
+   query), then the stage placement (``stages.placement``); the commands
    go out after commit (``outbox``).
 """
 
