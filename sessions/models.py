@@ -174,6 +174,10 @@ class GenerationSession(models.Model):
             # The pool cache's delta read (``scheduling.live.snapshot``): rows stamped since its last.
             models.Index(fields=["model_name", "snapshot_seq"], name="session_snapshot_seq"),
             models.Index(fields=["snapshot_xid"], name="session_snapshot_xid"),
+            # Its live count per run (a deleted row leaves no stamp): the pool's live rows, not the table.
+            models.Index(
+                fields=["model_name"], condition=~Q(status="terminated"), name="session_live_by_model"
+            ),
         ]
         constraints = [
             models.CheckConstraint(

@@ -67,6 +67,14 @@ class Migration(migrations.Migration):
             model_name="generationsession",
             index=models.Index(fields=["snapshot_xid"], name="session_snapshot_xid"),
         ),
+        migrations.AddIndex(
+            model_name="generationsession",
+            index=models.Index(
+                condition=models.Q(("status", "terminated"), _negated=True),
+                fields=["model_name"],
+                name="session_live_by_model",
+            ),
+        ),
         migrations.RunSQL(
             sql="""
             CREATE TRIGGER session_snapshot_stamp BEFORE INSERT OR UPDATE ON streams_generationsession
