@@ -336,6 +336,81 @@ class Snapshot:
             max_gpus=max_gpus,
         )
 
+    def patched(
+        self,
+        *,
+        time: float,
+        changed: Mapping[str, SessionView | None],
+        min_gpus: int = 0,
+        max_gpus: int = 1_000_000,
+    ) -> Snapshot:
+        """What :meth:`build` returns for this snapshot's GPUs and types and its sessions with
+        ``changed`` applied (a session's new view, or ``None``: gone), equal field by field and in
+        the same orders, with work in the changed sessions and the GPUs they leave or join rather
+        than in the cluster (the live loop's cached snapshot, issue 30). Only what ``build`` sets."""
+        gpu_map = self.gpus
+        old = self.sessions
+        for s in changed.values():
+            if s is None:
+                continue
+            if s.state not in SESSION_STATES:
+                raise ValueError(f"session {s.id}: unknown state {s.state!r}")
+            if s.state == "executing" and s.gpu not in gpu_map:
+                raise ValueError(f"session {s.id}: executing on unknown GPU {s.gpu!r}")
+        merged = dict(old)
+        arrived = False
+        for sid, view in changed.items():
+            if view is None:
+                merged.pop(sid, None)
+            else:
+                arrived = arrived or sid not in merged
+                merged[sid] = view
+        # ``build`` orders the sessions by id: an arrival is sorted in (nearly sorted: timsort, linear).
+        session_map = dict(sorted(merged.items(), key=lambda item: item[0])) if arrived else merged
+        # The GPUs whose residents change: those a changed session executed on, or executes on now.
+        touched = {
+            v.gpu
+            for sid in changed
+            for v in (old.get(sid), session_map.get(sid))
+            if v is not None and v.state == "executing"
+        }
+        residents = dict(self.residents)
+        load = dict(self.gpu_load)
+        used = dict(self.gpu_bytes)
+        for g in touched:
+            ids = [sid for sid in residents[g] if sid not in changed]
+            ids += [
+                sid for sid, v in changed.items() if v is not None and v.state == "executing" and v.gpu == g
+            ]
+            ids.sort()
+            total, nbytes = 0.0, 0
+            for sid in ids:  # summed in id order, as ``build`` sums: the same float
+                total += session_map[sid].load
+                nbytes += session_map[sid].state_bytes
+            residents[g], load[g], used[g] = tuple(ids), total, nbytes
+        pending = [sid for sid in self.pending if sid not in changed]
+        idle = [sid for sid in self.idle_resident if sid not in changed]
+        for sid, v in sorted(changed.items(), key=lambda item: item[0]):
+            if v is None:
+                continue
+            if v.state == "executing":
+                if not v.alpha:
+                    bisect.insort(idle, sid)
+            elif v.alpha:
+                bisect.insort(pending, sid, key=lambda p: (session_map[p].since, p))
+        return replace(
+            self,
+            time=time,
+            sessions=MappingProxyType(session_map),
+            residents=MappingProxyType(residents),
+            gpu_load=MappingProxyType(load),
+            gpu_bytes=MappingProxyType(used),
+            pending=tuple(pending),
+            idle_resident=tuple(idle),
+            min_gpus=min_gpus,
+            max_gpus=max_gpus,
+        )
+
     def spec(self, gpu_id: str) -> GpuTypeSpec:
         return self.gpu_types[self.gpus[gpu_id].gpu_type]
 
