@@ -291,18 +291,10 @@ class WorkerCommand(models.Model):
     result = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(db_index=True)
     answered_at = models.DateTimeField(null=True, blank=True)
-    # Stamped on insert by a PostgreSQL trigger (migration 0015), like the session's: the pool cache
-    # reads the placements' newest command only from commands inserted since its last read.
-    snapshot_seq = models.BigIntegerField(null=True, blank=True, editable=False)
-    snapshot_xid = models.BigIntegerField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [
-            models.Index(fields=["status", "created_at"]),
-            models.Index(fields=["snapshot_seq"], name="command_snapshot_seq"),
-            models.Index(fields=["snapshot_xid"], name="command_snapshot_xid"),
-        ]
+        indexes = [models.Index(fields=["status", "created_at"])]
         constraints = [
             models.CheckConstraint(
                 name="command_answered_has_time",

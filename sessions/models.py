@@ -160,24 +160,12 @@ class GenerationSession(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_active_at = models.DateTimeField(null=True, blank=True)
     terminated_at = models.DateTimeField(null=True, blank=True)
-    # Stamped by a PostgreSQL trigger (migration 0010) whenever a column the scheduler's snapshot
-    # reads changes: the sequence number and the writing transaction's id. The scheduler's pool cache
-    # reads only rows stamped since its last read (``scheduling.live.snapshot``); never set in Python.
-    snapshot_seq = models.BigIntegerField(null=True, blank=True, editable=False)
-    snapshot_xid = models.BigIntegerField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["-created_at"]
         indexes = [
             models.Index(fields=["owner", "-created_at"]),
             models.Index(fields=["status"]),
-            # The pool cache's delta read (``scheduling.live.snapshot``): rows stamped since its last.
-            models.Index(fields=["model_name", "snapshot_seq"], name="session_snapshot_seq"),
-            models.Index(fields=["snapshot_xid"], name="session_snapshot_xid"),
-            # Its live count per run (a deleted row leaves no stamp): the pool's live rows, not the table.
-            models.Index(
-                fields=["model_name"], condition=~Q(status="terminated"), name="session_live_by_model"
-            ),
         ]
         constraints = [
             models.CheckConstraint(

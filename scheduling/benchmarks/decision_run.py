@@ -3,13 +3,11 @@
 For each cluster size M: M ready workers of the default GPU type in the first served model's pool,
 ≈ 1.4·K·M sessions of which ≈ 0.7·K·M execute on them (least-loaded first) and the rest are idle
 and suspended — synthetic PostgreSQL rows, bulk-inserted inside one transaction that is rolled back
-at the end, so nothing is left behind. A first run (a tick, reported as ``first_run_ms``) loads the
-pool whole into the process's pool cache (``scheduling.live.snapshot``), as the first run of a Celery
-worker process does. Then ``runs`` times: one suspended session turns active and the whole live run
-(``scheduling.live.run.scheduler_run``: the pool's workers locked, the sessions changed since the
-last run read, the snapshot patched, the policy, the apply, the decision record, the commands' rows)
-is timed and its database queries counted (``CaptureQueriesContext``). The commands' Redis sends run
-on commit, which never comes here: they are not in the figure.
+at the end, so nothing is left behind. Then ``runs`` times: one suspended session turns active and
+the whole live run (``scheduling.live.run.scheduler_run``: the pool's rows locked and read, the
+snapshot, the policy, the apply, the decision record, the commands' rows) is timed and its database
+queries counted (``CaptureQueriesContext``). The commands' Redis sends run on commit, which never
+comes here: they are not in the figure.
 """
 
 from __future__ import annotations
@@ -91,9 +89,7 @@ def bench_decision_run(
         tag = uuid.uuid4().hex[:8]
         with transaction.atomic():
             idle = _rows(m, preset, tag)
-            t0 = time.perf_counter()
-            scheduler_run(trigger="tick")  # the policy's state row and the pool cache exist from here on
-            first_run_ms = (time.perf_counter() - t0) * 1000.0
+            scheduler_run(trigger="tick")  # the policy's state row exists from here on
             times: list[float] = []
             queries: list[int] = []
             for _ in range(runs):
@@ -114,7 +110,6 @@ def bench_decision_run(
                 "gpus": m,
                 "sessions": sessions,
                 "runs": runs,
-                "first_run_ms": round(first_run_ms, 2),
                 "p50_ms": round(float(np.percentile(arr, 50)), 2),
                 "p99_ms": round(float(np.percentile(arr, 99)), 2),
                 "max_ms": round(float(arr.max()), 2),
@@ -138,14 +133,12 @@ def run_bench(*, gpus: str = "1024,10000", runs: int = 50, seed: int = 0) -> dic
 def format_bench(report: dict[str, Any]) -> str:
     lines = [f"live decision run, pool {report['preset']} ({report['gpu_type']}), rows rolled back after"]
     lines.append(
-        f"  {'GPUs':>6} {'sessions':>9} {'first ms':>9} {'runs':>5} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9}"
-        f" {'queries':>9}"
+        f"  {'GPUs':>6} {'sessions':>9} {'runs':>5} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9} {'queries':>9}"
     )
     for r in report["sizes"]:
         q = f"{r['queries_min']}-{r['queries_max']}"
         lines.append(
-            f"  {r['gpus']:>6} {r['sessions']:>9} {r['first_run_ms']:>9.2f} {r['runs']:>5} {r['p50_ms']:>9.2f}"
-            f" {r['p99_ms']:>9.2f}"
+            f"  {r['gpus']:>6} {r['sessions']:>9} {r['runs']:>5} {r['p50_ms']:>9.2f} {r['p99_ms']:>9.2f}"
             f" {r['max_ms']:>9.2f} {q:>9}"
         )
     if report.get("tracing") is not None:

@@ -8,9 +8,7 @@ for a transition that applied.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from django.db.models import Q
 
@@ -33,18 +31,15 @@ Location = GenerationSession.StateLocation
 
 @dataclass
 class Pool:
-    """The rows one decision acts on: live workers (locked by the run) and non-terminated sessions
-    (locked when the decision names them) of one model preset, by name and by id. A region's decision acts on the region's workers only
+    """The rows one decision acts on, locked by the run: live workers and non-terminated sessions
+    of one model preset, by name and by id. A region's decision acts on the region's workers only
     (``region``: ``None`` for the local region) and may name any session of the preset (one the
-    planning re-routed into the region). ``sessions`` may read and lock its rows when first asked
-    for one (``scheduling.live.snapshot.SessionInstances``); ``read`` is the run's narrow read of
-    them (``scheduling.live.snapshot.PoolRows``), when it made one."""
+    planning re-routed into the region)."""
 
     preset: str
     workers: dict[str, GpuWorker]
-    sessions: Mapping[str, GenerationSession]
+    sessions: dict[str, GenerationSession]
     region: Region | None = None
-    read: Any = None
 
 
 @dataclass

@@ -1,19 +1,17 @@
 """One closed-loop decision on live state: PostgreSQL and Redis → the decision pipeline → apply.
 
 ``scheduler_run`` is what the Celery tasks call, one run at a time cluster-wide (a Redis lock). Per
-served model pool, in one transaction with the pool's workers locked, ``_run_pool``:
+served model pool, in one transaction with the pool's rows locked, ``_run_pool``:
 
 1. reads the pipeline's inputs (``_pipeline_inputs``): the pool's ``Snapshot`` (the one the
-   simulator builds from its own state; its sessions read through the process's pool cache,
-   ``scheduling.live.snapshot``: only the rows changed since the last run, the snapshot patched), the regions' layout, the jobs in flight, the predictive
+   simulator builds from its own state), the regions' layout, the jobs in flight, the predictive
    floor from the region forecast slot and, asked only with several regions, the idle regions;
 2. runs the pipeline the simulator runs (``scheduling.core.pipeline.decision_run``: partition by
    region, job demand, floor, each region's policy — its state loaded from and saved to its
    ``SchedulerState`` row, ``_RegionPolicies`` —, spill to a near region, regions to zero);
 3. applies its result: re-routed sessions (``regions.sessions_reroute``), encoder failover
    (``stages.encoders``), each region's decision recorded with its inputs and applied
-   (``_record_and_apply``, ``apply``; the sessions the decisions name are locked first, in one
-   query), then the stage placement (``stages.placement``); the commands
+   (``_record_and_apply``, ``apply``), then the stage placement (``stages.placement``); the commands
    go out after commit (``outbox``).
 """
 
@@ -27,6 +25,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Max
 from django.utils import timezone
 
 from contracts import tracing
@@ -53,12 +52,11 @@ from scheduling.live.regions import (
     region_layout,
     sessions_reroute,
 )
-from scheduling.live.snapshot import PoolRows, SessionInstances, SessionRow, pool_cache_clear, pool_rows
 from scheduling.live.stages.encoders import encoder_failover
 from scheduling.live.stages.placement import stage_placement_step
 from scheduling.live.tenants import tenant_shares
 from scheduling.live.worker_profiles import default_gpu_type, gpu_profiles
-from scheduling.models import SchedulerConfig, SchedulerDecision, SchedulerState
+from scheduling.models import SchedulerConfig, SchedulerDecision, SchedulerState, WorkerCommand
 from sessions.models import GenerationSession
 
 logger = logging.getLogger("scheduling.live")
@@ -87,11 +85,7 @@ def scheduler_run(*, trigger: str, session_id: str | None = None, was_active: bo
 
 
 def _session_view(
-    session: GenerationSession | SessionRow,
-    spec: GpuTypeSpec,
-    now: float,
-    placed_at: dict,
-    gpu_names: dict[int, str],
+    session: GenerationSession, spec: GpuTypeSpec, now: float, placed_at: dict, gpu_names: dict[int, str]
 ) -> SessionView:
     """``since`` is when the session entered its current state: its last placement on a GPU (which
     the policy's minimum-residency rule reads) or, waiting, its activation (queue order).
@@ -99,7 +93,7 @@ def _session_view(
     gpu = gpu_names.get(session.worker_id) if session.worker_id is not None else None
     if session.status in (Status.EXECUTING, Status.MIGRATING) and gpu is not None:
         state = "executing"
-        entered = placed_at.get(str(session.pk)) or session.last_active_at or session.created_at
+        entered = placed_at.get(session.pk) or session.last_active_at or session.created_at
     elif session.status == Status.SUSPENDED:
         state, gpu = "suspended", None
         entered = session.last_active_at or session.created_at
@@ -130,41 +124,49 @@ def _session_view(
 def _pool_locked(preset: str) -> Pool:
     # FOR NO KEY UPDATE: chunk-record inserts (FK checks take KEY SHARE) never wait on it.
     # Rows are locked in primary-key order, like every other multi-row locker, so no deadlock.
-    # The workers are locked, the sessions only read (their narrow columns, only the rows changed
-    # since this process's last run: ``scheduling.live.snapshot``); the apply locks the sessions the
-    # decision names, after the workers as before, and acts on them by compare-and-set.
     workers = {
         w.name: w
         for w in GpuWorker.objects.select_for_update(no_key=True)
         .filter(model_preset=preset, status__in=GpuWorker.LIVE_STATUSES)
-        # Columns no part of the run reads (the liveness check and the scale planner read them
-        # elsewhere): parsing a timestamp and a JSON document per worker is a sixth of a run at 10,000.
-        .defer("last_heartbeat", "weights_plan")
         .order_by("pk")
     }
-    read = pool_rows(preset)
-    if _orphans_recover(read.rows, workers):
-        read = pool_rows(preset)  # re-read the rows the recovery changed
-    return Pool(preset=preset, workers=workers, sessions=SessionInstances(read.rows), read=read)
+    sessions = _sessions_locked(preset)
+    if _orphans_recover(sessions, workers):
+        sessions = _sessions_locked(preset)  # re-read the rows the recovery changed (locks are held)
+    return Pool(preset=preset, workers=workers, sessions=sessions)
 
 
-def _orphans_recover(rows: dict[str, SessionRow], workers: dict[str, GpuWorker]) -> bool:
+def _sessions_locked(preset: str) -> dict[str, GenerationSession]:
+    # The workers are fetched by a second query, after the locks are granted, never joined into the
+    # locking one: when a locked row was changed while we waited (a migration flipped ``worker`` to
+    # its target), PostgreSQL re-checks the new row version against the *previously* joined worker
+    # row (EvalPlanQual), the join no longer matches, and the outer join hands back NULL worker
+    # columns: ``status=executing`` with ``worker=None`` (issue 17, defect 7).
+    return {
+        str(s.pk): s
+        for s in GenerationSession.objects.select_for_update(no_key=True)
+        .filter(model_name=preset)
+        .exclude(status=Status.TERMINATED)
+        .order_by("pk")
+        .prefetch_related("worker", "host_worker")
+    }
+
+
+def _orphans_recover(sessions: dict[str, GenerationSession], workers: dict[str, GpuWorker]) -> bool:
     """Sessions still executing or migrating on a worker that has ended (failed or released
     before its sessions were recovered) continue elsewhere, as ``workers_check`` would do on its
     next tick; the run must not wait for it. Returns whether anything was recovered."""
     in_pool = {w.pk for w in workers.values()}
-    elsewhere = {
-        s.worker_id
-        for s in rows.values()
+    ended = {
+        s.worker_id: s.worker
+        for s in sessions.values()
         if s.status in (Status.EXECUTING, Status.MIGRATING)
-        and s.worker_id is not None
         and s.worker_id not in in_pool
+        and s.worker is not None
+        and not s.worker.is_live
     }
-    if not elsewhere:
-        return False
-    ended = [w for w in GpuWorker.objects.filter(pk__in=elsewhere).order_by("pk") if not w.is_live]
     recovered = 0
-    for lost in ended:
+    for lost in ended.values():
         recovered += sessions_recover(worker=lost)
         logger.warning("scheduler.orphans_recovered worker=%s status=%s", lost.name, lost.status)
     return recovered > 0
@@ -173,46 +175,42 @@ def _orphans_recover(rows: dict[str, SessionRow], workers: dict[str, GpuWorker])
 def _snapshot(pool: Pool, config: SchedulerConfig, clock: float) -> Snapshot:
     profiles = gpu_profiles()
     spec = profiles[default_gpu_type()]
-    read: PoolRows = pool.read
+    placed_at = dict(
+        WorkerCommand.objects.filter(
+            session_id__in=[
+                s.pk for s in pool.sessions.values() if s.status in (Status.EXECUTING, Status.MIGRATING)
+            ],
+            kind__in=["start", "resume", "activate"],
+        )
+        .values("session_id")
+        .annotate(last=Max("created_at"))
+        .values_list("session_id", "last")
+    )
     # Workers without the diffusion model (stage roles E and C, docs/stages.md) hold no sessions:
     # the policy never sees them, so it neither places on them nor drains or releases them.
     serving = [w for w in pool.workers.values() if w.holds_sessions]
     gpu_names = {w.pk: w.name for w in serving}
     gpu_specs = {w.pk: profiles.get(w.gpu_type, spec) for w in serving}
-
-    def view(row: SessionRow) -> tuple[SessionView, bool]:
-        built = _session_view(row, gpu_specs.get(row.worker_id, spec), clock, read.placed_at, gpu_names)
-        # A view is kept for the next run unless the clock bounded its ``since`` or it is an orphan
-        # (logged on every run, as before).
-        orphan = built.gpu is None and row.status in (Status.EXECUTING, Status.MIGRATING)
-        return built, built.since < clock and not orphan
-
-    # A view names its worker's GPU and reads its GPU type's spec: built again when those change.
-    views_key = (
-        default_gpu_type(),
-        tuple((t, id(p)) for t, p in sorted(profiles.items())),
-        tuple(gpu_specs.items()),
-        tuple(gpu_names.items()),
-    )
-    views = read.views(views_key, view)
-    gpus = [
-        GpuView(
-            id=w.name,
-            gpu_type=w.gpu_type if w.gpu_type in profiles else default_gpu_type(),
-            status=w.status,
-            # A loading worker's ready time is the scale plan's estimate (as in the simulator).
-            ready_at=(w.ready_at or w.expected_ready_at).timestamp()
-            if (w.ready_at or w.expected_ready_at)
-            else None,
-            requested_at=w.requested_at.timestamp(),
-        )
-        for w in serving
+    views = [
+        _session_view(s, gpu_specs.get(s.worker_id, spec), clock, placed_at, gpu_names)
+        for s in pool.sessions.values()
     ]
-    snapshot = read.snapshot(
-        (views_key, tuple(gpus)),
-        views,
+    snapshot = Snapshot.build(
         time=clock,
-        gpus=gpus,
+        sessions=views,
+        gpus=[
+            GpuView(
+                id=w.name,
+                gpu_type=w.gpu_type if w.gpu_type in profiles else default_gpu_type(),
+                status=w.status,
+                # A loading worker's ready time is the scale plan's estimate (as in the simulator).
+                ready_at=(w.ready_at or w.expected_ready_at).timestamp()
+                if (w.ready_at or w.expected_ready_at)
+                else None,
+                requested_at=w.requested_at.timestamp(),
+            )
+            for w in serving
+        ],
         gpu_types=profiles,
         min_gpus=config.min_gpus,
         max_gpus=config.max_gpus,
@@ -250,14 +248,14 @@ def _pipeline_inputs(
         floor_load=region_floor_load() if settings.STREAMSERVE["REGION_FORECAST_FLOOR"] else None,
         idle_forecast=region_idle_forecast,
         region_minimum=settings.STREAMSERVE["REGION_MIN_GPUS"],
-        tenants=tenant_shares(sessions=pool.read.rows.values(), now=timezone.now()),
+        tenants=tenant_shares(sessions=pool.sessions.values(), now=timezone.now()),
     )
 
 
 def _layout(pool: Pool, session_id: str | None) -> RegionLayout:
     """The regions of the pool's workers and sessions; a departed session, no longer in the pool,
     keeps the region its row names, where its policy observes the departure."""
-    layout = region_layout(sessions=list(pool.read.rows.values()), workers=list(pool.workers.values()))
+    layout = region_layout(sessions=list(pool.sessions.values()), workers=list(pool.workers.values()))
     if session_id is None or session_id in layout.session_region:
         return layout
     name = GenerationSession.objects.filter(pk=session_id).values_list("region__name", flat=True).first()
@@ -318,16 +316,6 @@ def _run_pool(*, preset: str, trigger: EventKind, session_id: str | None, was_ac
     """One decision run of the pool (the module docstring's three steps): one decision per region,
     each region's TurboServe placing on, rebalancing over and scaling its own workers. Returns the
     recorded decisions."""
-    try:
-        return _run_pool_once(preset=preset, trigger=trigger, session_id=session_id, was_active=was_active)
-    except BaseException:
-        # The run's writes rolled back (to its savepoint, maybe not its transaction's start): what the
-        # pool cache read since may never have existed.
-        pool_cache_clear(preset)
-        raise
-
-
-def _run_pool_once(*, preset: str, trigger: EventKind, session_id: str | None, was_active: bool) -> list[int]:
     started = time.perf_counter()
     outbox = Outbox()
     recorded: list[int] = []
@@ -343,8 +331,6 @@ def _run_pool_once(*, preset: str, trigger: EventKind, session_id: str | None, w
         policies = _RegionPolicies(config, preset)
         run = decision_run(_pipeline_inputs(pool, config, event, layout), policies)
         policies.save()
-        # The sessions the run will change, locked in one query (primary-key order) before it does.
-        pool.sessions.lock(_named_sessions(run, event))
         sessions_reroute(sessions=pool.sessions, rerouted=dict(run.rerouted), layout=layout)
         # Workers without E whose encoder was lost get another, and prompts they refused for lack of
         # one go again (docs/stages.md, "Encoders"); recorded in the first region's decision.
@@ -373,17 +359,6 @@ def _run_pool_once(*, preset: str, trigger: EventKind, session_id: str | None, w
         stage_placement_step(preset=preset, workers=pool.workers, now=now, outbox=outbox)
         transaction.on_commit(outbox.send)
     return recorded
-
-
-def _named_sessions(run, event: Event) -> set[str]:
-    named = set(dict(run.rerouted))
-    if event.session:
-        named.add(event.session)
-    for part in run.regions.values():
-        decision = part.decision
-        named.update(decision.suspend, decision.queue, (sid for sid, _ in decision.assign))
-        named.update(move.session for move in decision.migrations)
-    return named
 
 
 def _record_and_apply(

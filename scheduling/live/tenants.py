@@ -27,20 +27,19 @@ def tenant_shares(*, sessions: Iterable[GenerationSession], now: datetime) -> Te
     The usage query runs only when sessions of two tenants or more are in the pool: it reads the
     window's chunk records (a BRIN range scan on ``created_at``)."""
     sessions = list(sessions)
-    ids = {s.tenant_id for s in sessions}  # one pass over the pool; the names only when needed
-    tenant_ids = ids - {None}
+    tenant_ids = {s.tenant_id for s in sessions if s.tenant_id is not None}
     rows = {t.pk: t for t in Tenant.objects.filter(pk__in=tenant_ids)}
     default = None
-    if None in ids:
+    if any(s.tenant_id is None for s in sessions):
         default = Tenant.objects.filter(name=DEFAULT_TENANT).first()
     present = [*rows.values(), *([default] if default is not None else [])]
-    several = len({rows[i].name if i in rows else DEFAULT_TENANT for i in ids}) > 1
+    names = {str(s.pk): rows[s.tenant_id].name if s.tenant_id in rows else DEFAULT_TENANT for s in sessions}
+    several = len(set(names.values())) > 1
     spare = frozenset(
         t.name for t in present if _has_gpu_quota(t) and gpu_quota_state(tenant=t, now=now).over
     )
     if not several and not spare:
         return None
-    names = {str(s.pk): rows[s.tenant_id].name if s.tenant_id in rows else DEFAULT_TENANT for s in sessions}
     usage: dict[str, float] = {}
     if several:
         window = timedelta(seconds=settings.STREAMSERVE["TENANT_FAIR_SHARE_WINDOW_S"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -277,14 +278,26 @@ def test_a_prompt_event_is_forwarded_to_the_holder_and_wakes_the_scheduler(clien
     assert broker.llen(queue) == before
 
 
+def _wait_until_blocked_on_a_lock(timeout_s: float = 10.0) -> None:
+    """Until some other backend of this database waits on a row lock (the run behind our update)."""
+    with connection.cursor() as cursor:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            # pg_locks, not pg_stat_activity: the latter is snapshotted once per transaction.
+            cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+            if cursor.fetchone()[0]:
+                return
+            time.sleep(0.02)
+    raise AssertionError("the scheduler run never waited on the session's row lock")
+
+
 @pytest.mark.django_db(transaction=True)
-def test_a_flip_in_flight_while_a_run_reads_the_pool_neither_blocks_nor_crashes_the_run(client):
-    # Issue 17 defect 7: the run locked the pool's sessions FOR NO KEY UPDATE; when a migration
-    # flipped a session (worker: source → target) while the run waited on that row, PostgreSQL
-    # re-checked the newer row version against the *old* joined worker row (EvalPlanQual), and the
-    # run saw ``status=executing, worker=None`` → AttributeError in ``_session_view``. Since issue 30
-    # the run reads the sessions without locking them (``scheduling.live.snapshot``) and locks only
-    # those its decision changes, with no join: a flip in flight neither blocks nor crashes it.
+def test_a_flip_committed_while_a_run_waits_on_the_session_lock_does_not_crash_the_run(client):
+    # Issue 17 defect 7: the run locks the pool's sessions FOR NO KEY UPDATE OF the session only.
+    # When a migration flips a session (worker: source → target) while the run waits on that row,
+    # PostgreSQL re-checks the newer row version against the *old* joined worker row (EvalPlanQual);
+    # the join fails, the outer join yields NULL worker columns, and the run saw
+    # ``status=executing, worker=None`` → AttributeError in ``_session_view``.
     source, target = worker(), worker()
     session, migration = _migrating(source, target)
     out = commands(source, "migrate_out").get().payload
@@ -302,12 +315,11 @@ def test_a_flip_in_flight_while_a_run_reads_the_pool_neither_blocks_nor_crashes_
         migration_completed(command=out, report={"bytes": 1})  # flips the row, holds its lock
         runner = threading.Thread(target=run)
         runner.start()
-        runner.join(30)
-        finished_before_the_flip_committed = not runner.is_alive()
+        _wait_until_blocked_on_a_lock()
     runner.join(30)
 
-    assert finished_before_the_flip_committed
     assert "error" not in outcome, repr(outcome.get("error"))
+    assert not runner.is_alive()
     session.refresh_from_db()
     assert (session.status, session.worker_id, session.epoch) == (Status.EXECUTING, target.pk, 2)
     assert Migration.objects.get(pk=migration.pk).outcome == "succeeded"

@@ -7,7 +7,7 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
 from sessions.models import GenerationSession, Job, Tenant, TenantMembership
-from tests.factories import JobFactory, UserFactory
+from tests.factories import JobFactory, SessionFactory, UserFactory
 
 BEFORE = ("streams", "0008_tenants")
 AFTER = ("streams", "0009_default_tenant")
@@ -24,12 +24,9 @@ def test_existing_users_sessions_and_jobs_join_the_default_tenant():
     alone, elsewhere = UserFactory(), UserFactory()
     vision = Tenant.objects.create(name="vision")
     TenantMembership.objects.create(tenant=vision, user=elsewhere, is_default=True)
-    # Sessions through the model as it was then: today's has columns later migrations add.
-    then = executor.loader.project_state([BEFORE]).apps.get_model("streams", "GenerationSession")
-    geometry = {"model_name": "tiny", "width": 64, "height": 64, "fps": 8, "frames_per_chunk": 4, "seed": 1}
-    session = then.objects.create(owner_id=alone.pk, tenant_id=None, **geometry)
+    session = SessionFactory(owner=alone, tenant=None)
     job = JobFactory(owner=elsewhere, tenant=None)
-    kept = then.objects.create(owner_id=elsewhere.pk, tenant_id=vision.pk, **geometry)
+    kept = SessionFactory(owner=elsewhere, tenant=vision)
 
     # When: it migrates
     MigrationExecutor(connection).migrate([AFTER])
@@ -41,8 +38,7 @@ def test_existing_users_sessions_and_jobs_join_the_default_tenant():
     assert TenantMembership.objects.get(user=alone).is_default
     assert not TenantMembership.objects.get(user=elsewhere, tenant=default).is_default
     assert TenantMembership.objects.get(user=elsewhere, is_default=True).tenant == vision
-    tenant_of = GenerationSession.objects.values_list("tenant_id", flat=True)
-    assert tenant_of.get(pk=session.pk) == default.pk
+    assert GenerationSession.objects.get(pk=session.pk).tenant == default
     assert Job.objects.get(pk=job.pk).tenant == default
-    assert tenant_of.get(pk=kept.pk) == vision.pk
+    assert GenerationSession.objects.get(pk=kept.pk).tenant == vision
     MigrationExecutor(connection).migrate(latest)
